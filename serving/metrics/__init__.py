@@ -1,0 +1,5 @@
+"""Latency and SLO metrics over request records."""
+
+from serving.metrics.records import RequestRecord
+
+__all__ = ["RequestRecord"]

@@ -1,0 +1,150 @@
+"""The scheduling-policy interface shared by the simulator and the vLLM scheduler plug-in.
+
+A policy is consulted once per engine iteration and decides:
+  (a) order_waiting:     the admission order of waiting requests;
+  (b) order_running:     the service order of running requests. The engine serves running requests
+                         in this order and, when a KV block allocation fails, preempts from the END
+                         of the list (the last request is the first victim);
+  (c) select_rotations:  running requests to preempt voluntarily now (time slicing), so that
+                         waiting requests get a turn even when no allocation has failed;
+  (d) prefill_token_cap: how much of the iteration's token budget prefill chunks may use; decodes
+                         (one token each) are not limited by it.
+
+Policies see requests only through the `SchedRequest` protocol, which both the simulator's request
+state and the vLLM adapter implement, so one policy object runs unchanged in both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, TypeVar
+
+
+class SchedRequest(Protocol):
+    """What a policy may read about a request (read-only)."""
+
+    @property
+    def req_id(self) -> Hashable: ...
+
+    @property
+    def arrival_time(self) -> float:
+        """Seconds; same clock as `SchedContext.now`."""
+        ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_computed_prompt_tokens(self) -> int:
+        """Prompt tokens whose KV is computed (prefill progress); 0 after a recompute preemption."""
+        ...
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far; never decreases, even across preemptions."""
+        ...
+
+    @property
+    def admission_seq(self) -> int:
+        """Monotonic sequence number of the request's latest admission to the running set."""
+        ...
+
+    @property
+    def num_preemptions(self) -> int: ...
+
+    @property
+    def predicted_output_tokens(self) -> int | None:
+        """A response-length prediction when a predictor is configured, else None."""
+        ...
+
+
+R = TypeVar("R", bound=SchedRequest)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedContext:
+    """Engine state a policy may read at the start of an iteration.
+
+    Attributes:
+        now: Current time in seconds.
+        iteration: Engine iteration counter, starting at 0.
+        token_budget: Max tokens (prefill chunk tokens + decode tokens) in this iteration.
+        free_kv_blocks: KV blocks not held by any request.
+        total_kv_blocks: KV cache capacity in blocks.
+        block_size: Tokens per KV block.
+        max_running: Max number of running sequences.
+    """
+
+    now: float
+    iteration: int
+    token_budget: int
+    free_kv_blocks: int
+    total_kv_blocks: int
+    block_size: int
+    max_running: int
+
+
+class SchedulingPolicy(ABC):
+    """Base class of every scheduling policy; subclasses register themselves by `name`."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
+        """Admission order of the waiting queue.
+
+        Called once per iteration before new requests are admitted.
+
+        Args:
+            waiting: Requests not running (new or preempted), in arrival order.
+            ctx: Engine state.
+
+        Returns:
+            The same requests, first to admit first.
+        """
+
+    @abstractmethod
+    def order_running(self, running: Sequence[R], ctx: SchedContext) -> list[R]:
+        """Service order of running requests; the last one is the first preemption victim.
+
+        Called once per iteration before any running request is scheduled.
+
+        Args:
+            running: Requests holding KV blocks, in the engine's current order.
+            ctx: Engine state.
+
+        Returns:
+            The same requests, first to serve first.
+        """
+
+    def select_rotations(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> list[R]:
+        """Running requests to preempt now so that waiting ones get a turn (time slicing).
+
+        Called once per iteration after ordering and before scheduling. The default never rotates.
+
+        Args:
+            running: Requests in service order (as returned by `order_running`).
+            waiting: Requests in admission order (as returned by `order_waiting`).
+            ctx: Engine state.
+
+        Returns:
+            A subset of `running` to preempt; the engine frees (or offloads) their KV.
+        """
+        return []
+
+    def prefill_token_cap(self, ctx: SchedContext, num_decodes: int) -> int:
+        """Max tokens prefill chunks may take this iteration.
+
+        Called once per iteration. The default lets prefills use the whole budget left after
+        running requests are served in order (vLLM's behaviour).
+
+        Args:
+            ctx: Engine state.
+            num_decodes: Running requests that will decode one token each this iteration.
+
+        Returns:
+            A token count in [0, ctx.token_budget].
+        """
+        return ctx.token_budget
