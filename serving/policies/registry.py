@@ -31,7 +31,8 @@ def get_policy(name: str, **options: Any) -> SchedulingPolicy:
     try:
         cls = _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown scheduling policy {name!r}; known: {', '.join(available_policies())}") from None
+        known = ", ".join(available_policies())
+        raise ValueError(f"unknown scheduling policy {name!r}; known: {known}") from None
     return cls(**options)
 
 
