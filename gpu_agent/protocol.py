@@ -1,0 +1,355 @@
+"""The wire protocol between GPU agents and the control plane (one websocket per host, /ws/agent/).
+
+Every message is one JSON object (a text frame) ``{"v": 1, "type": "<type>", ...fields}``; the
+fields of each type are the dataclasses below. See gpu_agent/PROTOCOL.md for the prose version.
+
+Agent -> control plane:
+  register            once per connection, first: the host and its devices.
+  heartbeat           every second.
+  telemetry           every second: per-device and per-engine samples; buffered while disconnected.
+  deployment_status   whenever a deployment's state changes, and for every deployment on (re)connect.
+  log_tail            the last lines of a deployment's engine log, answering a `tail_log` command.
+Control plane -> agent:
+  desired_deployments the full list of deployments this host must run (replaces the previous one).
+  command             one action: restart a deployment, or send a log tail.
+Both directions:
+  error               the peer sent something it could not accept; the link stays up.
+
+`parse_frame(dict)` returns the typed frame or raises `ProtocolError` naming the bad field;
+`dumps`/`loads` do the JSON around it. This module imports nothing outside the standard library,
+so the control plane can import it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from gpu_agent.schema import ProtocolError, check, decode, encode
+
+PROTOCOL_VERSION = 1
+
+DeviceKind = Literal["gpu", "cpu"]
+AquaRole = Literal["producer", "consumer", "none"]
+DeploymentState = Literal["starting", "running", "failed", "stopped"]
+Sender = Literal["agent", "control_plane"]
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Command",
+    "DeploymentSpec",
+    "DeploymentStatus",
+    "DesiredDeployments",
+    "DeviceInfo",
+    "DeviceSample",
+    "EngineSample",
+    "ErrorFrame",
+    "Frame",
+    "Heartbeat",
+    "LatencySummary",
+    "LogTail",
+    "ModelSpec",
+    "ProtocolError",
+    "Register",
+    "Telemetry",
+    "dumps",
+    "loads",
+    "parse_frame",
+]
+
+
+class Frame:
+    """Base of every frame type. `TYPE` is the "type" tag; `SENDERS` who may send it."""
+
+    TYPE: ClassVar[str]
+    SENDERS: ClassVar[tuple[Sender, ...]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The frame as a JSON-ready object, with "v" and "type"."""
+        return {"v": PROTOCOL_VERSION, "type": self.TYPE, **encode(self)}
+
+
+def _non_negative(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        check(value is None or value >= 0, name, f"must be >= 0, got {value!r}")
+
+
+# ---- agent -> control plane -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """A device as registered. `index` is the host-local index deployments refer to."""
+
+    index: int
+    uuid: str
+    name: str
+    kind: DeviceKind
+    memory_total_bytes: int
+    nvlink_peers: list[int] = field(default_factory=list)  # indices of devices reachable by NVLink
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "index", "memory_total_bytes")
+        check(bool(self.uuid), "uuid", "must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
+class Register(Frame):
+    """First frame of every connection."""
+
+    TYPE: ClassVar[str] = "register"
+    SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
+    host: str
+    address: str
+    agent_version: str
+    simulated: bool
+    devices: list[DeviceInfo]
+
+    def __post_init__(self) -> None:
+        check(bool(self.host), "host", "must not be empty")
+        indices = [d.index for d in self.devices]
+        check(len(set(indices)) == len(indices), "devices", f"duplicate device index in {indices}")
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Frame):
+    TYPE: ClassVar[str] = "heartbeat"
+    SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
+    ts: float  # agent's wall clock, seconds since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """Quantiles of one latency histogram over the sample's window (seconds).
+
+    `count` is the number of observations in the window; p50/p99 are None when it is 0.
+    """
+
+    count: int
+    p50: float | None = None
+    p99: float | None = None
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "count", "p50", "p99")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """One device's state at the telemetry timestamp. None: the device cannot report it."""
+
+    index: int
+    memory_used_bytes: int
+    memory_free_bytes: int
+    utilization_pct: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    aqua_role: AquaRole = "none"
+    lent_bytes: int = 0  # this device's memory lent to another device's engine (producer)
+    borrowed_bytes: int = 0  # memory of another device used by this device's engine (consumer)
+    paired_with: int | None = None  # index of the device on the other side of the lending
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "index", "memory_used_bytes", "memory_free_bytes", "power_w")
+        _non_negative(self, "lent_bytes", "borrowed_bytes")
+        u = self.utilization_pct
+        check(u is None or 0 <= u <= 100, "utilization_pct", f"must be in [0, 100], got {u!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """One deployment's engine metrics over the last telemetry window."""
+
+    deployment_id: str
+    state: DeploymentState
+    ttft: LatencySummary | None = None  # time to first token
+    itl: LatencySummary | None = None  # inter-token latency (time between tokens)
+    kv_cache_usage: float | None = None  # fraction in [0, 1]
+    running: int = 0
+    waiting: int = 0
+    preemptions_total: int = 0  # since the engine process started
+    bytes_offloaded: int = 0  # KV bytes moved out on preemption, since the engine started
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "running", "waiting", "preemptions_total", "bytes_offloaded")
+        k = self.kv_cache_usage
+        check(k is None or 0 <= k <= 1, "kv_cache_usage", f"must be in [0, 1], got {k!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry(Frame):
+    """Per-second sample. `dropped` counts telemetry frames this agent dropped since it started
+    because its buffer was full while disconnected (cumulative)."""
+
+    TYPE: ClassVar[str] = "telemetry"
+    SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
+    ts: float
+    devices: list[DeviceSample]
+    engines: list[EngineSample] = field(default_factory=list)
+    dropped: int = 0
+    simulated: bool = False
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "dropped")
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentStatus(Frame):
+    TYPE: ClassVar[str] = "deployment_status"
+    SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
+    deployment_id: str
+    state: DeploymentState
+    ts: float
+    error: str | None = None  # the engine's last log lines when it failed
+    restarts: int = 0
+    port: int | None = None  # the engine's OpenAI-compatible server port on the host's address
+    simulated: bool = False
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "restarts")
+        p = self.port
+        check(p is None or 0 < p < 65536, "port", f"must be in 1..65535, got {p!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class LogTail(Frame):
+    TYPE: ClassVar[str] = "log_tail"
+    SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
+    deployment_id: str
+    lines: list[str]
+    command_id: str | None = None  # the `command` this answers
+
+
+# ---- control plane -> agent -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What to serve. `source` is a path or hub id passed to vLLM's --model."""
+
+    name: str
+    source: str
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    max_context_len: int | None = None
+    # Free-form engine knobs; the agent reads "aqua" (bool), "kv_cache_bytes", "max_num_seqs",
+    # "enforce_eager", "gpu_memory_utilization", "seed" and "extra_args" (list of CLI strings).
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check(bool(self.name), "name", "must not be empty")
+        check(bool(self.source), "source", "must not be empty")
+        tp = self.tensor_parallel_size
+        check(tp >= 1, "tensor_parallel_size", f"must be >= 1, got {tp}")
+        m = self.max_context_len
+        check(m is None or m >= 1, "max_context_len", f"must be >= 1, got {m}")
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSpec:
+    id: str
+    model: ModelSpec
+    devices: list[int]  # host-local device indices
+
+    def __post_init__(self) -> None:
+        check(bool(self.id), "id", "must not be empty")
+        check(bool(self.devices), "devices", "must name at least one device")
+        check(len(set(self.devices)) == len(self.devices), "devices", "duplicate device index")
+        check(all(d >= 0 for d in self.devices), "devices", "indices must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredDeployments(Frame):
+    """The complete desired state: deployments absent from the list are stopped."""
+
+    TYPE: ClassVar[str] = "desired_deployments"
+    SENDERS: ClassVar[tuple[Sender, ...]] = ("control_plane",)
+    deployments: list[DeploymentSpec]
+
+    def __post_init__(self) -> None:
+        ids = [d.id for d in self.deployments]
+        check(len(set(ids)) == len(ids), "deployments", f"duplicate deployment id in {ids}")
+
+
+@dataclass(frozen=True, slots=True)
+class Command(Frame):
+    """One action. `restart_deployment` restarts the engine; `tail_log` asks for a `log_tail`."""
+
+    TYPE: ClassVar[str] = "command"
+    SENDERS: ClassVar[tuple[Sender, ...]] = ("control_plane",)
+    command_id: str
+    action: Literal["restart_deployment", "tail_log"]
+    deployment_id: str
+    lines: int = 100  # for tail_log
+
+    def __post_init__(self) -> None:
+        check(1 <= self.lines <= 10_000, "lines", f"must be in 1..10000, got {self.lines}")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorFrame(Frame):
+    """Tells the peer a frame was rejected (`code`: "bad_frame", "unauthorized", ...)."""
+
+    TYPE: ClassVar[str] = "error"
+    SENDERS: ClassVar[tuple[Sender, ...]] = ("agent", "control_plane")
+    code: str
+    message: str
+    field: str | None = None
+
+
+FRAME_TYPES: dict[str, type[Frame]] = {
+    cls.TYPE: cls
+    for cls in (
+        Register,
+        Heartbeat,
+        Telemetry,
+        DeploymentStatus,
+        LogTail,
+        DesiredDeployments,
+        Command,
+        ErrorFrame,
+    )
+}
+
+
+def parse_frame(data: Any, sender: Sender | None = None) -> Frame:
+    """Validate a decoded JSON message and return its typed frame.
+
+    Args:
+        data: The decoded JSON value.
+        sender: If given, frames that this side may not send are rejected (e.g. the agent
+            parses with sender="control_plane" and refuses a `telemetry` frame).
+
+    Raises:
+        ProtocolError: naming the first bad field ("v", "type", "devices[0].uuid", ...).
+    """
+    if not isinstance(data, dict):
+        raise ProtocolError("", f"expected a JSON object, got {type(data).__name__}")
+    if "v" not in data:
+        raise ProtocolError("v", "required field is missing")
+    if data["v"] != PROTOCOL_VERSION or isinstance(data["v"], bool):
+        raise ProtocolError("v", f"unsupported protocol version {data['v']!r} (this side speaks 1)")
+    kind = data.get("type")
+    cls = FRAME_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        known = ", ".join(sorted(FRAME_TYPES))
+        raise ProtocolError("type", f"unknown frame type {kind!r}; known: {known}")
+    if sender is not None and sender not in cls.SENDERS:
+        raise ProtocolError("type", f"a {sender} may not send {kind!r} frames")
+    body = {k: v for k, v in data.items() if k not in ("v", "type")}
+    return decode(cls, body)
+
+
+def loads(text: str | bytes, sender: Sender | None = None) -> Frame:
+    """Parse one websocket message; invalid JSON is a ProtocolError too."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("", f"not valid JSON: {exc}") from None
+    return parse_frame(data, sender)
+
+
+def dumps(frame: Frame) -> str:
+    """Serialise a frame to the JSON text sent on the websocket."""
+    return json.dumps(frame.to_dict(), allow_nan=False, separators=(",", ":"))
