@@ -1,0 +1,140 @@
+"""NVIDIA GPUs through NVML (the `pynvml` module of nvidia-ml-py).
+
+NVLink peers: for every active link of a GPU, NVML gives the PCI bus id of the remote end. If that
+is another local GPU, the two are direct peers. If it is an NVSwitch (HGX boards: every GPU links
+to the switches, not to each other), every GPU attached to a switch reaches every other one, so
+they are all peers. Bus ids are compared after normalisation because NVML reports
+"00000000:17:00.0" (8-digit domain) in some places and "0000:17:00.0" in others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from gpu_agent.inventory.base import Inventory
+from gpu_agent.protocol import DeviceInfo, DeviceSample
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def normalize_bus_id(bus_id: str | bytes) -> str:
+    """ "00000000:17:00.0" and "0000:17:00.0" -> "0000:17:00.0" (lower case, 4-digit domain)."""
+    text = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
+    text = text.strip().lower()
+    domain, sep, rest = text.partition(":")
+    if not sep:
+        return text
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return text
+
+
+def nvlink_peers(nvml: Any, handles: list[Any], bus_ids: list[str]) -> list[list[int]]:
+    """For each local GPU, the sorted indices of the local GPUs it reaches over NVLink.
+
+    Args:
+        nvml: The pynvml module (initialised).
+        handles: Device handles, by index.
+        bus_ids: Normalised PCI bus ids, by index.
+
+    Returns:
+        peers[i] = sorted indices j != i; the relation is symmetric.
+    """
+    index_by_bus = {bus: i for i, bus in enumerate(bus_ids)}
+    peers: list[set[int]] = [set() for _ in handles]
+    on_switch: set[int] = set()
+    for i, handle in enumerate(handles):
+        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except nvml.NVMLError:
+                break  # NOT_SUPPORTED (no NVLink) or INVALID_ARGUMENT (past the last link)
+            if state != nvml.NVML_FEATURE_ENABLED:
+                continue
+            try:
+                remote = normalize_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
+            except nvml.NVMLError:
+                continue
+            j = index_by_bus.get(remote)
+            if j is not None:
+                if j != i:
+                    peers[i].add(j)
+                    peers[j].add(i)
+                continue
+            remote_type = _maybe(nvml, nvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
+            if remote_type == nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                on_switch.add(i)
+    for i in on_switch:
+        peers[i] |= on_switch - {i}
+    return [sorted(p) for p in peers]
+
+
+def _maybe(nvml: Any, fn: Callable[..., T], *args: Any) -> T | None:
+    """fn(*args), or None when the device does not support the query."""
+    try:
+        return fn(*args)
+    except nvml.NVMLError:
+        return None
+
+
+class NvmlInventory(Inventory):
+    """Every GPU NVML sees, indexed as NVML (and CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID) orders them."""
+
+    kind = "nvml"
+
+    def __init__(self, nvml: Any) -> None:
+        """Args: nvml: the pynvml module, already initialised with nvmlInit()."""
+        self._nvml = nvml
+        count = nvml.nvmlDeviceGetCount()
+        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        bus_ids = [normalize_bus_id(nvml.nvmlDeviceGetPciInfo(h).busId) for h in self._handles]
+        peers = nvlink_peers(nvml, self._handles, bus_ids)
+        self._devices = [
+            DeviceInfo(
+                index=i,
+                uuid=_text(nvml.nvmlDeviceGetUUID(h)),
+                name=_text(nvml.nvmlDeviceGetName(h)),
+                kind="gpu",
+                memory_total_bytes=int(nvml.nvmlDeviceGetMemoryInfo(h).total),
+                nvlink_peers=peers[i],
+            )
+            for i, h in enumerate(self._handles)
+        ]
+
+    def describe(self) -> list[DeviceInfo]:
+        return list(self._devices)
+
+    def sample(self) -> list[DeviceSample]:
+        nvml = self._nvml
+        out = []
+        for i, h in enumerate(self._handles):
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            util = _maybe(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
+            temp = _maybe(nvml, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
+            milliwatts = _maybe(nvml, nvml.nvmlDeviceGetPowerUsage, h)
+            out.append(
+                DeviceSample(
+                    index=i,
+                    memory_used_bytes=int(mem.used),
+                    memory_free_bytes=int(mem.free),
+                    utilization_pct=None if util is None else float(min(100, util.gpu)),
+                    temperature_c=None if temp is None else float(temp),
+                    power_w=None if milliwatts is None else milliwatts / 1000.0,
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
