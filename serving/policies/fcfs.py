@@ -12,6 +12,10 @@ from serving.policies.registry import register_policy
 class FCFSPolicy(SchedulingPolicy):
     """Admit by arrival; serve in admission order, so the latest admitted is preempted first."""
 
+    # Neither order depends on time or token counts, and it never rotates: the simulator may run
+    # identical decode-only iterations without consulting it (see serving/sim/fastforward.py).
+    decode_invariant = True
+
     def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         # Preempted requests keep their original arrival time and so go back to the front.
         return sorted(waiting, key=lambda r: (r.arrival_time, str(r.req_id)))
