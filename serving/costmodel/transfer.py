@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from serving.costmodel.config import ModelConfig
+from serving.costmodel.model import CostModel
+
 
 @dataclass(frozen=True, slots=True)
 class Link:
@@ -41,3 +44,16 @@ class Link:
 NVLINK4 = Link("nvlink4", 450e9, 5e-6)
 PCIE5_X16 = Link("pcie5-x16", 64e9, 10e-6)
 HOST_MEMCPY = Link("host-memcpy", 20e9, 1e-6)
+
+
+def kv_bytes(num_tokens: int, model: ModelConfig | CostModel) -> int:
+    """KV-cache bytes of `num_tokens` tokens of `model` (a ModelConfig or a CostModel)."""
+    if num_tokens < 0:
+        raise ValueError(f"{num_tokens=} must be >= 0")
+    per_token = model.kv_bytes_per_token if isinstance(model, CostModel) else model.kv_bytes_per_token()
+    return num_tokens * per_token
+
+
+def kv_transfer_seconds(num_tokens: int, model: ModelConfig | CostModel, link: Link) -> float:
+    """Seconds to move the KV cache of `num_tokens` tokens over `link` in one transfer."""
+    return link.seconds(kv_bytes(num_tokens, model))

@@ -1,0 +1,125 @@
+"""Arrival processes: seeded generators of sorted arrival times in [0, duration_s).
+
+poisson   exponential inter-arrivals with mean 1 / rate.
+gamma     gamma inter-arrivals with shape k and scale 1 / (rate * k), so the mean stays 1 / rate
+          while the coefficient of variation is 1 / sqrt(k): k < 1 is burstier than Poisson, k = 1 is
+          Poisson, k > 1 is more regular (the "burstiness" knob of vLLM's benchmark_serving.py).
+on_off    a Poisson process whose rate is `rate` outside bursts and `burst_factor * rate` inside
+          them; a burst of `burst_duration_s` starts at `burst_start_s` within every period of
+          `period_s`. The piecewise-constant rate is sampled exactly: exponential gaps are drawn
+          per segment and restart at each boundary (memorylessness).
+All take a numpy Generator, so the caller's seed fixes the result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+
+def _check_rate_duration(rate: float, duration_s: float) -> None:
+    if not rate > 0 or math.isinf(rate):
+        raise ValueError(f"{rate=} must be a positive finite number")
+    if not duration_s >= 0 or math.isinf(duration_s):
+        raise ValueError(f"{duration_s=} must be >= 0 and finite")
+
+
+def _renewal(gaps_fn: Callable[[int], np.ndarray], rate: float, start: float, end: float) -> np.ndarray:
+    """Cumulative sums of gaps from `start`, kept while < end; draws in blocks for speed."""
+    out: list[np.ndarray] = []
+    t = start
+    block = max(16, int((end - start) * rate * 1.1) + 16)
+    while True:
+        times = t + np.cumsum(gaps_fn(block))
+        inside = times[times < end]
+        out.append(inside)
+        if len(inside) < len(times):
+            break
+        t = float(times[-1])
+    return np.concatenate(out) if out else np.empty(0)
+
+
+def _exponential_gaps(rng: np.random.Generator, rate: float) -> Callable[[int], np.ndarray]:
+    return lambda n: rng.exponential(1.0 / rate, size=n)
+
+
+def poisson_arrivals(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times of a Poisson process of `rate` per second over [0, duration_s)."""
+    _check_rate_duration(rate, duration_s)
+    return _renewal(_exponential_gaps(rng, rate), rate, 0.0, duration_s)
+
+
+def gamma_arrivals(rate: float, duration_s: float, shape: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times with gamma(shape, 1 / (rate * shape)) inter-arrivals over [0, duration_s).
+
+    Args:
+        rate: Mean arrival rate (requests/s).
+        duration_s: Length of the window.
+        shape: Burstiness; CV of the gaps is 1 / sqrt(shape). Must be positive.
+        rng: Seeded generator.
+    """
+    _check_rate_duration(rate, duration_s)
+    if not shape > 0 or math.isinf(shape):
+        raise ValueError(f"{shape=} must be a positive finite number")
+    scale = 1.0 / (rate * shape)
+    return _renewal(lambda n: rng.gamma(shape, scale, size=n), rate, 0.0, duration_s)
+
+
+def burst_windows(
+    duration_s: float, burst_duration_s: float, period_s: float, burst_start_s: float
+) -> list[tuple[float, float]]:
+    """The [start, end) burst intervals within [0, duration_s), in time order."""
+    windows: list[tuple[float, float]] = []
+    k = 0
+    while True:
+        start = k * period_s + burst_start_s
+        if start >= duration_s:
+            return windows
+        windows.append((start, min(start + burst_duration_s, duration_s)))
+        k += 1
+
+
+def on_off_arrivals(
+    rate: float,
+    duration_s: float,
+    rng: np.random.Generator,
+    burst_factor: float = 4.0,
+    burst_duration_s: float = 10.0,
+    period_s: float = 60.0,
+    burst_start_s: float | None = None,
+) -> np.ndarray:
+    """Arrival times of a Poisson process with periodic bursts over [0, duration_s).
+
+    Args:
+        rate: Base rate (requests/s) outside bursts.
+        duration_s: Length of the window.
+        rng: Seeded generator.
+        burst_factor: Rate multiplier inside a burst (k), >= 1.
+        burst_duration_s: Length of each burst (d), in (0, period_s].
+        period_s: One burst per period.
+        burst_start_s: Offset of the burst within each period; default centres it,
+            (period_s - burst_duration_s) / 2.
+    """
+    _check_rate_duration(rate, duration_s)
+    if not burst_factor >= 1 or math.isinf(burst_factor):
+        raise ValueError(f"{burst_factor=} must be >= 1 and finite")
+    if not period_s > 0 or math.isinf(period_s):
+        raise ValueError(f"{period_s=} must be a positive finite number")
+    if not 0 < burst_duration_s <= period_s:
+        raise ValueError(f"{burst_duration_s=} must be in (0, {period_s=}]")
+    start = (period_s - burst_duration_s) / 2 if burst_start_s is None else burst_start_s
+    if not 0 <= start <= period_s - burst_duration_s:
+        raise ValueError(f"burst_start_s={start} must be in [0, period_s - burst_duration_s]")
+    segments: list[tuple[float, float, float]] = []  # (start, end, rate), contiguous, in order
+    t = 0.0
+    for b0, b1 in burst_windows(duration_s, burst_duration_s, period_s, start):
+        if b0 > t:
+            segments.append((t, b0, rate))
+        segments.append((b0, b1, rate * burst_factor))
+        t = b1
+    if t < duration_s:
+        segments.append((t, duration_s, rate))
+    parts = [_renewal(_exponential_gaps(rng, r), r, s0, s1) for s0, s1, r in segments]
+    return np.concatenate(parts) if parts else np.empty(0)

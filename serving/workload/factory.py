@@ -1,0 +1,156 @@
+"""One entry point for every workload: `make_workload(kind, rate, duration_s, dataset, seed, ...)`.
+
+Randomness is split into independent streams derived from `seed` (numpy SeedSequence.spawn): one
+for arrivals, one for lengths, one for SLO classes. So for a given seed the k-th request's lengths do
+not depend on the arrival process, and two workload kinds can be compared request for request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from serving.workload.arrivals import gamma_arrivals, on_off_arrivals, poisson_arrivals
+from serving.workload.datasets import available_length_dists, get_length_dist
+from serving.workload.lengths import LengthDistribution
+from serving.workload.request import Request
+from serving.workload.trace import load_trace
+
+WORKLOAD_KINDS: tuple[str, ...] = ("poisson", "gamma", "burst", "trace")
+
+# kind -> extra keyword arguments it accepts (beyond the common max_context / slo_class / slo_mix)
+_KIND_KWARGS: dict[str, frozenset[str]] = {
+    "poisson": frozenset(),
+    "gamma": frozenset({"burstiness"}),
+    "burst": frozenset({"burst_factor", "burst_duration_s", "period_s", "burst_start_s"}),
+    "trace": frozenset({"path", "time_scale", "max_requests"}),
+}
+_COMMON_KWARGS = frozenset({"max_context", "slo_class", "slo_mix"})
+
+
+def requests_from_arrivals(
+    arrivals: np.ndarray,
+    dist: LengthDistribution,
+    rng: np.random.Generator,
+    max_context: int | None = None,
+) -> list[Request]:
+    """Attach sampled lengths to sorted arrival times; req_ids are dense in arrival order."""
+    prompts, outputs = dist.sample(len(arrivals), rng, max_context)
+    return [
+        Request(i, float(t), int(p), int(o))
+        for i, (t, p, o) in enumerate(zip(arrivals, prompts, outputs, strict=True))
+    ]
+
+
+def _assign_classes(
+    requests: list[Request],
+    slo_class: str | None,
+    slo_mix: Mapping[str, float] | None,
+    rng: np.random.Generator,
+) -> list[Request]:
+    if slo_mix is None:
+        if slo_class is None:
+            return requests
+        return [Request(r.req_id, r.arrival, r.prompt_tokens, r.output_tokens, slo_class) for r in requests]
+    if slo_class is not None:
+        raise ValueError("give slo_class or slo_mix, not both")
+    names = sorted(slo_mix)
+    weights = np.array([slo_mix[n] for n in names], dtype=float)
+    if not names or np.any(~np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
+        raise ValueError(f"{slo_mix=} needs non-negative finite weights with a positive sum")
+    picks = rng.choice(len(names), size=len(requests), p=weights / weights.sum())
+    return [
+        Request(r.req_id, r.arrival, r.prompt_tokens, r.output_tokens, names[k])
+        for r, k in zip(requests, picks, strict=True)
+    ]
+
+
+def make_workload(
+    kind: str,
+    rate: float | None,
+    duration_s: float,
+    dataset: str = "sharegpt",
+    seed: int = 0,
+    **kw: Any,
+) -> list[Request]:
+    """Generate (or replay) a workload.
+
+    Args:
+        kind: "poisson", "gamma", "burst" or "trace".
+        rate: Mean arrival rate (requests/s); for "burst" the base rate outside bursts; for
+            "trace" the trace is time-scaled to this mean rate, or replayed as recorded if None.
+        duration_s: Arrivals fall in [0, duration_s).
+        dataset: Length distribution name (see `available_length_dists()`); ignored for "trace",
+            whose lengths come from the file.
+        seed: Seed of every random choice.
+        **kw: Per kind: gamma: burstiness (gamma shape, default 0.5); burst: burst_factor (4.0),
+            burst_duration_s (10.0), period_s (60.0), burst_start_s (centred); trace: path
+            (required), time_scale (1.0, applied when rate is None), max_requests. Common:
+            max_context (cap on prompt + output, default the dataset's), slo_class (one class for
+            every request) or slo_mix (class -> weight, drawn per request).
+
+    Returns:
+        Requests sorted by arrival, req_ids 0..n-1.
+
+    Raises:
+        ValueError: Unknown kind, dataset or keyword, or an invalid value.
+    """
+    if kind not in _KIND_KWARGS:
+        raise ValueError(f"unknown workload kind {kind!r}; choose one of: {', '.join(WORKLOAD_KINDS)}")
+    unknown = set(kw) - _KIND_KWARGS[kind] - _COMMON_KWARGS
+    if unknown:
+        allowed = sorted(_KIND_KWARGS[kind] | _COMMON_KWARGS)
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for {kind!r}; allowed: {', '.join(allowed)}")
+    if not duration_s >= 0 or math.isinf(duration_s):
+        raise ValueError(f"{duration_s=} must be >= 0 and finite")
+    arrival_ss, length_ss, class_ss = np.random.SeedSequence(seed).spawn(3)
+    max_context = kw.get("max_context")
+    if max_context is not None and max_context < 2:
+        raise ValueError(f"{max_context=} must be >= 2")
+    if kind == "trace":
+        requests = _trace(rate, duration_s, kw)
+    else:
+        if rate is None:
+            raise ValueError(f"rate is required for {kind!r} workloads")
+        if dataset not in available_length_dists():
+            get_length_dist(dataset)  # raises, listing valid names
+        rng = np.random.default_rng(arrival_ss)
+        if kind == "poisson":
+            arrivals = poisson_arrivals(rate, duration_s, rng)
+        elif kind == "gamma":
+            arrivals = gamma_arrivals(rate, duration_s, kw.get("burstiness", 0.5), rng)
+        else:
+            burst_kw = {k: kw[k] for k in _KIND_KWARGS["burst"] if k in kw}
+            arrivals = on_off_arrivals(rate, duration_s, rng, **burst_kw)
+        requests = requests_from_arrivals(
+            arrivals, get_length_dist(dataset), np.random.default_rng(length_ss), max_context
+        )
+    return _assign_classes(requests, kw.get("slo_class"), kw.get("slo_mix"), np.random.default_rng(class_ss))
+
+
+def _trace(rate: float | None, duration_s: float, kw: Mapping[str, Any]) -> list[Request]:
+    if "path" not in kw:
+        raise ValueError("trace workloads need path=<csv file>")
+    if rate is None:
+        reqs = load_trace(kw["path"], kw.get("time_scale", 1.0), duration_s, kw.get("max_requests"))
+    else:
+        if not rate > 0 or math.isinf(rate):
+            raise ValueError(f"{rate=} must be a positive finite number (or None to replay as recorded)")
+        full = load_trace(kw["path"], 1.0, None, kw.get("max_requests"))
+        span = full[-1].arrival if len(full) > 1 else 0.0
+        # n requests over the span at `rate` means the last arrives at (n - 1) / rate.
+        scale = (len(full) - 1) / rate / span if span > 0 else 1.0
+        reqs = load_trace(kw["path"], scale, duration_s, kw.get("max_requests"))
+    max_context = kw.get("max_context")
+    if max_context is not None:
+        reqs = [_clamp(r, max_context) for r in reqs]
+    return reqs
+
+
+def _clamp(r: Request, max_context: int) -> Request:
+    output = min(r.output_tokens, max_context - 1)
+    prompt = min(r.prompt_tokens, max_context - output)
+    return Request(r.req_id, r.arrival, prompt, output, r.slo_class)
