@@ -1,0 +1,74 @@
+"""API serializers for tokens and end-user API keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from accounts.models import ApiKey
+from accounts.roles import is_admin
+from core.serializers import StrictModelSerializer
+
+QUOTA_FIELDS = ("requests_per_minute", "tokens_per_day")
+
+
+class ApiKeySerializer(StrictModelSerializer):
+    """An API key as listed: never its secret. Quotas may be set only by admins."""
+
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    requests_per_minute = serializers.IntegerField(min_value=1, required=False)
+    tokens_per_day = serializers.IntegerField(min_value=1, required=False)
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "prefix",
+            "requests_per_minute",
+            "tokens_per_day",
+            "revoked",
+            "created_at",
+            "last_used_at",
+        ]
+        read_only_fields = ["id", "owner", "prefix", "revoked", "created_at", "last_used_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        request = self.context.get("request")
+        if request is not None and not is_admin(request.user):
+            errors = {name: ["Only admins may set quotas."] for name in QUOTA_FIELDS if name in attrs}
+            if errors:
+                raise serializers.ValidationError(errors)
+        return attrs
+
+
+class IssuedApiKeySerializer(ApiKeySerializer):
+    """The response to creating a key: the one time its secret is shown."""
+
+    secret = serializers.CharField(read_only=True)
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "secret"]
+        read_only_fields = [*ApiKeySerializer.Meta.read_only_fields, "secret"]
+
+
+class TokenRequestSerializer(serializers.Serializer):
+    """Credentials exchanged for an operator API token."""
+
+    username = serializers.CharField()
+    password = serializers.CharField(style={"input_type": "password"}, trim_whitespace=False)
+    name = serializers.CharField(max_length=100, required=False, default="api")
+
+
+class TokenResponseSerializer(serializers.Serializer):
+    token = serializers.CharField()
+    prefix = serializers.CharField()
+    username = serializers.CharField()
+    role = serializers.CharField()
+
+
+class MeSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    role = serializers.CharField(allow_null=True)

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from accounts.api.views import ApiKeyViewSet, MeView, TokenView
+
+router = SimpleRouter()
+router.register("api-keys", ApiKeyViewSet, basename="apikey")
+
+urlpatterns = [
+    path("auth/token/", TokenView.as_view(), name="auth-token"),
+    path("auth/me/", MeView.as_view(), name="auth-me"),
+    *router.urls,
+]

@@ -1,0 +1,67 @@
+"""Users with a platform role, operator API tokens and end-user API keys.
+
+Secrets (tokens and keys) are stored as SHA-256 digests with a short display prefix; the
+plaintext is returned once, when issued (see core/secrets.py and accounts/services.py).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractUser
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class Role(models.TextChoices):
+    ADMIN = "admin", "Admin (read and write)"
+    VIEWER = "viewer", "Viewer (read-only)"
+
+
+class User(AbstractUser):
+    """A platform user. ``role`` decides what the API lets them do; superusers count as admins."""
+
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+
+class ApiToken(models.Model):
+    """A bearer token an operator (or a script) uses instead of a session for the REST API."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}...)"
+
+
+class ApiKey(models.Model):
+    """An end user's key for the OpenAI-compatible chat gateway, with quotas."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    requests_per_minute = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    tokens_per_day = models.PositiveBigIntegerField(validators=[MinValueValidator(1)])
+    revoked = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(requests_per_minute__gte=1), name="apikey_rpm_positive"
+            ),
+            models.CheckConstraint(condition=models.Q(tokens_per_day__gte=1), name="apikey_tpd_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}...)"

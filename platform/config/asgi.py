@@ -1,0 +1,43 @@
+"""ASGI entry point (daphne): HTTP goes to Django, websockets to the routes in config/routing.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# platform/ is a source root, not a package: make `config` importable however we were started.
+for _path in (Path(__file__).resolve().parents[2], Path(__file__).resolve().parents[1]):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+# Django must be set up before anything imports models (consumers, routing).
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from config.routing import (  # noqa: E402
+    AGENT_PATH_PREFIX,
+    agent_websocket_urlpatterns,
+    browser_websocket_urlpatterns,
+)
+
+_agent_app = URLRouter(agent_websocket_urlpatterns)
+_browser_app = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(browser_websocket_urlpatterns)))
+
+
+async def websocket_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Send agent paths to the token-authenticated routes, everything else to the browser stack."""
+    if scope["path"].startswith(AGENT_PATH_PREFIX):
+        await _agent_app(scope, receive, send)
+    else:
+        await _browser_app(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_app})

@@ -1,0 +1,22 @@
+"""The Celery application.
+
+Start a worker with ``celery -A config.celery worker`` from a shell where platform/ is on
+``PYTHONPATH`` (scripts/run_local.py and docker/ do this). Configuration comes from Django settings
+(``CELERY_*``): Redis when ``REDIS_URL`` is set, otherwise kombu's filesystem broker under var/.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from config.paths import ensure_source_roots
+
+ensure_source_roots()
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+# DjangoTask adds delay_on_commit / apply_async_on_commit.
+app = Celery("platform", task_cls="celery.contrib.django.task:DjangoTask")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,218 @@
+"""Django settings for the control plane.
+
+Local default (nothing to configure): SQLite under var/, Celery on kombu's filesystem broker under
+var/broker, Channels' in-memory layer, a SECRET_KEY generated once into var/. Production switches:
+
+- ``DATABASE_URL``  PostgreSQL (or any dj-database-url URL) instead of SQLite.
+- ``REDIS_URL``     Celery broker + result backend and the channels_redis layer.
+- ``SECRET_KEY``    required to be stable across hosts; ``DEBUG``, ``ALLOWED_HOSTS``,
+  ``CSRF_TRUSTED_ORIGINS`` and the rest are read below with typed helpers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_float, env_int, env_list, env_path, env_str, env_url
+from config.local_secret import load_or_create_secret_key
+
+ROOT_DIR = Path(__file__).resolve().parents[2]  # repository root
+BASE_DIR = ROOT_DIR / "platform"  # Django source root (not a package)
+VAR_DIR = env_path("VAR_DIR", ROOT_DIR / "var")
+
+# pytest sets PYTEST_VERSION while it runs; tests get their own database file and broker queue so
+# that a test run never touches the data of a `make run` in the same checkout.
+TESTING = "PYTEST_VERSION" in os.environ
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY") or load_or_create_secret_key(VAR_DIR / "secret_key")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY") else None
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "core",
+    "accounts",
+    "registry",
+    "inventory",
+    "deployments",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database ---------------------------------------------------------------------------------
+DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "pgsql", "sqlite"))
+SQLITE_PATH = VAR_DIR / "db.sqlite3"
+DATABASES: dict[str, dict[str, Any]]
+if DATABASE_URL:
+    DATABASES = {
+        "default": dict(
+            dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0))
+        )
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(SQLITE_PATH),
+            "OPTIONS": {
+                # The web server and the worker write from different processes: wait for the lock
+                # instead of failing, take it up front, and let readers proceed during writes.
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            # A file, not ":memory:", so that a Celery worker subprocess sees the test database.
+            "TEST": {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")},
+        }
+    }
+# DJANGO_DB_NAME points a process at another database of the same server/directory: the test
+# suite uses it to hand its test database to the worker subprocess it starts.
+if env_str("DJANGO_DB_NAME"):
+    DATABASES["default"]["NAME"] = env_str("DJANGO_DB_NAME")
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_USER_MODEL = "accounts.User"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/api/docs/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "static"
+# Serve app static files straight from their apps (no collectstatic step for `make run`).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- REST API ---------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    # Token first: its WWW-Authenticate header makes anonymous requests 401 rather than 403.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["core.permissions.RolePermission"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "LLM serving platform API",
+    "DESCRIPTION": "Control plane: served models, hosts and GPUs, deployments, jobs, API keys.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Celery + Channels ------------------------------------------------------------------------
+REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
+BROKER_DIR = env_path("CELERY_BROKER_DIR", VAR_DIR / ("test-broker" if TESTING else "broker"))
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", f"test-{os.getpid()}" if TESTING else "celery")
+CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 6 * 3600, minimum=1)
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_RESULT_BACKEND: str | None = REDIS_URL
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+    }
+else:
+    # Embedded: a real broker shared by processes through files. Task outcomes are written to the
+    # Job rows, so no result backend is needed.
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+    CELERY_RESULT_BACKEND = None
+    CELERY_TASK_IGNORE_RESULT = True
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# How long a host may stay silent before it counts as stale, then offline (seconds).
+HOST_STALE_AFTER_S = env_float("HOST_STALE_AFTER_S", 15.0, minimum=1.0)
+HOST_OFFLINE_AFTER_S = env_float("HOST_OFFLINE_AFTER_S", 60.0, minimum=1.0)
+if HOST_OFFLINE_AFTER_S < HOST_STALE_AFTER_S:
+    raise ImproperlyConfigured(f"{HOST_OFFLINE_AFTER_S=} must be >= {HOST_STALE_AFTER_S=}")
+
+# Default quotas of a new end-user API key (an admin may change them per key).
+API_KEY_DEFAULT_REQUESTS_PER_MINUTE = env_int("API_KEY_DEFAULT_REQUESTS_PER_MINUTE", 60, minimum=1)
+API_KEY_DEFAULT_TOKENS_PER_DAY = env_int("API_KEY_DEFAULT_TOKENS_PER_DAY", 1_000_000, minimum=1)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,24 @@
+"""URL map: REST API under /api/v1/, schema + Swagger UI, health, login, admin."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+api_v1 = [
+    path("", include("accounts.api.urls")),
+    path("", include("registry.api.urls")),
+    path("", include("inventory.api.urls")),
+    path("", include("deployments.api.urls")),
+    path("", include("jobs.api.urls")),
+]
+
+urlpatterns = [
+    path("api/v1/", include(api_v1)),
+    path("api/", include("core.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,35 @@
+"""Serializer base classes shared by the apps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+
+class StrictModelSerializer(serializers.ModelSerializer):
+    """A ModelSerializer that rejects keys it would otherwise ignore.
+
+    DRF silently drops unknown and read-only keys, so a typo (``tensor_paralel_size``) or an
+    attempt to set ``status`` would succeed while doing something else than asked. Here each such
+    key is a field error, so the request fails with 400 and nothing is written.
+    """
+
+    def to_internal_value(self, data: Any) -> Any:
+        errors: dict[str, list[str]] = {}
+        if isinstance(data, dict):
+            for key in data:
+                field = self.fields.get(key)
+                if field is None:
+                    errors[key] = ["Unknown field."]
+                elif field.read_only:
+                    errors[key] = ["This field is read-only."]
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if errors and isinstance(exc.detail, dict):
+                raise serializers.ValidationError({**exc.detail, **errors}) from exc
+            raise
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value

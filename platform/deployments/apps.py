@@ -1,0 +1,8 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class DeploymentsConfig(AppConfig):
+    name = "deployments"
+    verbose_name = "Deployments"

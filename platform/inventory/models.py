@@ -1,0 +1,72 @@
+"""Hosts (one GPU agent each), their devices, and the tokens agents authenticate with."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class HostStatus(models.TextChoices):
+    ONLINE = "online", "online"
+    STALE = "stale", "stale (missed recent heartbeats)"
+    OFFLINE = "offline", "offline"
+
+
+class DeviceKind(models.TextChoices):
+    GPU = "gpu", "GPU"
+    CPU = "cpu", "CPU"
+
+
+class Host(models.Model):
+    """A machine running one GPU agent. ``name`` is the agent's identity."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    address = models.CharField(max_length=255, blank=True, help_text="host:port the agent is reachable on")
+    status = models.CharField(max_length=16, choices=HostStatus.choices, default=HostStatus.OFFLINE)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    simulated = models.BooleanField(default=False, help_text="a simulated host for the cluster view")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Device(models.Model):
+    """An accelerator (or the CPU, for CPU-only hosts) on a host.
+
+    ``nvlink_peers`` lists the indices of devices on the same host it has an NVLink path to;
+    memory lending pairs producers and consumers only along such paths.
+    """
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="devices")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=8, choices=DeviceKind.choices, default=DeviceKind.GPU)
+    memory_total_bytes = models.PositiveBigIntegerField()
+    nvlink_peers = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["host__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["host", "index"], name="device_unique_index_per_host")]
+
+    def __str__(self) -> str:
+        return f"{self.host.name}:{self.index} ({self.name})"
+
+
+class AgentToken(models.Model):
+    """A host's agent credential, stored as a digest (see core/secrets.py)."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="agent_tokens")
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    revoked = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.host.name} ({self.prefix}...)"

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from core.serializers import StrictModelSerializer
+from jobs.models import Job
+from jobs.registry import get_kind, kind_names
+
+
+class JobSerializer(StrictModelSerializer):
+    """A job. Clients send ``kind`` and ``params``; everything else is written by the platform."""
+
+    kind = serializers.CharField()
+    params = serializers.JSONField(required=False, default=dict)
+    created_by = serializers.CharField(source="created_by.username", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "kind",
+            "params",
+            "status",
+            "progress",
+            "result",
+            "error",
+            "celery_id",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = [
+            "id",
+            "status",
+            "progress",
+            "result",
+            "error",
+            "celery_id",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+
+    def validate_kind(self, value: str) -> str:
+        if value not in kind_names():
+            raise serializers.ValidationError(
+                f"Unknown job kind {value!r}; known: {', '.join(kind_names())}."
+            )
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        params = get_kind(attrs["kind"]).params_serializer(data=attrs.get("params", {}))
+        if not params.is_valid():
+            raise serializers.ValidationError({"params": params.errors})
+        attrs["params"] = dict(params.validated_data)
+        return attrs

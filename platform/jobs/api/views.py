@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from jobs import services
+from jobs.api.serializers import JobSerializer
+from jobs.models import Job
+
+
+class JobViewSet(
+    mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """Jobs: admins start (``POST``) and cancel them; everyone with a role reads them.
+
+    ``?status=`` and ``?kind=`` filter the list (newest first).
+    """
+
+    serializer_class = JobSerializer
+
+    def get_queryset(self) -> QuerySet[Job]:
+        jobs = Job.objects.select_related("created_by").order_by("-id")
+        for name in ("status", "kind"):
+            value = self.request.query_params.get(name)
+            if value:
+                jobs = jobs.filter(**{name: value})
+        return jobs
+
+    @extend_schema(
+        parameters=[OpenApiParameter("status", str), OpenApiParameter("kind", str)],
+    )
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    def perform_create(self, serializer: Any) -> None:
+        data = serializer.validated_data
+        serializer.instance = services.create_job(data["kind"], data["params"], self.request.user)
+
+    @extend_schema(request=None, responses={200: JobSerializer, 409: None})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        try:
+            job = services.cancel_job(self.get_object())
+        except services.JobNotActive as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(self.get_serializer(job).data)

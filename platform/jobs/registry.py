@@ -1,0 +1,76 @@
+"""The job-kind registry: what a job of each kind accepts and runs.
+
+A kind pairs a DRF serializer that validates (and fills defaults into) the job's parameters with
+a runner ``run(params, ctx) -> result``. Runners report progress and hit cancellation points
+through ``ctx`` (see ``JobContext``). Kinds register at import time from ``jobs/kinds/`` (or from
+another app's ``ready()``); a duplicate name raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rest_framework import serializers
+
+
+class JobCancelled(Exception):
+    """Raised at a cancellation point when the job's row says it was cancelled."""
+
+
+class JobContext(ABC):
+    """What a runner may do besides computing: report progress, check for cancellation."""
+
+    @abstractmethod
+    def progress(self, fraction: float) -> None:
+        """Record progress in [0, 1] and check for cancellation.
+
+        Called by runners between steps. Raises ``JobCancelled`` if the job was cancelled.
+        """
+
+    @abstractmethod
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if the job was cancelled (a cancellation point without progress)."""
+
+
+Runner = Callable[[dict[str, Any], JobContext], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """One kind of job.
+
+    Attributes:
+        name: the ``kind`` value clients send, e.g. ``"noop"``.
+        params_serializer: validates the ``params`` object; unknown keys must be rejected.
+        run: the work; returns a JSON-serialisable result stored on the job.
+        description: one line for the API schema and the dashboard.
+    """
+
+    name: str
+    params_serializer: type[serializers.Serializer]
+    run: Runner
+    description: str = ""
+
+
+_KINDS: dict[str, JobKind] = {}
+
+
+def register(kind: JobKind) -> JobKind:
+    """Add a kind; a second kind with the same name is a programming error."""
+    if kind.name in _KINDS:
+        raise ValueError(f"job kind {kind.name!r} is already registered")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def get_kind(name: str) -> JobKind:
+    """The kind called ``name``; ``KeyError`` if none."""
+    return _KINDS[name]
+
+
+def kind_names() -> list[str]:
+    """Registered kind names, sorted."""
+    return sorted(_KINDS)

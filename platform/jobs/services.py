@@ -1,0 +1,143 @@
+"""Job operations: create (and enqueue after commit), execute in a worker, cancel.
+
+Every status change is a conditional UPDATE on the row (``WHERE status IN ...``), so a cancel
+racing a worker's progress or completion write always leaves one consistent outcome: once a job
+is cancelled, nothing the worker does afterwards changes its status, progress or result.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+import uuid
+from functools import partial
+from typing import Any
+
+from django.db import InterfaceError, OperationalError, transaction
+from django.utils import timezone
+
+from jobs.models import ACTIVE_STATUSES, Job, JobStatus
+from jobs.registry import JobCancelled, JobContext, get_kind
+
+logger = logging.getLogger(__name__)
+
+# A runner reporting thousands of tiny steps should not turn into thousands of writes.
+PROGRESS_WRITE_INTERVAL_S = 0.2
+ERROR_TEXT_LIMIT = 10_000
+TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
+
+
+class JobNotActive(Exception):
+    """The job already finished (succeeded, failed or was cancelled)."""
+
+
+def create_job(kind: str, params: dict[str, Any], user: Any | None) -> Job:
+    """Store a queued job and send it to the workers once the transaction commits.
+
+    ``params`` must already be validated by the kind's params serializer. If the broker cannot
+    take the message, the job is marked failed with the reason instead of staying queued forever.
+    """
+    get_kind(kind)  # KeyError for an unknown kind: callers validate first
+    with transaction.atomic():
+        job = Job.objects.create(kind=kind, params=params, created_by=user, celery_id=str(uuid.uuid4()))
+        transaction.on_commit(partial(_enqueue, job.pk, job.celery_id))
+    return job
+
+
+def _enqueue(job_id: int, celery_id: str) -> None:
+    from jobs.tasks import run_job
+
+    try:
+        run_job.apply_async(args=(job_id,), task_id=celery_id)
+    except Exception as exc:
+        logger.exception("could not enqueue job %s", job_id)
+        Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).update(
+            status=JobStatus.FAILED, error=f"Could not enqueue the job: {exc}", finished_at=timezone.now()
+        )
+
+
+def cancel_job(job: Job) -> Job:
+    """Cancel a queued or running job; ``JobNotActive`` if it already finished.
+
+    The row changes at once; a running worker notices at its next cancellation point and stops.
+    The Celery task is also revoked so that a worker that has not started it drops it.
+    """
+    updated = Job.objects.filter(pk=job.pk, status__in=ACTIVE_STATUSES).update(
+        status=JobStatus.CANCELLED, finished_at=timezone.now()
+    )
+    job.refresh_from_db()
+    if not updated:
+        raise JobNotActive(f"job {job.pk} is already {job.status}")
+    if job.celery_id:
+        transaction.on_commit(partial(_revoke, job.celery_id))
+    return job
+
+
+def _revoke(celery_id: str) -> None:
+    from config.celery import app
+
+    try:
+        app.control.revoke(celery_id)
+    except Exception:
+        # Best effort: the status check between steps is what actually stops the job.
+        logger.warning("could not broadcast revoke for task %s", celery_id, exc_info=True)
+
+
+class _RowContext(JobContext):
+    """Progress and cancellation through the job's row."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self._last_write = 0.0
+
+    def progress(self, fraction: float) -> None:
+        fraction = min(max(float(fraction), 0.0), 1.0)
+        now = time.monotonic()
+        if now - self._last_write < PROGRESS_WRITE_INTERVAL_S and fraction < 1.0:
+            self.check_cancelled()
+            return
+        self._last_write = now
+        if not Job.objects.filter(pk=self.job_id, status=JobStatus.RUNNING).update(progress=fraction):
+            raise JobCancelled(self.job_id)
+
+    def check_cancelled(self) -> None:
+        if not Job.objects.filter(pk=self.job_id, status=JobStatus.RUNNING).exists():
+            raise JobCancelled(self.job_id)
+
+
+def execute_job(job_id: int, *, retrying: bool = False) -> JobStatus | None:
+    """Run a job in this (worker) process; returns its final status, ``None`` if not run.
+
+    A job runs only if it is queued (or, on a Celery retry of the same task, still running). Errors
+    from the runner are recorded as ``failed`` with the error text; transient database errors are
+    re-raised so the task's retry policy applies.
+    """
+    claimable = ACTIVE_STATUSES if retrying else (JobStatus.QUEUED,)
+    claimed = Job.objects.filter(pk=job_id, status__in=claimable).update(
+        status=JobStatus.RUNNING, started_at=timezone.now(), error=""
+    )
+    if not claimed:
+        logger.info("job %s is not queued (cancelled, finished or missing); skipping", job_id)
+        return None
+    job = Job.objects.get(pk=job_id)
+    try:
+        result = get_kind(job.kind).run(job.params, _RowContext(job_id))
+    except JobCancelled:
+        logger.info("job %s cancelled; stopped", job_id)
+        return JobStatus.CANCELLED
+    except TRANSIENT_DB_ERRORS:
+        raise
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"[:ERROR_TEXT_LIMIT]
+        return _finish(job_id, status=JobStatus.FAILED, error=text)
+    return _finish(job_id, status=JobStatus.SUCCEEDED, progress=1.0, result=result)
+
+
+def _finish(job_id: int, *, status: JobStatus, **fields: Any) -> JobStatus:
+    updated = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).update(
+        status=status, finished_at=timezone.now(), **fields
+    )
+    if not updated:
+        return JobStatus.CANCELLED  # cancelled between the last step and this write
+    return status

@@ -1,0 +1,59 @@
+"""Served models: what the platform can deploy, with the SLOs it must meet."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from registry.validators import (
+    validate_engine_options,
+    validate_percentage,
+    validate_positive,
+    validate_power_of_two,
+)
+
+
+class DType(models.TextChoices):
+    AUTO = "auto", "auto (from the checkpoint)"
+    FLOAT16 = "float16", "float16"
+    BFLOAT16 = "bfloat16", "bfloat16"
+    FLOAT32 = "float32", "float32"
+
+
+class ServedModel(models.Model):
+    """A model the platform serves.
+
+    ``source`` is a local path or a hub id (``org/name``). The SLO targets are what profiling and
+    placement aim for: P99 time to first token, P99 time between tokens, and the share of
+    requests that must meet both.
+    """
+
+    name = models.SlugField(max_length=100, unique=True)
+    source = models.CharField(max_length=500)
+    dtype = models.CharField(max_length=16, choices=DType.choices, default=DType.AUTO)
+    tensor_parallel_size = models.PositiveSmallIntegerField(
+        default=1, validators=[validate_power_of_two, MaxValueValidator(64)]
+    )
+    max_context_length = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    slo_ttft_p99_ms = models.FloatField(validators=[validate_positive])
+    slo_tbt_p99_ms = models.FloatField(validators=[validate_positive])
+    slo_attainment_pct = models.FloatField(default=90.0, validators=[validate_percentage])
+    engine_options = models.JSONField(default=dict, blank=True, validators=[validate_engine_options])
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(tensor_parallel_size__gte=1), name="model_tp_positive"),
+            models.CheckConstraint(condition=models.Q(max_context_length__gte=1), name="model_ctx_positive"),
+            models.CheckConstraint(condition=models.Q(slo_ttft_p99_ms__gt=0), name="model_ttft_positive"),
+            models.CheckConstraint(condition=models.Q(slo_tbt_p99_ms__gt=0), name="model_tbt_positive"),
+            models.CheckConstraint(
+                condition=models.Q(slo_attainment_pct__gt=0, slo_attainment_pct__lte=100),
+                name="model_attainment_pct_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
