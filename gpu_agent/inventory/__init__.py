@@ -26,7 +26,9 @@ def detect_inventory(nvml: Any = None) -> Inventory:
     reason: str
     try:
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         nvml.nvmlInit()
     except ImportError as exc:
         reason = f"nvidia-ml-py is not installed ({exc})"

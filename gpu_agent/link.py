@@ -1,0 +1,246 @@
+"""The agent's one websocket to the control plane: `{control_plane}/ws/agent/`.
+
+Per connection: send `register` (and the current deployment statuses) first, then a heartbeat every
+`heartbeat_interval_s`, the telemetry the agent submits, and whatever else it sends; read frames
+from the control plane and hand valid ones to `on_frame`. A malformed frame is logged, answered with
+an `error` frame and skipped: the link stays up.
+
+While disconnected, telemetry goes into a bounded buffer (oldest dropped first, counted in
+`dropped`, which every telemetry frame carries) and is flushed in order on reconnect; heartbeats and
+other frames are not buffered (the statuses are re-sent on connect). Reconnects back off
+exponentially with seeded jitter; a refused token (HTTP 401/403 at the handshake, or close code
+4401/4403) is logged as such and retried with the same backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+from gpu_agent.backoff import Backoff
+from gpu_agent.protocol import ErrorFrame, Frame, Heartbeat, ProtocolError, Telemetry, dumps, loads
+
+log = logging.getLogger(__name__)
+
+AUTH_CLOSE_CODES = (4401, 4403)
+AUTH_HTTP_STATUSES = (401, 403)
+
+
+def agent_ws_url(control_plane: str) -> str:
+    """http(s)://host[:port][/prefix] or ws(s)://... -> ws(s)://host[:port][/prefix]/ws/agent/."""
+    url = control_plane.rstrip("/")
+    for http, ws in (("http://", "ws://"), ("https://", "wss://")):
+        if url.startswith(http):
+            url = ws + url[len(http) :]
+    if not url.startswith(("ws://", "wss://")):
+        raise ValueError(f"control plane URL {control_plane!r} must start with http(s):// or ws(s)://")
+    if url.endswith("/ws/agent"):
+        return url + "/"
+    return url + "/ws/agent/"
+
+
+@dataclass
+class LinkStats:
+    """Counters for logs, tests and the agent's own status."""
+
+    connects: int = 0
+    auth_refusals: int = 0
+    failed_attempts: int = 0
+    telemetry_sent: int = 0
+    dropped: int = 0  # telemetry frames dropped because the buffer was full
+    rejected_frames: int = 0  # malformed frames received
+
+
+class AuthRefused(Exception):
+    """The control plane refused the host token."""
+
+
+class AgentLink:
+    """Keeps one authenticated websocket to the control plane up until `stop()`."""
+
+    def __init__(
+        self,
+        control_plane: str,
+        token: str,
+        *,
+        hello: Callable[[], list[Frame]],
+        on_frame: Callable[[Frame], Awaitable[None]],
+        heartbeat_interval_s: float = 1.0,
+        buffer_size: int = 300,
+        backoff: Backoff | None = None,
+        stable_after_s: float = 5.0,
+        open_timeout_s: float = 10.0,
+    ) -> None:
+        """
+        Args:
+            control_plane: Base URL of the control plane (http(s):// or ws(s)://).
+            token: The host token, sent as `Authorization: Bearer <token>`.
+            hello: Called on every connect; its frames (register first) are sent before anything.
+            on_frame: Awaited for every valid frame from the control plane, in arrival order.
+            heartbeat_interval_s: Seconds between heartbeats.
+            buffer_size: Telemetry frames kept while disconnected.
+            backoff: Reconnect delays; default 0.5 s doubling to 30 s, seed 0.
+            stable_after_s: A connection that lived this long resets the backoff when it ends.
+            open_timeout_s: Handshake timeout.
+        """
+        if buffer_size < 1:
+            raise ValueError(f"{buffer_size=} must be >= 1")
+        if heartbeat_interval_s <= 0:
+            raise ValueError(f"{heartbeat_interval_s=} must be positive")
+        self.url = agent_ws_url(control_plane)
+        self._token = token
+        self._hello = hello
+        self._on_frame = on_frame
+        self._heartbeat_s = heartbeat_interval_s
+        self._buffer: deque[Telemetry] = deque(maxlen=buffer_size)
+        self._backoff = backoff or Backoff()
+        self._stable_after_s = stable_after_s
+        self._open_timeout_s = open_timeout_s
+        self._ws: ClientConnection | None = None
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.stats = LinkStats()
+
+    @property
+    def connected(self) -> bool:
+        return self._ws is not None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def submit_telemetry(self, frame: Telemetry) -> None:
+        """Queue one telemetry frame; sent at once if connected, else kept (bounded)."""
+        if len(self._buffer) == self._buffer.maxlen:
+            self.stats.dropped += 1  # deque drops the oldest on append
+        self._buffer.append(frame)
+        self._wake.set()
+
+    async def send(self, frame: Frame) -> bool:
+        """Send a non-telemetry frame now; False (not queued) when disconnected."""
+        ws = self._ws
+        if ws is None:
+            return False
+        try:
+            await ws.send(dumps(frame))
+        except ConnectionClosed:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Ask `run()` to close the connection and return."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Connect, serve the connection, reconnect with backoff; returns after `stop()`."""
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                await self._session()
+            except AuthRefused as exc:
+                self.stats.auth_refusals += 1
+                reason = str(exc)
+            except InvalidStatus as exc:
+                code = exc.response.status_code
+                if code in AUTH_HTTP_STATUSES:
+                    self.stats.auth_refusals += 1
+                    reason = f"the control plane refused the host token (HTTP {code})"
+                else:
+                    reason = f"handshake failed with HTTP {code}"
+            except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                reason = "connection closed"
+            if self._stopping.is_set():
+                break
+            self.stats.failed_attempts += 1
+            if time.monotonic() - started >= self._stable_after_s:
+                self._backoff.reset()
+            delay = self._backoff.next_delay()
+            refused = "refused the host token" in reason
+            (log.error if refused else log.warning)(
+                "Control plane link to %s down (%s); retrying in %.1f s.", self.url, reason, delay
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+
+    async def _session(self) -> None:
+        headers = {"Authorization": f"Bearer {self._token}"}
+        async with connect(
+            self.url, additional_headers=headers, open_timeout=self._open_timeout_s, max_size=2**22
+        ) as ws:
+            try:
+                for frame in self._hello():
+                    await ws.send(dumps(frame))
+                self._ws = ws
+                self.stats.connects += 1
+                log.info("Connected to the control plane at %s.", self.url)
+                await self._serve(ws)
+            except ConnectionClosed as exc:
+                rcvd = exc.rcvd
+                if rcvd is not None and rcvd.code in AUTH_CLOSE_CODES:
+                    raise AuthRefused(
+                        f"the control plane refused the host token (close code {rcvd.code} {rcvd.reason!r})"
+                    ) from None
+                raise
+            finally:
+                self._ws = None
+
+    async def _serve(self, ws: ClientConnection) -> None:
+        tasks = [
+            asyncio.create_task(self._read(ws)),
+            asyncio.create_task(self._heartbeats(ws)),
+            asyncio.create_task(self._flush(ws)),
+            asyncio.create_task(self._stopping.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in done:
+            exc = t.exception()
+            if exc is not None:
+                raise exc
+
+    async def _read(self, ws: ClientConnection) -> None:
+        async for message in ws:
+            try:
+                frame = loads(message, sender="control_plane")
+            except ProtocolError as exc:
+                self.stats.rejected_frames += 1
+                log.warning("Rejected a malformed frame from the control plane: %s", exc)
+                await ws.send(dumps(ErrorFrame("bad_frame", str(exc), exc.field or None)))
+                continue
+            try:
+                await self._on_frame(frame)
+            except Exception:
+                log.exception("Handling a %r frame failed", frame.TYPE)
+        # The iterator ends on a normal close; surface the close code (auth refusals use it).
+        raise ws.protocol.close_exc
+
+    async def _heartbeats(self, ws: ClientConnection) -> None:
+        while True:
+            await ws.send(dumps(Heartbeat(ts=time.time())))
+            await asyncio.sleep(self._heartbeat_s)
+
+    async def _flush(self, ws: ClientConnection) -> None:
+        while True:
+            while self._buffer:
+                frame = dataclasses.replace(self._buffer[0], dropped=self.stats.dropped)
+                await ws.send(dumps(frame))
+                self._buffer.popleft()
+                self.stats.telemetry_sent += 1
+            self._wake.clear()
+            await self._wake.wait()

@@ -1,0 +1,174 @@
+"""The control-plane link against a real websocket server (tests/agent/ws_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gpu_agent.backoff import Backoff
+from gpu_agent.link import AgentLink, agent_ws_url
+from gpu_agent.protocol import (
+    Command,
+    DeviceInfo,
+    DeviceSample,
+    Frame,
+    Register,
+    Telemetry,
+    dumps,
+)
+from tests.agent.ws_server import ControlPlaneStub, wait_for
+
+REGISTER = Register("host-a", "127.0.0.1", "test", False, [DeviceInfo(0, "CPU-x", "cpu", "cpu", 2**30)])
+
+
+def telemetry(ts: float) -> Telemetry:
+    return Telemetry(ts=ts, devices=[DeviceSample(0, 1, 2)])
+
+
+class Harness:
+    def __init__(self, server: ControlPlaneStub, token: str = "good-token", **kwargs: Any) -> None:
+        self.received: list[Frame] = []
+        kwargs.setdefault("backoff", Backoff(base_s=0.05, cap_s=0.2, seed=1))
+        self.link = AgentLink(server.url, token, hello=lambda: [REGISTER], on_frame=self._on_frame, **kwargs)
+        self.task: asyncio.Task[None] | None = None
+
+    async def _on_frame(self, frame: Frame) -> None:
+        self.received.append(frame)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[AgentLink]:
+        self.task = asyncio.create_task(self.link.run())
+        try:
+            yield self.link
+        finally:
+            self.link.stop()
+            await asyncio.wait_for(self.task, 5)
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[ControlPlaneStub]:
+    srv = ControlPlaneStub()
+    await srv.start()
+    yield srv
+    with contextlib.suppress(AssertionError):
+        await srv.stop()
+
+
+def test_it_builds_the_agent_websocket_url() -> None:
+    assert agent_ws_url("http://cp:8000") == "ws://cp:8000/ws/agent/"
+    assert agent_ws_url("https://cp.example/base/") == "wss://cp.example/base/ws/agent/"
+    assert agent_ws_url("ws://cp/ws/agent/") == "ws://cp/ws/agent/"
+    with pytest.raises(ValueError, match="ftp://cp"):
+        agent_ws_url("ftp://cp")
+
+
+def test_it_backs_off_exponentially_with_capped_seeded_jitter() -> None:
+    a, b = Backoff(base_s=1, cap_s=8, seed=7), Backoff(base_s=1, cap_s=8, seed=7)
+    delays = [a.next_delay() for _ in range(8)]
+    assert delays == [b.next_delay() for _ in range(8)]
+    for d, nominal in zip(delays, [1, 2, 4, 8, 8, 8, 8, 8], strict=True):
+        assert nominal / 2 <= d <= nominal
+    a.reset()
+    assert 0.5 <= a.next_delay() <= 1
+
+
+@pytest.mark.asyncio
+async def test_it_registers_first_then_heartbeats_about_every_second(server: ControlPlaneStub) -> None:
+    h = Harness(server, heartbeat_interval_s=1.0)
+    async with h.running() as link:
+        await wait_for(lambda: len(server.of_type("heartbeat")) >= 3)
+        link.submit_telemetry(telemetry(1.0))
+        await wait_for(lambda: len(server.of_type("telemetry")) == 1)
+    assert server.frames[0][1]["type"] == "register"
+    assert server.frames[0][1]["host"] == "host-a"
+    beats = server.times_of("heartbeat")
+    gaps = [b - a for a, b in zip(beats, beats[1:], strict=False)]
+    assert all(0.8 <= g <= 1.6 for g in gaps), gaps
+    assert server.of_type("telemetry")[0]["dropped"] == 0
+
+
+@pytest.mark.asyncio
+async def test_it_reconnects_after_a_restart_and_flushes_the_bounded_buffer(server: ControlPlaneStub) -> None:
+    h = Harness(server, buffer_size=5)
+    async with h.running() as link:
+        await wait_for(lambda: link.connected)
+        link.submit_telemetry(telemetry(1))
+        link.submit_telemetry(telemetry(2))
+        await wait_for(lambda: len(server.of_type("telemetry")) == 2)
+
+        await server.stop()
+        await wait_for(lambda: not link.connected)
+        for ts in range(100, 112):  # 12 frames into a buffer of 5: the 7 oldest are dropped
+            link.submit_telemetry(telemetry(ts))
+        assert link.buffered == 5 and link.stats.dropped == 7
+
+        await server.start()  # same port
+        await wait_for(lambda: len(server.of_type("telemetry")) == 7)
+        assert link.stats.connects == 2
+    flushed = server.of_type("telemetry")[2:]
+    assert [f["ts"] for f in flushed] == [107, 108, 109, 110, 111]
+    assert all(f["dropped"] == 7 for f in flushed)
+    assert [f["type"] for _, f in server.frames].count("register") == 2
+    assert link.buffered == 0
+
+
+@pytest.mark.asyncio
+async def test_it_rejects_malformed_frames_and_keeps_the_link(
+    server: ControlPlaneStub, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(server)
+    with caplog.at_level(logging.WARNING, logger="gpu_agent.link"):
+        async with h.running() as link:
+            await wait_for(lambda: link.connected)
+            await server.push("{not json")
+            await server.push(
+                '{"v": 1, "type": "command", "command_id": "c", "action": "explode", "deployment_id": "d"}'
+            )
+            await server.push(dumps(REGISTER))  # an agent-only frame
+            await server.push(dumps(Command("c2", "tail_log", "d1", lines=5)))
+            await wait_for(lambda: len(h.received) == 1)
+            await wait_for(lambda: len(server.of_type("error")) == 3)
+            assert link.connected and link.stats.connects == 1
+    assert h.received == [Command("c2", "tail_log", "d1", lines=5)]
+    assert link.stats.rejected_frames == 3
+    errors = server.of_type("error")
+    assert [e["field"] for e in errors] == [None, "action", "type"]
+    assert all(e["code"] == "bad_frame" for e in errors)
+    logged = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert len(logged) == 3 and "action" in logged[1]
+
+
+@pytest.mark.asyncio
+async def test_it_reports_a_refused_token_and_retries_with_backoff(
+    server: ControlPlaneStub, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(server, token="wrong", backoff=Backoff(base_s=0.2, cap_s=0.4, seed=3))
+    with caplog.at_level(logging.ERROR, logger="gpu_agent.link"):
+        async with h.running() as link:
+            await asyncio.sleep(1.5)
+    # Delays are >= 0.1, 0.2, 0.2, ...: a handful of attempts, not a hot loop.
+    assert 3 <= server.handshakes <= 9
+    assert link.stats.auth_refusals == server.handshakes
+    assert link.stats.connects == 0 and server.frames == []
+    errors = [r.getMessage() for r in caplog.records]
+    assert errors and all("refused the host token (HTTP 403)" in m for m in errors)
+
+
+@pytest.mark.asyncio
+async def test_it_treats_an_auth_close_code_as_a_refused_token(caplog: pytest.LogCaptureFixture) -> None:
+    srv = ControlPlaneStub(close_code=4403)
+    await srv.start()
+    h = Harness(srv, backoff=Backoff(base_s=0.2, cap_s=0.4, seed=3))
+    try:
+        with caplog.at_level(logging.ERROR, logger="gpu_agent.link"):
+            async with h.running() as link:
+                await wait_for(lambda: link.stats.auth_refusals >= 2)
+    finally:
+        await srv.stop()
+    assert any("close code 4403" in r.getMessage() for r in caplog.records)
