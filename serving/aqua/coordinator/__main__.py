@@ -1,0 +1,48 @@
+"""Run the host coordinator standalone: `python -m serving.aqua.coordinator --socket PATH`.
+
+Prints one line `{"event": "listening", "socket": PATH}` on stdout once it accepts connections;
+SIGTERM or SIGINT stops it (clients see their connections close).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+
+from serving.aqua.coordinator.server import CoordinatorServer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serving.aqua.coordinator", description=__doc__)
+    parser.add_argument("--socket", required=True, help="Unix socket path to listen on")
+    parser.add_argument("--mode", default="600", help="socket file permissions, octal (default 600)")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    args = parser.parse_args(argv)
+    try:
+        mode = int(args.mode, 8)
+    except ValueError:
+        parser.error(f"--mode {args.mode!r} is not an octal permission like 600")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+
+    server = CoordinatorServer(args.socket, socket_mode=mode)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    try:
+        server.start()
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"event": "listening", "socket": args.socket}), flush=True)
+    while not done.wait(0.5):
+        pass
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

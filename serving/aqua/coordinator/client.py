@@ -1,0 +1,177 @@
+"""`AquaClient`: the synchronous, thread-safe aqua-lib client of the host coordinator.
+
+One client is one Unix-socket connection, i.e. one coordinator *session* (see
+`serving.aqua.coordinator.coordinator` for what a session owns and what its disconnect does).
+Threads may share a client: calls are serialised on the connection. A client must not be used
+across `fork()`: the child raises CoordinatorUnavailable and must open its own.
+
+Primitives:
+    producer:  lease, resize, unlease, request_reclaim, reclaim_status, wait_reclaimed
+    consumer:  allocate, free, pending_reclaims, allocation
+    any:       stats, ping, close
+Refusals raise the typed `CoordinatorError` subclasses of `serving.aqua.coordinator.errors`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from serving.aqua.coordinator.errors import (
+    CoordinatorUnavailable,
+    InsufficientMemory,
+    ProtocolError,
+    error_from_code,
+)
+from serving.aqua.coordinator.protocol import MAX_FRAME, decode, encode
+from serving.aqua.coordinator.records import Allocation, ReclaimStatus
+
+
+class AquaClient:
+    """A connection to the coordinator at `socket_path`.
+
+    Args:
+        socket_path: the server's Unix socket.
+        name: a label for this session in the server's bookkeeping (e.g. "engine-a/scheduler").
+        timeout: seconds to wait for any one reply before giving up (the connection is then closed).
+        connect_timeout: seconds to keep retrying the connection while the server starts.
+    """
+
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        name: str | None = None,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.socket_path = os.fspath(socket_path)
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._pid = os.getpid()
+        self._sock = _connect(self.socket_path, connect_timeout)
+        self._sock.settimeout(timeout)
+        self._reader = self._sock.makefile("rb")
+        hello = self._call("hello", name=name, pid=self._pid)
+        self.session: str = hello["session"]
+
+    # ----------------------------------------------------------------- producer
+    def lease(self, producer_id: str, device: str, nbytes: int, handle: dict[str, Any]) -> str:
+        """Lend `nbytes` of `device` memory, attachable through `handle`; returns the region id."""
+        return str(self._call("lease", producer_id=producer_id, device=device, nbytes=nbytes, handle=handle))
+
+    def resize(self, region_id: str, nbytes: int) -> None:
+        """Grow or shrink a leased region (RegionBusy if shrinking would cut an allocation off)."""
+        self._call("resize", region_id=region_id, nbytes=nbytes)
+
+    def unlease(self, region_id: str) -> None:
+        """Withdraw an empty region (RegionBusy while allocations remain: reclaim first)."""
+        self._call("unlease", region_id=region_id)
+
+    def request_reclaim(self, region_id: str) -> ReclaimStatus:
+        """Close the region to new allocations and ask its consumer to give it back."""
+        status: ReclaimStatus = self._call("request_reclaim", region_id=region_id)
+        return status
+
+    def reclaim_status(self, region_id: str) -> ReclaimStatus:
+        """ "none", "pending" (allocations remain) or "done" (empty: the producer may unlease)."""
+        status: ReclaimStatus = self._call("reclaim_status", region_id=region_id)
+        return status
+
+    def wait_reclaimed(self, region_id: str, timeout: float, poll_interval: float = 0.01) -> bool:
+        """Poll `reclaim_status` until "done"; False if `timeout` seconds pass first."""
+        deadline = time.monotonic() + timeout
+        while self.reclaim_status(region_id) != "done":
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_interval)
+        return True
+
+    # ----------------------------------------------------------------- consumer
+    def allocate(
+        self, consumer_id: str, nbytes: int, device_hint: str | None = None, *, strict: bool = False
+    ) -> Allocation | None:
+        """`nbytes` contiguous bytes of one lent region, or None (InsufficientMemory if `strict`)."""
+        data = self._call("allocate", consumer_id=consumer_id, nbytes=nbytes, device_hint=device_hint)
+        if data is None:
+            if strict:
+                raise InsufficientMemory(f"no lent region can hold {nbytes} bytes for {consumer_id!r}")
+            return None
+        return Allocation.from_dict(data)
+
+    def free(self, alloc_id: str, consumer_id: str | None = None) -> None:
+        """Release an allocation (UnknownAllocation if already freed; NotOwner on a consumer mismatch)."""
+        self._call("free", alloc_id=alloc_id, consumer_id=consumer_id)
+
+    def pending_reclaims(self, consumer_id: str) -> list[Allocation]:
+        """This consumer's allocations in regions under reclaim: evacuate their data, then free them."""
+        return [Allocation.from_dict(d) for d in self._call("pending_reclaims", consumer_id=consumer_id)]
+
+    def allocation(self, alloc_id: str) -> Allocation:
+        """The live allocation `alloc_id` (UnknownAllocation once freed)."""
+        return Allocation.from_dict(self._call("allocation", alloc_id=alloc_id))
+
+    # ----------------------------------------------------------------- any
+    def stats(self) -> dict[str, Any]:
+        """Per-device leased/allocated bytes, regions, producer->consumer pairings (Coordinator.stats)."""
+        result: dict[str, Any] = self._call("stats")
+        return result
+
+    def ping(self) -> None:
+        self._call("ping")
+
+    def close(self) -> None:
+        """Close the connection: the server then frees this session's allocations and withdraws its leases."""
+        with self._lock:
+            self._reader.close()
+            self._sock.close()
+
+    def __enter__(self) -> AquaClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- wire
+    def _call(self, op: str, **args: Any) -> Any:
+        if os.getpid() != self._pid:
+            raise CoordinatorUnavailable("AquaClient used after fork(); open a new client in this process")
+        req_id = next(self._ids)
+        with self._lock:
+            if self._sock.fileno() < 0:
+                raise CoordinatorUnavailable("client is closed")
+            try:
+                self._sock.sendall(encode({"id": req_id, "op": op, "args": args}))
+                line = self._reader.readline(MAX_FRAME + 1)
+            except (OSError, ValueError) as exc:  # timeouts are OSErrors too
+                self._reader.close()
+                self._sock.close()
+                raise CoordinatorUnavailable(f"coordinator at {self.socket_path}: {exc}") from exc
+            if not line.endswith(b"\n"):
+                self._sock.close()
+                raise CoordinatorUnavailable(f"coordinator at {self.socket_path} closed the connection")
+        reply = decode(line)
+        if reply.get("id") != req_id:
+            raise ProtocolError(f"reply id {reply.get('id')!r} does not match request id {req_id}")
+        if reply.get("ok"):
+            return reply.get("result")
+        err = reply.get("error") or {}
+        raise error_from_code(str(err.get("code")), str(err.get("message")))
+
+
+def _connect(path: str, timeout: float) -> socket.socket:
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise CoordinatorUnavailable(f"cannot connect to coordinator at {path}: {exc}") from exc
+            time.sleep(0.05)

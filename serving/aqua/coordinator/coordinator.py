@@ -1,0 +1,347 @@
+"""The host coordinator's state machine: who lent which region, who holds which bytes of it.
+
+A pure object (no I/O, no threads): every method runs to completion and leaves the state
+consistent, so a server that calls it from one event loop or under one lock makes every
+operation atomic. The rules (Aqua, ASPLOS'25, section 4, with the choices this project made):
+
+- A producer *leases* a region of its memory (`nbytes` on `device`, attachable through `handle`),
+  may *resize* it (never below the end of its highest allocation) and *unlease* it (refused while
+  any allocation remains; the producer files a reclaim and waits instead).
+- A consumer *allocates* `nbytes` all-or-nothing inside ONE region (first fit, offsets aligned to
+  `ALIGNMENT`), or gets None. Regions under reclaim are never used. At most one consumer per region:
+  a region with allocations serves only their consumer; it is free for any consumer again once
+  the last one is freed.
+- *request_reclaim* closes a region to new allocations; *reclaim_status* is "pending" while
+  allocations remain and "done" from the moment the last is freed. Consumers learn what to give
+  back from *pending_reclaims*. Producers are notified, never forced: nothing is freed for them.
+- Sessions (one per client connection) own what they created. Producer operations on a region are
+  allowed only to the session that leased it. Any session may free an allocation (an engine's
+  scheduler process may allocate what its worker process frees), optionally checked against the
+  consumer id. When a session disconnects: its allocations are freed; its regions are *withdrawn*:
+  closed to allocations, reported to their consumer by `pending_reclaims` with `withdrawn=True`,
+  and removed once empty (at once if already empty).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from serving.aqua.coordinator.errors import (
+    InvalidArgument,
+    NotOwner,
+    RegionBusy,
+    UnknownAllocation,
+    UnknownRegion,
+)
+from serving.aqua.coordinator.records import Allocation, ReclaimStatus
+
+# Offsets inside a region are multiples of this: keeps every allocation aligned for vectorised
+# host copies and CUDA copies (cudaMalloc itself aligns to 256 bytes).
+ALIGNMENT = 256
+LOCAL_SESSION = "local"
+
+
+@dataclass
+class _Region:
+    seq: int
+    region_id: str
+    producer_id: str
+    session: str
+    device: str
+    nbytes: int
+    handle: dict[str, Any]
+    reclaiming: bool = False
+    withdrawn: bool = False
+    # alloc_id -> Allocation, kept sorted by offset (first fit walks the gaps in order)
+    allocs: dict[str, Allocation] = field(default_factory=dict)
+
+    @property
+    def consumer_id(self) -> str | None:
+        for alloc in self.allocs.values():
+            return alloc.consumer_id
+        return None
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(a.nbytes for a in self.allocs.values())
+
+    @property
+    def high_water(self) -> int:
+        return max((a.end for a in self.allocs.values()), default=0)
+
+    def reclaim_status(self) -> ReclaimStatus:
+        if not self.reclaiming:
+            return "none"
+        return "pending" if self.allocs else "done"
+
+    def first_fit(self, nbytes: int) -> int | None:
+        cursor = 0
+        for alloc in self.allocs.values():
+            if alloc.offset - cursor >= nbytes:
+                return cursor
+            cursor = _align(alloc.end)
+        return cursor if cursor + nbytes <= self.nbytes else None
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidArgument(f"{name}={value!r} must be a positive integer")
+    return value
+
+
+def _name(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{name}={value!r} must be a non-empty string")
+    return value
+
+
+class Coordinator:
+    """Lease / allocate / reclaim bookkeeping for the lent memory of one host (see module doc)."""
+
+    def __init__(self) -> None:
+        # region_id -> region, in lease order (the tie-break when several regions fit)
+        self._regions: dict[str, _Region] = {}
+        # alloc_id -> (allocation, session that made it)
+        self._allocs: dict[str, tuple[Allocation, str]] = {}
+        self._next_region = 1
+        self._next_alloc = 1
+
+    # ----------------------------------------------------------------- producer side
+    def lease(
+        self,
+        producer_id: str,
+        device: str,
+        nbytes: int,
+        handle: dict[str, Any],
+        *,
+        session: str = LOCAL_SESSION,
+    ) -> str:
+        """Offer `nbytes` of `device` memory, attachable through `handle`; returns the region id."""
+        _name("producer_id", producer_id)
+        _name("device", device)
+        _positive_int("nbytes", nbytes)
+        if not isinstance(handle, dict) or not isinstance(handle.get("kind"), str):
+            raise InvalidArgument(f"handle={handle!r} must be a dict with a string 'kind'")
+        try:
+            handle = json.loads(json.dumps(handle))  # a private, JSON-able copy
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"handle must be JSON-serialisable: {exc}") from None
+        region_id = f"r{self._next_region}"
+        self._regions[region_id] = _Region(
+            self._next_region, region_id, producer_id, session, device, nbytes, handle
+        )
+        self._next_region += 1
+        return region_id
+
+    def resize(self, region_id: str, nbytes: int, *, session: str = LOCAL_SESSION) -> None:
+        """Grow or shrink a region; shrinking below its highest allocated byte raises RegionBusy."""
+        region = self._owned(region_id, session)
+        _positive_int("nbytes", nbytes)
+        if nbytes < region.high_water:
+            raise RegionBusy(
+                f"region {region_id}: cannot shrink to {nbytes} bytes, allocations reach {region.high_water}"
+            )
+        region.nbytes = nbytes
+
+    def unlease(self, region_id: str, *, session: str = LOCAL_SESSION) -> None:
+        """Withdraw an empty region; raises RegionBusy while allocations remain (reclaim first)."""
+        region = self._owned(region_id, session)
+        if region.allocs:
+            raise RegionBusy(
+                f"region {region_id} holds {len(region.allocs)} allocation(s) of consumer "
+                f"{region.consumer_id!r}; request a reclaim and wait for it"
+            )
+        del self._regions[region_id]
+
+    def request_reclaim(self, region_id: str, *, session: str = LOCAL_SESSION) -> ReclaimStatus:
+        """Close a region to new allocations and ask its consumer to give it back; idempotent.
+
+        Returns the status right after the request ("done" at once if the region is empty).
+        """
+        region = self._owned(region_id, session)
+        region.reclaiming = True
+        return region.reclaim_status()
+
+    def reclaim_status(self, region_id: str) -> ReclaimStatus:
+        """ "none" (no reclaim filed), "pending" (allocations remain) or "done" (region empty)."""
+        return self._region(region_id).reclaim_status()
+
+    # ----------------------------------------------------------------- consumer side
+    def allocate(
+        self,
+        consumer_id: str,
+        nbytes: int,
+        device_hint: str | None = None,
+        *,
+        session: str = LOCAL_SESSION,
+    ) -> Allocation | None:
+        """Give `consumer_id` `nbytes` contiguous bytes of one region, or None if none can.
+
+        Candidates: regions not under reclaim and not held by another consumer. They are tried in
+        order: on `device_hint` first, then already held by this consumer, then lease order.
+        """
+        _name("consumer_id", consumer_id)
+        _positive_int("nbytes", nbytes)
+        if device_hint is not None:
+            _name("device_hint", device_hint)
+        candidates = [
+            r for r in self._regions.values() if not r.reclaiming and r.consumer_id in (None, consumer_id)
+        ]
+        candidates.sort(
+            key=lambda r: (
+                device_hint is not None and r.device != device_hint,
+                r.consumer_id != consumer_id,
+                r.seq,
+            )
+        )
+        for region in candidates:
+            offset = region.first_fit(nbytes)
+            if offset is None:
+                continue
+            alloc = Allocation(
+                alloc_id=f"a{self._next_alloc}",
+                region_id=region.region_id,
+                producer_id=region.producer_id,
+                consumer_id=consumer_id,
+                device=region.device,
+                offset=offset,
+                nbytes=nbytes,
+                handle=region.handle,
+            )
+            self._next_alloc += 1
+            region.allocs[alloc.alloc_id] = alloc
+            region.allocs = dict(sorted(region.allocs.items(), key=lambda kv: kv[1].offset))
+            self._allocs[alloc.alloc_id] = (alloc, session)
+            return alloc
+        return None
+
+    def free(self, alloc_id: str, consumer_id: str | None = None, *, session: str = LOCAL_SESSION) -> None:
+        """Release an allocation; with `consumer_id`, refuse (NotOwner) if it belongs to another."""
+        try:
+            alloc, _ = self._allocs[alloc_id]
+        except KeyError:
+            raise UnknownAllocation(f"no live allocation {alloc_id!r}") from None
+        if consumer_id is not None and alloc.consumer_id != consumer_id:
+            raise NotOwner(
+                f"allocation {alloc_id} belongs to consumer {alloc.consumer_id!r}, not {consumer_id!r}"
+            )
+        self._drop(alloc)
+
+    def pending_reclaims(self, consumer_id: str) -> list[Allocation]:
+        """The consumer's allocations in regions under reclaim (or withdrawn), by allocation id."""
+        out = [
+            Allocation(**{**a.to_dict(), "withdrawn": r.withdrawn})
+            for r in self._regions.values()
+            if r.reclaiming
+            for a in r.allocs.values()
+            if a.consumer_id == consumer_id
+        ]
+        return sorted(out, key=lambda a: int(a.alloc_id[1:]))
+
+    def allocation(self, alloc_id: str) -> Allocation:
+        """The live allocation `alloc_id` (UnknownAllocation once freed)."""
+        try:
+            return self._allocs[alloc_id][0]
+        except KeyError:
+            raise UnknownAllocation(f"no live allocation {alloc_id!r}") from None
+
+    # ----------------------------------------------------------------- sessions and telemetry
+    def disconnect(self, session: str) -> None:
+        """A client is gone: free its allocations, withdraw its regions (see module doc)."""
+        for alloc, owner in list(self._allocs.values()):
+            if owner == session:
+                self._drop(alloc)
+        for region in list(self._regions.values()):
+            if region.session == session:
+                region.reclaiming = region.withdrawn = True
+                if not region.allocs:
+                    del self._regions[region.region_id]
+
+    def stats(self) -> dict[str, Any]:
+        """Telemetry snapshot (JSON-able).
+
+        Returns:
+            {"devices": {device: {"leased_bytes", "allocated_bytes", "regions", "allocations"}},
+             "regions": [{"region_id", "producer_id", "device", "nbytes", "allocated_bytes",
+                          "allocations", "consumer_id", "reclaim", "withdrawn"}],
+             "pairings": [{"producer_id", "consumer_id", "region_id", "device"}]}
+        """
+        devices: dict[str, dict[str, int]] = {}
+        regions, pairings = [], []
+        for r in self._regions.values():
+            d = devices.setdefault(
+                r.device, {"leased_bytes": 0, "allocated_bytes": 0, "regions": 0, "allocations": 0}
+            )
+            d["leased_bytes"] += r.nbytes
+            d["allocated_bytes"] += r.allocated_bytes
+            d["regions"] += 1
+            d["allocations"] += len(r.allocs)
+            regions.append(
+                {
+                    "region_id": r.region_id,
+                    "producer_id": r.producer_id,
+                    "device": r.device,
+                    "nbytes": r.nbytes,
+                    "allocated_bytes": r.allocated_bytes,
+                    "allocations": len(r.allocs),
+                    "consumer_id": r.consumer_id,
+                    "reclaim": r.reclaim_status(),
+                    "withdrawn": r.withdrawn,
+                }
+            )
+            if r.consumer_id is not None:
+                pairings.append(
+                    {
+                        "producer_id": r.producer_id,
+                        "consumer_id": r.consumer_id,
+                        "region_id": r.region_id,
+                        "device": r.device,
+                    }
+                )
+        return {"devices": dict(sorted(devices.items())), "regions": regions, "pairings": pairings}
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent (used by the property tests)."""
+        seen = set()
+        for r in self._regions.values():
+            consumers = {a.consumer_id for a in r.allocs.values()}
+            assert len(consumers) <= 1, f"region {r.region_id} shared by consumers {sorted(consumers)}"
+            cursor = 0
+            for a in r.allocs.values():
+                assert a.region_id == r.region_id and a.offset % ALIGNMENT == 0
+                assert a.offset >= cursor, f"allocations overlap in region {r.region_id}"
+                cursor = a.end
+                assert self._allocs[a.alloc_id][0] is a
+                seen.add(a.alloc_id)
+            assert cursor <= r.nbytes, f"region {r.region_id} allocated beyond its {r.nbytes} bytes"
+            assert r.reclaiming or not r.withdrawn
+            assert not (r.withdrawn and not r.allocs), f"empty withdrawn region {r.region_id} kept"
+        assert seen == set(self._allocs), "allocation index out of step with the regions"
+
+    # ----------------------------------------------------------------- internals
+    def _region(self, region_id: str) -> _Region:
+        try:
+            return self._regions[region_id]
+        except (KeyError, TypeError):
+            raise UnknownRegion(f"no leased region {region_id!r}") from None
+
+    def _owned(self, region_id: str, session: str) -> _Region:
+        region = self._region(region_id)
+        if region.session != session:
+            raise NotOwner(
+                f"region {region_id} was leased by another session (producer {region.producer_id!r})"
+            )
+        return region
+
+    def _drop(self, alloc: Allocation) -> None:
+        del self._allocs[alloc.alloc_id]
+        region = self._regions[alloc.region_id]
+        del region.allocs[alloc.alloc_id]
+        if region.withdrawn and not region.allocs:
+            del self._regions[region.region_id]

@@ -1,0 +1,190 @@
+"""aqua-lib's client against a real coordinator server: typed errors, sessions, disconnect rule."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from serving.aqua.coordinator import (
+    AquaClient,
+    CoordinatorServer,
+    CoordinatorUnavailable,
+    InsufficientMemory,
+    InvalidArgument,
+    NotOwner,
+    RegionBusy,
+    UnknownAllocation,
+    UnknownRegion,
+)
+from serving.aqua.coordinator.protocol import decode, encode
+from tests.aqua.conftest import REPO
+
+SHM = {"kind": "shm", "name": "seg"}
+
+
+def wait_until(pred, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_it_runs_the_whole_protocol_over_the_socket(server: CoordinatorServer, sock_path: str) -> None:
+    with AquaClient(sock_path, name="producer") as prod, AquaClient(sock_path, name="consumer") as cons:
+        r = prod.lease("p1", "cpu0", 8192, SHM)
+        a = cons.allocate("c1", 1000)
+        assert a is not None and a.region_id == r and a.handle == SHM
+        assert cons.allocation(a.alloc_id) == a
+        assert cons.allocate("c2", 10) is None
+        with pytest.raises(InsufficientMemory):
+            cons.allocate("c2", 10, strict=True)
+        assert prod.request_reclaim(r) == "pending"
+        assert [x.alloc_id for x in cons.pending_reclaims("c1")] == [a.alloc_id]
+        assert not prod.wait_reclaimed(r, timeout=0.05)
+        cons.free(a.alloc_id, consumer_id="c1")
+        assert prod.wait_reclaimed(r, timeout=1.0)
+        prod.unlease(r)
+        assert cons.stats()["regions"] == []
+
+
+def test_it_raises_the_coordinators_typed_errors(server: CoordinatorServer, sock_path: str) -> None:
+    with AquaClient(sock_path) as prod, AquaClient(sock_path) as other:
+        r = prod.lease("p1", "cpu0", 4096, SHM)
+        a = other.allocate("c1", 4000)
+        assert a is not None
+        with pytest.raises(NotOwner):
+            other.unlease(r)
+        with pytest.raises(RegionBusy):
+            prod.unlease(r)
+        with pytest.raises(RegionBusy):
+            prod.resize(r, 100)
+        with pytest.raises(UnknownRegion):
+            prod.reclaim_status("r404")
+        with pytest.raises(NotOwner):
+            other.free(a.alloc_id, consumer_id="c2")
+        other.free(a.alloc_id)
+        with pytest.raises(UnknownAllocation):
+            other.free(a.alloc_id)
+        with pytest.raises(InvalidArgument, match="nbytes"):
+            prod.lease("p1", "cpu0", -1, SHM)
+        prod.ping()  # the connection survives every refusal
+
+
+def test_it_rejects_malformed_frames_without_dropping_the_connection(
+    server: CoordinatorServer, sock_path: str
+) -> None:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sock_path)
+    f = s.makefile("rb")
+    for raw, code in [
+        (b"not json\n", "ProtocolError"),
+        (b"[1, 2]\n", "ProtocolError"),
+        (encode({"id": 1, "op": "format_disk"}), "InvalidArgument"),
+        (encode({"id": 2, "op": "lease", "args": {"session": "s1"}}), "InvalidArgument"),
+        (encode({"id": 3, "op": "lease", "args": {"producer_id": "p"}}), "InvalidArgument"),
+        (encode({"id": 4, "op": "free", "args": {"alloc_id": ["x"]}}), "InvalidArgument"),
+        (encode({"id": 5, "op": "free", "args": {"alloc_id": "a99"}}), "UnknownAllocation"),
+    ]:
+        s.sendall(raw)
+        reply = decode(f.readline())
+        assert not reply["ok"] and reply["error"]["code"] == code
+    s.sendall(encode({"id": 6, "op": "ping"}))
+    assert decode(f.readline()) == {"id": 6, "ok": True, "result": "pong"}
+    s.close()
+
+
+def test_it_frees_allocations_and_withdraws_leases_of_a_closed_client(
+    server: CoordinatorServer, sock_path: str
+) -> None:
+    watcher = AquaClient(sock_path)
+    prod = AquaClient(sock_path)
+    cons = AquaClient(sock_path)
+    r_busy = prod.lease("p1", "cpu0", 4096, SHM)
+    r_empty = prod.lease("p1", "cpu0", 4096, SHM)
+    a = cons.allocate("c1", 100)
+    assert a is not None
+    prod.close()
+    wait_until(lambda: len(watcher.stats()["regions"]) == 1)
+    with pytest.raises(UnknownRegion):
+        watcher.reclaim_status(r_empty)
+    (pending,) = watcher.pending_reclaims("c1")
+    assert pending.withdrawn and pending.region_id == r_busy
+    cons.close()
+    wait_until(lambda: watcher.stats()["regions"] == [])
+    watcher.close()
+
+
+def test_it_cleans_up_after_a_killed_client_process(server_process: str) -> None:
+    code = (
+        "import sys, time\n"
+        "from serving.aqua.coordinator import AquaClient\n"
+        "c = AquaClient(sys.argv[1])\n"
+        "r = c.lease('p-dead', 'cpu0', 4096, {'kind': 'shm', 'name': 'x'})\n"
+        "assert c.allocate('c-dead', 100) is not None\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, server_process], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    with AquaClient(server_process) as watcher:
+        assert watcher.stats()["pairings"][0]["consumer_id"] == "c-dead"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: watcher.stats()["regions"] == [])
+
+
+def test_it_refuses_a_client_used_after_fork(server: CoordinatorServer, sock_path: str) -> None:
+    client = AquaClient(sock_path)
+    pid = os.fork()
+    if pid == 0:  # child: must refuse, never talk on the parent's connection
+        try:
+            client.ping()
+        except CoordinatorUnavailable:
+            os._exit(0)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    client.ping()
+    client.close()
+
+
+def test_it_fails_fast_with_a_typed_error_when_no_server_listens(sock_path: str) -> None:
+    with pytest.raises(CoordinatorUnavailable):
+        AquaClient(sock_path, connect_timeout=0.2)
+
+
+def test_it_refuses_to_start_over_a_live_server(server: CoordinatorServer, sock_path: str) -> None:
+    second = CoordinatorServer(sock_path)
+    with pytest.raises(RuntimeError, match="already listening"):
+        second.start()
+    with AquaClient(sock_path) as c:  # the first one still serves
+        c.ping()
+
+
+def test_it_replaces_a_stale_socket_file(sock_path: str) -> None:
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(sock_path)
+    stale.close()  # a file nobody listens on, as a crashed server leaves it
+    srv = CoordinatorServer(sock_path)
+    srv.start()
+    with AquaClient(sock_path) as c:
+        c.ping()
+    srv.stop()
+    assert not os.path.exists(sock_path)
+
+
+def test_it_reports_connection_loss_as_unavailable(sock_path: str) -> None:
+    srv = CoordinatorServer(sock_path)
+    srv.start()
+    client = AquaClient(sock_path)
+    srv.stop()
+    with pytest.raises(CoordinatorUnavailable):
+        client.allocate("c1", 10)
