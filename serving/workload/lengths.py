@@ -75,9 +75,13 @@ class LogNormalLength:
 
     def sample(self, n: int, rng: np.random.Generator, max_tokens: int | None = None) -> np.ndarray:
         """`n` integer lengths (int64), clamped to [min_tokens, min(max_tokens, self.max_tokens)]."""
+        return self.from_normal(rng.standard_normal(n), max_tokens)
+
+    def from_normal(self, z: np.ndarray, max_tokens: int | None = None) -> np.ndarray:
+        """Lengths from standard-normal draws `z` (one per length), clamped as in `sample`."""
         hi = self.max_tokens if max_tokens is None else min(max_tokens, self.max_tokens)
         lo = min(self.min_tokens, hi)
-        raw = rng.lognormal(self.mu, self.sigma, size=n)
+        raw = np.exp(self.mu + self.sigma * z)
         return np.clip(np.rint(raw), lo, hi).astype(np.int64)
 
 
@@ -118,7 +122,10 @@ class LengthDistribution:
         ctx = self.max_context if max_context is None else max_context
         if ctx < 2:
             raise ValueError(f"{max_context=} must be >= 2")
-        prompts = self.prompt.sample(n, rng)
-        outputs = self.output.sample(n, rng, max_tokens=ctx - 1)
+        # One (prompt, output) pair of normals per request, so the first k requests are the same
+        # whatever n is (workloads of different lengths or arrival processes share a prefix).
+        z = rng.standard_normal((n, 2))
+        prompts = self.prompt.from_normal(z[:, 0])
+        outputs = self.output.from_normal(z[:, 1], max_tokens=ctx - 1)
         prompts = np.minimum(prompts, ctx - outputs)
         return prompts, outputs

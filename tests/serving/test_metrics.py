@@ -1,0 +1,159 @@
+"""Metrics on hand-built records; every expected figure is worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from serving.metrics import (
+    SLO,
+    SUMMARY_KEYS,
+    RequestRecord,
+    attainment,
+    attains,
+    e2e_latencies,
+    goodput,
+    percentile,
+    summarize,
+    tbts,
+    tpots,
+    ttfts,
+)
+
+
+def make_records() -> list[RequestRecord]:
+    return [
+        # (times are binary fractions so that boundary comparisons are exact)
+        # A: TTFT 0.5, gaps 0.25 and 0.5, TPOT (1.25-0.5)/2 = 0.375, E2E 1.25, finished
+        RequestRecord(0, 0.0, 10, 3, [0.5, 0.75, 1.25], preemptions=1, bytes_moved=100),
+        # B: TTFT 0.25, gap 0.125, TPOT 0.125, E2E 0.375, finished, class "batch"
+        RequestRecord(1, 1.0, 10, 2, [1.25, 1.375], bytes_moved=50, slo_class="batch"),
+        # C: TTFT 1.0, one of four tokens: unfinished, no gap, no TPOT, no E2E
+        RequestRecord(2, 2.0, 10, 4, [3.0], preemptions=2),
+        # D: nothing emitted
+        RequestRecord(3, 3.0, 10, 1, []),
+    ]
+
+
+def test_it_extracts_ttft_tbt_tpot_e2e() -> None:
+    recs = make_records()
+    assert ttfts(recs) == [0.5, 0.25, 1.0]
+    assert tbts(recs) == [0.25, 0.5, 0.125]
+    assert tpots(recs) == [0.375, 0.125]
+    assert e2e_latencies(recs) == [1.25, 0.375]
+
+
+def test_it_interpolates_percentiles_linearly() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0) == 1.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError, match="q="):
+        percentile([1.0], 101)
+
+
+def test_it_requires_finishing_and_both_targets() -> None:
+    a, b, c, d = make_records()
+    tpot_slo = SLO(ttft_s=0.6, tbt_s=0.25)  # A's TPOT 0.375 misses; B meets both
+    assert not attains(a, tpot_slo)
+    assert attains(b, tpot_slo)
+    assert not attains(c, SLO(ttft_s=10, tbt_s=10))  # unfinished never attains
+    assert not attains(d, SLO(ttft_s=10, tbt_s=10))
+    assert not attains(b, SLO(ttft_s=0.2, tbt_s=10))  # TTFT 0.25 misses
+    assert attainment(make_records(), tpot_slo) == pytest.approx(1 / 4)
+
+
+def test_it_measures_pacing_by_kind() -> None:
+    a = make_records()[0]  # gaps 0.25, 0.5: max 0.5, p99 = 0.25 + 0.99 * 0.25 = 0.4975, TPOT 0.375
+    assert attains(a, SLO(1.0, 0.5, "max_tbt"))  # equal to target attains
+    assert not attains(a, SLO(1.0, 0.49, "max_tbt"))
+    assert attains(a, SLO(1.0, 0.498, "p99_tbt"))
+    assert not attains(a, SLO(1.0, 0.497, "p99_tbt"))
+    assert attains(a, SLO(1.0, 0.375, "tpot"))
+    assert not attains(a, SLO(1.0, 0.37, "tpot"))
+    single = RequestRecord(9, 0.0, 5, 1, [0.1])
+    assert attains(single, SLO(0.1, 1e-9, "max_tbt"))  # no gaps: any pacing target is met
+
+
+def test_it_applies_per_class_slos_with_a_default() -> None:
+    recs = make_records()
+    loose = SLO(ttft_s=0.6, tbt_s=0.5)  # A and B both meet it
+    strict = SLO(ttft_s=0.2, tbt_s=0.5)  # B's TTFT 0.25 misses
+    assert attainment(recs, {None: loose}) == pytest.approx(2 / 4)
+    assert attainment(recs, {None: loose, "batch": strict}) == pytest.approx(1 / 4)
+    with pytest.raises(ValueError, match="no SLO for class"):
+        attainment(recs, {"batch": loose})
+    assert math.isnan(attainment([], loose))
+
+
+def test_it_rejects_bad_slos() -> None:
+    with pytest.raises(ValueError, match="ttft_s"):
+        SLO(0.0, 1.0)
+    with pytest.raises(ValueError, match="tbt_s"):
+        SLO(1.0, -1.0)
+    with pytest.raises(ValueError, match="tbt_kind"):
+        SLO(1.0, 1.0, "mean_tbt")  # type: ignore[arg-type]
+
+
+def test_it_summarizes_a_run() -> None:
+    recs = make_records()
+    s = summarize(recs, duration_s=10.0, slo=SLO(ttft_s=0.6, tbt_s=0.5))
+    assert tuple(s) == SUMMARY_KEYS
+    assert s["ttft_p50"] == pytest.approx(0.5)  # median of 0.25, 0.5, 1.0
+    assert s["ttft_p90"] == pytest.approx(0.9)  # 0.5 + 0.8 * (1.0 - 0.5)
+    assert s["ttft_mean"] == pytest.approx(1.75 / 3)
+    assert s["tbt_p50"] == pytest.approx(0.25)  # median of 0.125, 0.25, 0.5
+    assert s["tpot_p50"] == pytest.approx(0.25)  # mean of 0.125, 0.375
+    assert s["e2e_p50"] == pytest.approx(0.8125)  # mean of 0.375, 1.25
+    assert s["throughput_tokens_per_s"] == pytest.approx((3 + 2 + 1) / 10.0)
+    assert (s["requests"], s["finished"], s["preemptions"], s["bytes_moved"]) == (4, 2, 3, 150)
+    assert s["attainment"] == pytest.approx(0.5)
+    assert math.isnan(summarize(recs, 10.0)["attainment"])
+    with pytest.raises(ValueError, match="duration_s"):
+        summarize(recs, 0.0)
+
+
+def test_it_reports_nan_latencies_for_an_empty_run() -> None:
+    s = summarize([], duration_s=1.0)
+    assert math.isnan(s["ttft_p99"]) and s["requests"] == 0 and s["throughput_tokens_per_s"] == 0
+
+
+class Probe:
+    """A step attainment curve that records the rates it was asked about."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.calls: list[float] = []
+
+    def __call__(self, rate: float) -> float:
+        self.calls.append(rate)
+        return 0.95 if rate <= self.threshold else 0.5
+
+
+@pytest.mark.parametrize(("threshold", "lo", "hi"), [(7.3, 1.0, 4.0), (7.3, 1.0, 100.0), (0.3, 1.0, 2.0)])
+def test_it_finds_the_goodput_threshold(threshold: float, lo: float, hi: float) -> None:
+    probe = Probe(threshold)
+    g = goodput(probe, target=0.9, lo=lo, hi=hi, rel_tol=0.01)
+    assert threshold * 0.99 <= g <= threshold
+    assert len(probe.calls) == len(set(probe.calls))  # no rate simulated twice
+
+
+def test_it_bounds_goodput_expansion() -> None:
+    assert goodput(lambda r: 1.0, target=0.9, lo=1.0, hi=2.0, max_expansions=3) == 16.0
+    assert goodput(lambda r: 0.0, target=0.9, lo=1.0, hi=2.0, max_expansions=3) == 0.0
+    assert goodput(lambda r: math.nan, target=0.9, lo=1.0, hi=2.0, max_expansions=2) == 0.0
+
+
+def test_it_follows_a_smooth_attainment_curve() -> None:
+    # attainment 1 - rate / 100 meets 0.9 up to rate 10
+    g = goodput(lambda r: 1 - r / 100, target=0.9, lo=1.0, hi=50.0, rel_tol=0.001)
+    assert g == pytest.approx(10.0, rel=0.002) and g <= 10.0 + 1e-9
+
+
+def test_it_rejects_bad_goodput_bounds() -> None:
+    with pytest.raises(ValueError, match="lo"):
+        goodput(lambda r: 1.0, lo=5.0, hi=1.0)
+    with pytest.raises(ValueError, match="target"):
+        goodput(lambda r: 1.0, target=1.5, lo=1.0, hi=2.0)

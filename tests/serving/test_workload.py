@@ -1,0 +1,234 @@
+"""Workload generators, length distributions and trace replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from serving.workload import (
+    LengthDistribution,
+    LogNormalLength,
+    Request,
+    available_length_dists,
+    gamma_arrivals,
+    get_length_dist,
+    load_trace,
+    make_workload,
+    on_off_arrivals,
+    poisson_arrivals,
+    register_length_dist,
+    write_trace,
+)
+from serving.workload.arrivals import burst_windows
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+KINDS = ("poisson", "gamma", "burst")
+
+
+def gaps(times: np.ndarray) -> np.ndarray:
+    return np.diff(times)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_it_is_deterministic_per_seed_and_differs_across_seeds(kind: str) -> None:
+    a = make_workload(kind, 5.0, 200.0, seed=3)
+    b = make_workload(kind, 5.0, 200.0, seed=3)
+    c = make_workload(kind, 5.0, 200.0, seed=4)
+    assert a == b
+    assert a != c
+    assert [r.req_id for r in a] == list(range(len(a)))
+    arrivals = [r.arrival for r in a]
+    assert arrivals == sorted(arrivals) and arrivals[0] >= 0 and arrivals[-1] < 200.0
+
+
+def test_it_keeps_lengths_independent_of_the_arrival_process() -> None:
+    p = make_workload("poisson", 5.0, 100.0, seed=7)
+    g = make_workload("gamma", 5.0, 100.0, seed=7)
+    n = min(len(p), len(g))
+    assert [(r.prompt_tokens, r.output_tokens) for r in p[:n]] == [
+        (r.prompt_tokens, r.output_tokens) for r in g[:n]
+    ]
+
+
+def test_it_draws_poisson_gaps_with_mean_one_over_rate() -> None:
+    t = poisson_arrivals(10.0, 5000.0, np.random.default_rng(0))
+    g = gaps(t)
+    assert len(t) == pytest.approx(50_000, rel=0.02)
+    assert g.mean() == pytest.approx(0.1, rel=0.02)
+    assert g.std() / g.mean() == pytest.approx(1.0, rel=0.03)  # exponential: CV 1
+
+
+def test_it_makes_gamma_burstier_below_shape_one_and_keeps_the_mean() -> None:
+    rng = np.random.default_rng(1)
+    poisson_cv = (lambda g: g.std() / g.mean())(gaps(poisson_arrivals(10.0, 5000.0, rng)))
+    bursty = gaps(gamma_arrivals(10.0, 5000.0, 0.25, rng))
+    regular = gaps(gamma_arrivals(10.0, 5000.0, 4.0, rng))
+    assert bursty.mean() == pytest.approx(0.1, rel=0.04)
+    assert regular.mean() == pytest.approx(0.1, rel=0.02)
+    bursty_cv = bursty.std() / bursty.mean()
+    assert bursty_cv == pytest.approx(2.0, rel=0.08)  # 1 / sqrt(0.25)
+    assert bursty_cv > 1.5 * poisson_cv
+    assert regular.std() / regular.mean() == pytest.approx(0.5, rel=0.05)
+
+
+def test_it_carries_k_times_the_rate_inside_burst_windows() -> None:
+    rate, k, d, period, duration = 20.0, 4.0, 10.0, 60.0, 1200.0
+    t = on_off_arrivals(rate, duration, np.random.default_rng(2), k, d, period, burst_start_s=20.0)
+    windows = burst_windows(duration, d, period, 20.0)
+    assert windows[:2] == [(20.0, 30.0), (80.0, 90.0)] and len(windows) == 20
+    inside = np.zeros(len(t), dtype=bool)
+    for s, e in windows:
+        inside |= (t >= s) & (t < e)
+    burst_time = sum(e - s for s, e in windows)
+    rate_in = inside.sum() / burst_time
+    rate_out = (~inside).sum() / (duration - burst_time)
+    assert rate_out == pytest.approx(rate, rel=0.04)
+    assert rate_in / rate_out == pytest.approx(k, rel=0.05)
+
+
+def test_it_validates_arrival_parameters() -> None:
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="rate"):
+        poisson_arrivals(0.0, 10.0, rng)
+    with pytest.raises(ValueError, match="shape"):
+        gamma_arrivals(1.0, 10.0, 0.0, rng)
+    with pytest.raises(ValueError, match="burst_duration_s"):
+        on_off_arrivals(1.0, 10.0, rng, burst_duration_s=90.0, period_s=60.0)
+    with pytest.raises(ValueError, match="burst_factor"):
+        on_off_arrivals(1.0, 10.0, rng, burst_factor=0.5)
+
+
+def test_it_rejects_unknown_kinds_datasets_and_options_listing_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="poisson, gamma, burst, trace"):
+        make_workload("uniform", 1.0, 10.0)
+    with pytest.raises(ValueError, match=r"alpaca.*sharegpt"):
+        make_workload("poisson", 1.0, 10.0, dataset="wikitext")
+    with pytest.raises(ValueError, match="burstiness"):
+        make_workload("gamma", 1.0, 10.0, burst_factor=3.0)
+    with pytest.raises(ValueError, match="rate"):
+        make_workload("poisson", None, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt_mean", "output_mean"),
+    [("sharegpt", 161.31, 337.99), ("alpaca", 19.31, 58.45), ("bookcorpus", 5102.0, 505.0)],
+)
+def test_it_fits_the_published_means(name: str, prompt_mean: float, output_mean: float) -> None:
+    dist = get_length_dist(name)
+    assert dist.prompt.mean == pytest.approx(prompt_mean, rel=1e-9)
+    assert dist.output.mean == pytest.approx(output_mean, rel=1e-9)
+    prompts, outputs = dist.sample(200_000, np.random.default_rng(0), max_context=1 << 20)
+    assert prompts.mean() == pytest.approx(prompt_mean, rel=0.04)
+    assert outputs.mean() == pytest.approx(output_mean, rel=0.04)
+
+
+def test_it_registers_every_issue_dataset() -> None:
+    assert set(available_length_dists()) >= {"sharegpt", "alpaca", "bookcorpus", "longbench", "humaneval"}
+    with pytest.raises(ValueError, match="already registered"):
+        register_length_dist(get_length_dist("sharegpt"))
+
+
+@pytest.mark.parametrize("name", ["sharegpt", "alpaca", "bookcorpus", "longbench", "humaneval"])
+def test_it_fits_every_request_in_the_context_window(name: str) -> None:
+    prompts, outputs = get_length_dist(name).sample(20_000, np.random.default_rng(5), max_context=4096)
+    assert prompts.min() >= 1 and outputs.min() >= 1
+    assert (prompts + outputs).max() <= 4096
+
+
+def test_it_caps_longbench_outputs_at_the_generation_limit() -> None:
+    _, outputs = get_length_dist("longbench").sample(20_000, np.random.default_rng(0))
+    assert outputs.max() <= 512
+
+
+def test_it_fits_a_lognormal_to_mean_and_median() -> None:
+    d = LogNormalLength.from_mean_median(300.0, 200.0)
+    assert d.mean == pytest.approx(300.0) and d.median == pytest.approx(200.0)
+    x = d.sample(200_000, np.random.default_rng(0))
+    assert np.median(x) == pytest.approx(200.0, rel=0.02)
+    with pytest.raises(ValueError, match="mean > median"):
+        LogNormalLength.from_mean_median(100.0, 200.0)
+
+
+def test_it_honours_a_custom_context_through_make_workload() -> None:
+    reqs = make_workload("poisson", 2.0, 200.0, dataset="longbench", max_context=8192)
+    assert all(r.prompt_tokens + r.output_tokens <= 8192 for r in reqs)
+    assert max(r.prompt_tokens for r in reqs) > 4096  # long prompts are truncated, not dropped
+
+
+def test_it_assigns_slo_classes_by_weight() -> None:
+    reqs = make_workload("poisson", 20.0, 500.0, seed=1, slo_mix={"chat": 3.0, "batch": 1.0})
+    share = sum(r.slo_class == "chat" for r in reqs) / len(reqs)
+    assert share == pytest.approx(0.75, abs=0.02)
+    assert all(r.slo_class == "x" for r in make_workload("poisson", 2.0, 20.0, slo_class="x"))
+
+
+def test_it_replays_a_generic_trace_in_timestamp_order() -> None:
+    reqs = load_trace(DATA / "trace_generic.csv")
+    # rows sorted by (timestamp, line), shifted so the first arrives at 0
+    assert reqs == [
+        Request(0, 0.0, 100, 20, "interactive"),
+        Request(1, 0.5, 250, 40, None),
+        Request(2, 1.0, 64, 8, "interactive"),
+        Request(3, 2.0, 30, 5, "batch"),
+        Request(4, 2.0, 12, 3, None),
+    ]
+    fast = load_trace(DATA / "trace_generic.csv", time_scale=0.5, duration_s=1.0)
+    assert [r.arrival for r in fast] == [0.0, 0.25, 0.5]
+
+
+def test_it_replays_burstgpt_skipping_failed_requests() -> None:
+    reqs = load_trace(DATA / "trace_burstgpt.csv")
+    assert [(r.arrival, r.prompt_tokens, r.output_tokens) for r in reqs] == [
+        (0.0, 472, 18),
+        (113.0, 417, 30),
+        (113.0, 1360, 254),
+        (198.0, 236, 128),
+    ]
+    assert [r.req_id for r in reqs] == [0, 1, 2, 3]
+
+
+def test_it_rescales_a_trace_to_a_target_rate() -> None:
+    reqs = make_workload("trace", 0.5, 1000.0, path=DATA / "trace_burstgpt.csv")
+    # 4 requests at 0.5/s: the last arrives at (4 - 1) / 0.5 = 6 s
+    assert reqs[-1].arrival == pytest.approx(6.0)
+    as_recorded = make_workload("trace", None, 1000.0, path=DATA / "trace_burstgpt.csv")
+    assert as_recorded[-1].arrival == 198.0
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("timestamp,input_tokens,output_tokens\n1.0,10,5\n2.0,ten,5\n", "line 3, column 'input_tokens'"),
+        ("timestamp,input_tokens,output_tokens\n1.0,10,0\n", "line 2, column 'output_tokens'"),
+        ("timestamp,input_tokens,output_tokens\n-1,10,5\n", "line 2, column 'timestamp'"),
+        ("timestamp,input_tokens,output_tokens\n1.0,10\n", "line 2: expected 3 columns"),
+        ("Timestamp,Model,Request tokens,Response tokens\n1,x,5,-3\n", "line 2, column 'Response tokens'"),
+        ("time,prompt\n1,2\n", "line 1: header"),
+        ("", "line 1: empty file"),
+    ],
+)
+def test_it_names_the_line_and_column_of_bad_csv(tmp_path: Path, body: str, match: str) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text(body)
+    with pytest.raises(ValueError, match=match):
+        load_trace(p)
+
+
+def test_it_round_trips_a_generated_workload_through_csv(tmp_path: Path) -> None:
+    reqs = make_workload("burst", 3.0, 120.0, seed=2, slo_mix={"a": 1.0, "b": 1.0})
+    write_trace(tmp_path / "w.csv", reqs)
+    back = load_trace(tmp_path / "w.csv")
+    shift = reqs[0].arrival
+    assert [(r.prompt_tokens, r.output_tokens, r.slo_class) for r in back] == [
+        (r.prompt_tokens, r.output_tokens, r.slo_class) for r in reqs
+    ]
+    assert [r.arrival for r in back] == pytest.approx([r.arrival - shift for r in reqs])
+
+
+def test_it_rejects_invalid_length_distributions() -> None:
+    with pytest.raises(ValueError, match="max_context"):
+        LengthDistribution("x", LogNormalLength(1.0, 0.5), LogNormalLength(1.0, 0.5), max_context=1)
+    with pytest.raises(ValueError, match="sigma"):
+        LogNormalLength(1.0, -0.1)
