@@ -103,10 +103,11 @@ class Lending:
 
 @dataclass
 class ClusterResult:
-    """Per-engine records and counters of a cluster run."""
+    """Per-engine records, counters and final engine state of a cluster run."""
 
     records: dict[str, list[RequestRecord]] = field(default_factory=dict)
     stats: dict[str, EngineStats] = field(default_factory=dict)
+    engines: dict[str, EngineSim] = field(default_factory=dict)
 
     def all_records(self) -> list[RequestRecord]:
         return sorted((r for recs in self.records.values() for r in recs), key=lambda r: r.req_id)
@@ -222,4 +223,5 @@ class ClusterSim:
                 routed.get(spec.name, []), changes=changes[spec.name], until=until, progress=cb
             )
             result.stats[spec.name] = engine.stats
+            result.engines[spec.name] = engine
         return result

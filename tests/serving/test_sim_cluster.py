@@ -1,0 +1,93 @@
+"""Cluster layer: placement checks, routing, tensor parallelism, lending and reclaim."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.costmodel.transfer import PCIE5_X16
+from serving.sim.cluster import ClusterSim, EngineSpec, Lending, tp_cost
+from serving.sim.config import EngineConfig
+from serving.sim.preemption import PeerStore
+from serving.workload.request import Request
+from tests.serving.conftest import make_cost, make_requests
+
+COST = make_cost(kv_bytes_per_token=8192)
+BLOCK_BYTES = 16 * 8192
+
+
+def spec(name: str, gpus: tuple[int, ...], **config: object) -> EngineSpec:
+    return EngineSpec(name, "s0", gpus, "m", COST, EngineConfig(**config))  # type: ignore[arg-type]
+
+
+def test_it_routes_round_robin_and_runs_every_engine() -> None:
+    cluster = ClusterSim({"s0": 4}, [spec(f"g{i}", (i,)) for i in range(4)])
+    reqs = make_requests(100, rate=20, seed=1)
+    result = cluster.run(reqs)
+    assert [len(result.records[f"g{i}"]) for i in range(4)] == [25] * 4
+    assert [r.req_id for r in result.records["g1"]] == list(range(1, 100, 4))
+    assert all(r.finished for r in result.all_records())
+
+
+def test_a_tensor_parallel_engine_is_faster_but_keeps_its_fixed_cost() -> None:
+    tp4 = tp_cost(COST, 4)
+    assert tp4.decode.a == COST.decode.a
+    assert tp4.decode.b == pytest.approx(COST.decode.b / (4 * 0.9))
+    assert tp4.prefill_time([1000]) < COST.prefill_time([1000])
+    cluster = ClusterSim({"s0": 8}, [spec("tp4", (0, 1, 2, 3)), spec("tp1", (4,))])
+    reqs = [Request(0, 0.0, 1000, 50)]
+    fast = cluster.run(workloads={"m": reqs}).records["tp4"][0]
+    slow = ClusterSim({"s0": 8}, [spec("tp1", (4,))]).run(reqs).records["tp1"][0]
+    assert fast.token_times[-1] < slow.token_times[-1]
+
+
+@pytest.mark.parametrize(
+    ("servers", "engines", "message"),
+    [
+        ({"s0": 2}, [spec("a", (0,)), spec("b", (0,))], "already used"),
+        ({"s0": 2}, [spec("a", (2,))], "GPU 2 not on 's0'"),
+        ({"s1": 2}, [spec("a", (0,))], "unknown server 's0'"),
+        ({"s0": 2}, [spec("a", (0,)), spec("a", (1,))], "unique"),
+    ],
+)
+def test_it_rejects_impossible_placements(
+    servers: dict[str, int], engines: list[EngineSpec], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        ClusterSim(servers, engines)
+
+
+def test_it_requires_the_borrower_to_offload_to_peer() -> None:
+    with pytest.raises(ValueError, match="offload_peer"):
+        ClusterSim({"s0": 2}, [spec("a", (0,)), spec("b", (1,))], [Lending("a", "b", 1 << 20)])
+
+
+def test_reclaim_moves_borrowed_kv_to_dram_and_the_run_completes() -> None:
+    lent = 400 * BLOCK_BYTES
+    lender = spec("lender", (0,), num_kv_blocks=1000)
+    borrower = spec("borrower", (1,), num_kv_blocks=120, preemption_mode="offload_peer")
+    # The borrower is overloaded from t=0, so it keeps KV in lent memory; at t=2s all is reclaimed.
+    reqs = [Request(i, 0.01 * i, 200, 300) for i in range(60)]
+    cluster = ClusterSim({"s0": 2}, [lender, borrower], [Lending("lender", "borrower", lent, ((2.0, 0),))])
+    result = cluster.run(workloads={"m": reqs})
+    store = result.engines["borrower"].store
+    assert isinstance(store, PeerStore)
+    assert store.evacuated_bytes > 0 and store.peer_used_bytes == 0 and store.capacity_bytes == 0
+    assert all(r.finished for r in result.all_records())
+    # The lender got the reclaimed memory back as KV blocks.
+    assert result.engines["lender"].kv.total == 1000 + 400
+    # After the reclaim every save goes over PCIe: bytes moved = saves + restores + evacuations.
+    borrowed = [r for r in result.records["borrower"] if r.preemptions]
+    assert borrowed and sum(r.bytes_moved for r in borrowed) > 0
+    assert result.stats["borrower"].transfer_seconds >= PCIE5_X16.seconds(store.evacuated_bytes) * 0.999
+
+
+def test_without_reclaim_the_borrower_keeps_using_lent_memory() -> None:
+    borrower = spec("borrower", (1,), num_kv_blocks=120, preemption_mode="offload_peer")
+    reqs = [Request(i, 0.01 * i, 200, 300) for i in range(60)]
+    cluster = ClusterSim(
+        {"s0": 2}, [spec("lender", (0,)), borrower], [Lending("lender", "borrower", 400 * BLOCK_BYTES)]
+    )
+    result = cluster.run(workloads={"m": reqs})
+    store = result.engines["borrower"].store
+    assert isinstance(store, PeerStore) and store.evacuated_bytes == 0
+    assert result.stats["borrower"].preemptions > 0
