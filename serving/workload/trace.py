@@ -4,9 +4,11 @@ Two layouts are recognised by their header row:
   generic   timestamp,input_tokens,output_tokens[,slo_class]
             Every row must have a finite timestamp >= 0 (seconds) and token counts >= 1.
   BurstGPT  Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
-            (Wang et al., "Towards Efficient and Reliable LLM Serving: A Real-World Workload
-            Study", 2024). Rows with 0 response tokens (failed requests) or 0 request tokens are
-            SKIPPED, since they produce no decode work; other bad values raise as above.
+            (Wang et al., "BurstGPT: A Real-World Workload Dataset to Optimize LLM Serving
+            Systems", arXiv 2401.17644; files BurstGPT_1/_2.csv; the later BurstGPT_3 layout with
+            Session ID and Elapsed time columns is read the same way, by header name). Timestamps
+            are seconds. Rows with 0 response tokens (failed requests) or 0 request tokens are
+            SKIPPED, since they produce no work to schedule; other bad values raise as above.
 Header names are matched case-insensitively with spaces and dashes read as underscores; extra
 columns are ignored. Rows are ordered by (timestamp, line) and req_ids are assigned densely in that
 order. Timestamps are shifted so the first kept request arrives at 0 and then multiplied by

@@ -189,6 +189,12 @@ def test_it_replays_burstgpt_skipping_failed_requests() -> None:
     assert [r.req_id for r in reqs] == [0, 1, 2, 3]
 
 
+def test_it_reads_the_burstgpt3_layout_by_header_name() -> None:
+    reqs = load_trace(DATA / "trace_burstgpt3.csv")
+    # the 7.5 s row failed (0 response tokens); the rest are shifted to start at 2.25 s
+    assert [(r.arrival, r.prompt_tokens, r.output_tokens) for r in reqs] == [(0.0, 80, 40), (6.75, 300, 60)]
+
+
 def test_it_rescales_a_trace_to_a_target_rate() -> None:
     reqs = make_workload("trace", 0.5, 1000.0, path=DATA / "trace_burstgpt.csv")
     # 4 requests at 0.5/s: the last arrives at (4 - 1) / 0.5 = 6 s
