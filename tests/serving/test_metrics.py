@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from serving.metrics import (
     SLO,
@@ -157,3 +159,42 @@ def test_it_rejects_bad_goodput_bounds() -> None:
         goodput(lambda r: 1.0, lo=5.0, hi=1.0)
     with pytest.raises(ValueError, match="target"):
         goodput(lambda r: 1.0, target=1.5, lo=1.0, hi=2.0)
+
+
+# --- properties over arbitrary records -------------------------------------------------------------
+
+
+@st.composite
+def records(draw: st.DrawFn) -> list[RequestRecord]:
+    out = []
+    for i in range(draw(st.integers(0, 8))):
+        arrival = draw(st.floats(0, 100))
+        gaps = draw(st.lists(st.floats(0, 5), max_size=6))
+        first = arrival + draw(st.floats(0, 5))
+        times = [first + sum(gaps[:k]) for k in range(len(gaps) + 1)] if draw(st.booleans()) else []
+        out.append(RequestRecord(i, arrival, 1, draw(st.integers(1, 8)), times))
+    return out
+
+
+@given(records(), st.floats(0.01, 10), st.floats(0.01, 10), st.sampled_from(["tpot", "p99_tbt", "max_tbt"]))
+def test_it_only_credits_finished_requests(
+    recs: list[RequestRecord], ttft: float, tbt: float, kind: str
+) -> None:
+    slo = SLO(ttft, tbt, kind)  # type: ignore[arg-type]
+    for r in recs:
+        if attains(r, slo):
+            assert r.finished and r.ttft is not None and r.ttft <= ttft
+    a = attainment(recs, slo)
+    assert (math.isnan(a) and not recs) or 0.0 <= a <= sum(r.finished for r in recs) / len(recs)
+    # a looser SLO never lowers attainment
+    if recs:
+        assert attainment(recs, SLO(ttft * 2, tbt * 2, kind)) >= a  # type: ignore[arg-type]
+
+
+@given(records())
+def test_it_orders_summary_percentiles(recs: list[RequestRecord]) -> None:
+    s = summarize(recs, duration_s=1.0)
+    for lo, hi in (("ttft_p50", "ttft_p90"), ("ttft_p90", "ttft_p99"), ("tbt_p50", "tbt_p99")):
+        assert math.isnan(s[lo]) == math.isnan(s[hi])
+        assert math.isnan(s[lo]) or s[lo] <= s[hi] + 1e-12
+    assert s["finished"] <= s["requests"] == len(recs)

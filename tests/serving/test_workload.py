@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from serving.workload import (
     LengthDistribution,
@@ -135,6 +137,18 @@ def test_it_fits_every_request_in_the_context_window(name: str) -> None:
     prompts, outputs = get_length_dist(name).sample(20_000, np.random.default_rng(5), max_context=4096)
     assert prompts.min() >= 1 and outputs.min() >= 1
     assert (prompts + outputs).max() <= 4096
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.sampled_from(["sharegpt", "alpaca", "bookcorpus", "longbench", "humaneval"]),
+    st.integers(2, 40_000),
+    st.integers(0, 2**32 - 1),
+)
+def test_it_fits_any_context_window(name: str, max_context: int, seed: int) -> None:
+    prompts, outputs = get_length_dist(name).sample(500, np.random.default_rng(seed), max_context)
+    assert prompts.min() >= 1 and outputs.min() >= 1
+    assert (prompts + outputs).max() <= max_context
 
 
 def test_it_caps_longbench_outputs_at_the_generation_limit() -> None:
