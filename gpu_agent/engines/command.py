@@ -1,0 +1,102 @@
+"""The command line and environment of one deployment's vLLM OpenAI server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpu_agent.protocol import DeploymentSpec
+
+AQUA_SCHEDULER = "serving.vllm_ext.scheduler.AquaScheduler"
+AQUA_KV_TRANSFER = {
+    "kv_connector": "AquaConnector",
+    "kv_connector_module_path": "serving.vllm_ext.connector",
+    "kv_role": "kv_both",
+}
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What to exec: argv and the complete environment."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return shlex.join(self.argv)
+
+
+@dataclass(frozen=True, slots=True)
+class VllmLauncher:
+    """Builds `python -m vllm.entrypoints.openai.api_server ...` for a deployment.
+
+    Attributes:
+        host_kind: "gpu" (devices -> CUDA_VISIBLE_DEVICES) or "cpu" (vLLM's CPU build).
+        bind: Address the engine listens on (the gateway must reach it).
+        python: Interpreter with vLLM installed.
+        aqua_socket: The host coordinator's socket, passed as AQUA_COORDINATOR_SOCKET.
+        stats_dir: Parent of per-deployment Aqua counters directories (AQUA_STATS_DIR).
+        base_env: Environment to start from (default: the agent's own).
+    """
+
+    host_kind: Literal["gpu", "cpu"]
+    bind: str = "127.0.0.1"
+    python: str = sys.executable
+    aqua_socket: str | None = None
+    stats_dir: str | None = None
+    base_env: dict[str, str] | None = None
+
+    def __call__(self, spec: DeploymentSpec, port: int) -> LaunchSpec:
+        model = spec.model
+        opts: dict[str, Any] = model.engine_options
+        argv = [self.python, "-m", "vllm.entrypoints.openai.api_server"]
+        argv += ["--model", model.source, "--served-model-name", model.name]
+        argv += ["--host", self.bind, "--port", str(port), "--dtype", model.dtype]
+        argv += ["--tensor-parallel-size", str(model.tensor_parallel_size)]
+        if model.max_context_len is not None:
+            argv += ["--max-model-len", str(model.max_context_len)]
+        if "seed" in opts:
+            argv += ["--seed", str(int(opts["seed"]))]
+        if opts.get("enforce_eager"):
+            argv.append("--enforce-eager")
+        if "max_num_seqs" in opts:
+            argv += ["--max-num-seqs", str(int(opts["max_num_seqs"]))]
+        if "kv_cache_bytes" in opts:
+            argv += ["--kv-cache-memory-bytes", str(int(opts["kv_cache_bytes"]))]
+        if "gpu_memory_utilization" in opts and self.host_kind == "gpu":
+            argv += ["--gpu-memory-utilization", str(float(opts["gpu_memory_utilization"]))]
+        if opts.get("aqua"):
+            argv += ["--scheduler-cls", AQUA_SCHEDULER]
+            argv += ["--kv-transfer-config", json.dumps(AQUA_KV_TRANSFER)]
+        argv += [str(a) for a in opts.get("extra_args", [])]
+
+        env = dict(os.environ if self.base_env is None else self.base_env)
+        # Our vLLM plug-ins (serving.vllm_ext) must import inside the engine's processes.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.host_kind == "gpu":
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA indices == NVML indices
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in spec.devices)
+        else:
+            # GiB of host memory for the KV cache; without it vLLM sizes it from host RAM.
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(opts.get("cpu_kvcache_space_gib", 1)))
+            if "cpu_threads" in opts:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{int(opts['cpu_threads']) - 1}"
+        if self.aqua_socket is not None:
+            env["AQUA_COORDINATOR_SOCKET"] = self.aqua_socket
+        env["AQUA_ENGINE_ID"] = spec.id
+        env["AQUA_DEVICE"] = str(spec.devices[0])
+        if self.stats_dir is not None:
+            env["AQUA_STATS_DIR"] = os.path.join(self.stats_dir, safe_name(spec.id))
+        return LaunchSpec(argv, env)
+
+
+def safe_name(deployment_id: str) -> str:
+    """A deployment id as a file name: letters, digits, '-', '_', '.' kept; others become '_'."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in deployment_id)
+    return cleaned.lstrip(".") or "_"

@@ -1,0 +1,138 @@
+"""`EngineManager`: converges the engines on this host to the control plane's desired list."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from gpu_agent.backoff import Backoff
+from gpu_agent.engines.command import safe_name
+from gpu_agent.engines.logs import tail_lines
+from gpu_agent.engines.supervisor import EngineSupervisor, Launcher
+from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, EngineSample
+
+log = logging.getLogger(__name__)
+
+
+class EngineManager:
+    """One `EngineSupervisor` per desired deployment.
+
+    `apply()` takes the complete desired list: new deployments start, missing ones stop, and a
+    deployment whose spec changed is stopped and started again. A deployment naming a device this
+    host does not have is reported failed at once and never started.
+    """
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        log_dir: str,
+        on_status: Callable[[DeploymentStatus], None],
+        *,
+        devices: set[int],
+        backoff_factory: Callable[[str], Backoff] | None = None,
+        health_timeout_s: float = 600.0,
+        grace_s: float = 10.0,
+        scrape_interval_s: float = 1.0,
+    ) -> None:
+        self._launcher = launcher
+        self.log_dir = log_dir
+        self._on_status = on_status
+        self._devices = devices
+        self._backoff_factory = backoff_factory
+        self._health_timeout_s = health_timeout_s
+        self._grace_s = grace_s
+        self._scrape_s = scrape_interval_s
+        self._engines: dict[str, EngineSupervisor] = {}  # deployment id -> supervisor
+        self._rejected: dict[str, DeploymentStatus] = {}  # deployment id -> its failed status
+        self._lock = asyncio.Lock()
+
+    def log_path(self, deployment_id: str) -> str:
+        return os.path.join(self.log_dir, f"{safe_name(deployment_id)}.log")
+
+    async def apply(self, desired: list[DeploymentSpec]) -> None:
+        """Converge to `desired` (the complete list for this host)."""
+        async with self._lock:
+            wanted = {d.id: d for d in desired}
+            gone = [sup for dep_id, sup in self._engines.items() if wanted.get(dep_id) != sup.spec]
+            for sup in gone:
+                del self._engines[sup.spec.id]
+            await asyncio.gather(*(sup.stop() for sup in gone))
+            for dep_id in [d for d in self._rejected if d not in wanted]:
+                del self._rejected[dep_id]
+            for dep_id in sorted(wanted):
+                spec = wanted[dep_id]
+                if dep_id in self._engines:
+                    continue
+                missing = [d for d in spec.devices if d not in self._devices]
+                if missing:
+                    self._reject(spec, missing)
+                    continue
+                self._rejected.pop(dep_id, None)
+                self._start(spec)
+
+    def _reject(self, spec: DeploymentSpec, missing: list[int]) -> None:
+        have = ", ".join(str(d) for d in sorted(self._devices))
+        status = DeploymentStatus(
+            deployment_id=spec.id,
+            state="failed",
+            ts=time.time(),
+            error=f"device(s) {missing} do not exist on this host (devices: {have})",
+        )
+        self._rejected[spec.id] = status
+        log.error("Deployment %s rejected: %s", spec.id, status.error)
+        self._on_status(status)
+
+    def _start(self, spec: DeploymentSpec) -> None:
+        backoff = self._backoff_factory(spec.id) if self._backoff_factory else None
+        sup = EngineSupervisor(
+            spec,
+            self._launcher,
+            self.log_path(spec.id),
+            self._on_status,
+            backoff=backoff,
+            health_timeout_s=self._health_timeout_s,
+            grace_s=self._grace_s,
+            scrape_interval_s=self._scrape_s,
+        )
+        self._engines[spec.id] = sup
+        log.info("Starting deployment %s (%s on devices %s).", spec.id, spec.model.name, spec.devices)
+        sup.start()
+
+    async def restart(self, deployment_id: str) -> bool:
+        """Restart one deployment's engine; False if it is not on this host."""
+        sup = self._engines.get(deployment_id)
+        if sup is None:
+            return False
+        await sup.restart()
+        return True
+
+    def tail(self, deployment_id: str, n: int) -> list[str] | None:
+        """Last `n` log lines; None if the deployment is unknown and has no log file."""
+        path = self.log_path(deployment_id)
+        if deployment_id not in self._engines and not os.path.exists(path):
+            return None
+        return tail_lines(path, n)
+
+    def samples(self) -> list[EngineSample]:
+        """Each deployment's latest engine sample, ordered by deployment id."""
+        out = [self._engines[d].sample() for d in sorted(self._engines)]
+        out += [EngineSample(deployment_id=d, state="failed") for d in sorted(self._rejected)]
+        return sorted(out, key=lambda s: s.deployment_id)
+
+    def statuses(self) -> list[DeploymentStatus]:
+        """Every deployment's current status (re-sent to the control plane on reconnect)."""
+        out = [sup.status() for sup in self._engines.values()] + list(self._rejected.values())
+        return sorted(out, key=lambda s: s.deployment_id)
+
+    def supervisor(self, deployment_id: str) -> EngineSupervisor | None:
+        return self._engines.get(deployment_id)
+
+    def deployments(self) -> dict[str, DeploymentSpec]:
+        return {d: sup.spec for d, sup in self._engines.items()}
+
+    async def close(self) -> None:
+        """Stop every engine (agent shutdown)."""
+        await self.apply([])

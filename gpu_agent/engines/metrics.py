@@ -1,0 +1,127 @@
+"""Reading a vLLM engine's Prometheus /metrics into the telemetry's engine figures.
+
+Families read (summed over label sets, e.g. several model names):
+  vllm:time_to_first_token_seconds  histogram -> ttft p50/p99
+  vllm:inter_token_latency_seconds  histogram -> itl p50/p99
+  vllm:kv_cache_usage_perc          gauge, a fraction in [0, 1] despite the name (mean over sets)
+  vllm:num_requests_running/_waiting gauges
+  vllm:num_preemptions              counter (exposed as ..._total)
+  vllm:kv_offload_store_bytes       counter, KV bytes offloaded (present only with an offloading
+                                    connector)
+
+Quantiles follow Prometheus' histogram_quantile: find the bucket holding the rank and interpolate
+linearly inside it (the lowest bucket starts at 0; a rank in the +Inf bucket returns the highest
+finite bound). They are computed over a *window*: the bucket-count difference between two scrapes,
+so each telemetry second reports that second's latencies, not the engine's lifetime.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpu_agent.protocol import LatencySummary
+
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PREEMPTIONS = "vllm:num_preemptions"
+OFFLOADED = "vllm:kv_offload_store_bytes"
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Cumulative buckets as (upper bound, count of observations <= bound), ascending; the last
+    bound is +Inf and its count is the total."""
+
+    buckets: tuple[tuple[float, float], ...]
+
+    @property
+    def count(self) -> float:
+        return self.buckets[-1][1] if self.buckets else 0.0
+
+    def minus(self, earlier: Histogram | None) -> Histogram:
+        """The observations made since `earlier` (same bucket layout). If any bucket went down
+        (the engine restarted and its counters reset), the whole of `self` is the window."""
+        if earlier is None or [b for b, _ in earlier.buckets] != [b for b, _ in self.buckets]:
+            return self
+        deltas = tuple((b, c - e) for (b, c), (_, e) in zip(self.buckets, earlier.buckets, strict=True))
+        if any(d < 0 for _, d in deltas):
+            return self
+        return Histogram(deltas)
+
+
+def histogram_quantile(q: float, hist: Histogram) -> float | None:
+    """The q-quantile (0 <= q <= 1) estimated from cumulative buckets; None with no observations."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"{q=} must be in [0, 1]")
+    total = hist.count
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in hist.buckets:
+        if count >= rank and count > lower_count:
+            if math.isinf(bound):
+                return lower_bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def summarize(hist: Histogram | None) -> LatencySummary | None:
+    """p50/p99 of a window; None when the engine exposes no such histogram."""
+    if hist is None:
+        return None
+    n = round(hist.count)
+    if n <= 0:
+        return LatencySummary(count=0)
+    return LatencySummary(count=n, p50=histogram_quantile(0.5, hist), p99=histogram_quantile(0.99, hist))
+
+
+@dataclass(slots=True)
+class EngineMetrics:
+    """One scrape. Histograms are cumulative (since the engine started)."""
+
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    kv_cache_usage: float | None = None
+    running: int = 0
+    waiting: int = 0
+    preemptions_total: int = 0
+    bytes_offloaded: int = 0
+
+
+def parse_metrics(text: str) -> EngineMetrics:
+    """Parse Prometheus text exposition from a vLLM server's /metrics."""
+    out = EngineMetrics()
+    kv: list[float] = []
+    for family in text_string_to_metric_families(text):
+        name = family.name
+        if name in (TTFT, ITL):
+            buckets: dict[float, float] = {}
+            for s in family.samples:
+                if s.name == f"{name}_bucket":
+                    bound = float(s.labels["le"])
+                    buckets[bound] = buckets.get(bound, 0.0) + float(s.value)
+            if buckets:
+                out.histograms[name] = Histogram(tuple(sorted(buckets.items())))
+        elif name == KV_USAGE:
+            kv.extend(float(s.value) for s in family.samples)
+        elif name in (RUNNING, WAITING, PREEMPTIONS, OFFLOADED):
+            total = sum(float(s.value) for s in family.samples if s.name in (name, f"{name}_total"))
+            value = max(0, round(total))
+            if name == RUNNING:
+                out.running = value
+            elif name == WAITING:
+                out.waiting = value
+            elif name == PREEMPTIONS:
+                out.preemptions_total = value
+            else:
+                out.bytes_offloaded = value
+    if kv:
+        out.kv_cache_usage = min(1.0, max(0.0, sum(kv) / len(kv)))
+    return out

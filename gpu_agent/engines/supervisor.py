@@ -1,0 +1,274 @@
+"""`EngineSupervisor`: runs one deployment's engine process, keeps it up, scrapes its metrics.
+
+Life of a deployment:
+    starting --/health 200--> running --process exits--> failed --backoff--> starting ...
+    starting --exits or health timeout--> failed (error = the engine's last log lines) --backoff--> ...
+    any --stop()--> stopped (SIGTERM to the process group, SIGKILL after `grace_s`)
+A `restart()` (operator command) terminates the process and starts it again at once, counted in
+`restarts` like a crash restart but without the backoff. Every state change is reported through
+`on_status`. While running, /metrics is scraped every `scrape_interval_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+
+import httpx
+
+from gpu_agent.backoff import Backoff
+from gpu_agent.engines.command import LaunchSpec
+from gpu_agent.engines.logs import tail_lines
+from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, parse_metrics, summarize
+from gpu_agent.protocol import (
+    DeploymentSpec,
+    DeploymentState,
+    DeploymentStatus,
+    EngineSample,
+    LatencySummary,
+)
+
+log = logging.getLogger(__name__)
+
+Launcher = Callable[[DeploymentSpec, int], LaunchSpec]
+ERROR_LINES = 30
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the engine binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class EngineSupervisor:
+    """Supervises one deployment's engine until `stop()`."""
+
+    def __init__(
+        self,
+        spec: DeploymentSpec,
+        launcher: Launcher,
+        log_path: str,
+        on_status: Callable[[DeploymentStatus], None],
+        *,
+        backoff: Backoff | None = None,
+        health_timeout_s: float = 600.0,
+        grace_s: float = 10.0,
+        scrape_interval_s: float = 1.0,
+        stable_s: float = 60.0,
+        simulated: bool = False,
+    ) -> None:
+        self.spec = spec
+        self._launcher = launcher
+        self.log_path = log_path
+        self._on_status = on_status
+        self._backoff = backoff or Backoff(base_s=1.0, cap_s=60.0, seed=hash(spec.id) & 0xFFFF)
+        self._health_timeout_s = health_timeout_s
+        self._grace_s = grace_s
+        self._scrape_s = scrape_interval_s
+        self._stable_s = stable_s
+        self._simulated = simulated
+        self.state: DeploymentState = "starting"
+        self.restarts = 0
+        self.port: int | None = None
+        self.error: str | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._restart_requested = False
+        self._kick = asyncio.Event()
+        self._ran_stable_since: float | None = None
+        self._metrics: EngineMetrics | None = None
+        self._window: EngineSample | None = None
+
+    # ---- control ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start supervising (returns at once)."""
+        os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
+        self._task = asyncio.create_task(self._run(), name=f"engine-{self.spec.id}")
+
+    async def stop(self) -> None:
+        """Terminate the engine (SIGTERM, then SIGKILL after the grace period); report stopped."""
+        self._stopping.set()
+        await self._terminate()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._set_state("stopped", error=None)
+
+    async def restart(self) -> None:
+        """Restart the engine now (operator request)."""
+        self._restart_requested = True
+        self._kick.set()  # also cuts a pending backoff wait short
+        await self._terminate()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    def status(self) -> DeploymentStatus:
+        return DeploymentStatus(
+            deployment_id=self.spec.id,
+            state=self.state,
+            ts=time.time(),
+            error=self.error,
+            restarts=self.restarts,
+            port=self.port,
+            simulated=self._simulated,
+        )
+
+    def sample(self) -> EngineSample:
+        """The latest scrape window (metrics only while running)."""
+        if self.state == "running" and self._window is not None:
+            return self._window
+        return EngineSample(deployment_id=self.spec.id, state=self.state)
+
+    def tail(self, n: int) -> list[str]:
+        return tail_lines(self.log_path, n)
+
+    # ---- supervision loop ---------------------------------------------------------------------
+
+    def _set_state(self, state: DeploymentState, error: str | None) -> None:
+        self.state, self.error = state, error
+        self._on_status(self.status())
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            error = await self._run_once()
+            if self._stopping.is_set():
+                return
+            if self._restart_requested:
+                self._restart_requested = False
+                self.restarts += 1
+                continue
+            since = self._ran_stable_since
+            if since is not None and time.monotonic() - since >= self._stable_s:
+                self._backoff.reset()  # it had been up a good while: this is a fresh failure
+            self._set_state("failed", error)
+            delay = self._backoff.next_delay()
+            log.warning("Deployment %s failed; restarting in %.1f s: %s", self.spec.id, delay, error)
+            self._kick.clear()
+            waiters = [asyncio.ensure_future(e.wait()) for e in (self._stopping, self._kick)]
+            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters:
+                w.cancel()
+            self._restart_requested = False
+            if not self._stopping.is_set():
+                self.restarts += 1
+
+    async def _run_once(self) -> str:
+        """Start the engine and supervise it until it exits; returns the error to report."""
+        port = free_port()
+        launch = self._launcher(self.spec, port)
+        self.port, self._metrics, self._window = port, None, None
+        self._ran_stable_since = None
+        with open(self.log_path, "ab") as logf:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            logf.write(f"=== {stamp} agent: starting engine on port {port}: {launch}\n".encode())
+            logf.flush()
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *launch.argv,
+                    env=launch.env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: vLLM spawns workers
+                )
+            except OSError as exc:
+                return f"engine could not be started: {exc}"
+        proc = self._proc
+        self._set_state("starting", error=None)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as http:
+            healthy = await self._wait_healthy(proc, http)
+            if healthy:
+                self._ran_stable_since = time.monotonic()
+                self._set_state("running", error=None)
+                await self._scrape_until_exit(proc, http)
+        if proc.returncode is None:  # health timeout
+            await self._terminate()
+            what = f"engine did not become healthy within {self._health_timeout_s:.0f} s"
+        elif healthy:
+            what = f"engine exited with code {proc.returncode}"
+        else:
+            what = f"engine exited with code {proc.returncode} while starting"
+        lines = "\n".join(self.tail(ERROR_LINES))
+        return f"{what}; last log lines:\n{lines}"
+
+    async def _wait_healthy(self, proc: asyncio.subprocess.Process, http: httpx.AsyncClient) -> bool:
+        deadline = time.monotonic() + self._health_timeout_s
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get("/health")).status_code == 200:
+                        return True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(exited), timeout=0.25)
+                if exited.done() or self._stopping.is_set():
+                    return False
+            return False
+        finally:
+            exited.cancel()
+
+    async def _scrape_until_exit(self, proc: asyncio.subprocess.Process, http: httpx.AsyncClient) -> None:
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            while not exited.done():
+                await self._scrape(http)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(exited), timeout=self._scrape_s)
+        finally:
+            exited.cancel()
+
+    async def _scrape(self, http: httpx.AsyncClient) -> None:
+        try:
+            resp = await http.get("/metrics")
+            resp.raise_for_status()
+            current = parse_metrics(resp.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.debug("Scraping %s failed: %s", self.spec.id, exc)
+            return
+        previous, self._metrics = self._metrics, current
+
+        def window(name: str) -> LatencySummary | None:
+            hist = current.histograms.get(name)
+            if hist is None:
+                return None
+            earlier = previous.histograms.get(name) if previous is not None else None
+            return summarize(hist.minus(earlier))
+
+        self._window = EngineSample(
+            deployment_id=self.spec.id,
+            state="running",
+            ttft=window(TTFT),
+            itl=window(ITL),
+            kv_cache_usage=current.kv_cache_usage,
+            running=current.running,
+            waiting=current.waiting,
+            preemptions_total=current.preemptions_total,
+            bytes_offloaded=current.bytes_offloaded,
+        )
+
+    async def _terminate(self) -> None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=self._grace_s)
+        except TimeoutError:
+            log.warning("Engine %s ignored SIGTERM for %.0f s; killing it.", self.spec.id, self._grace_s)
+            _signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

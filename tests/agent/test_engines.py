@@ -1,0 +1,292 @@
+"""Engine supervision against real subprocesses (tests/agent/fake_engine.py serves /health and
+vLLM-style /metrics), plus the vLLM command line and the metrics arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gpu_agent.backoff import Backoff
+from gpu_agent.engines import EngineManager, LaunchSpec, VllmLauncher
+from gpu_agent.engines.command import AQUA_SCHEDULER, REPO_ROOT
+from gpu_agent.engines.logs import tail_lines
+from gpu_agent.engines.metrics import Histogram, histogram_quantile, parse_metrics, summarize
+from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
+from tests.agent.ws_server import wait_for
+
+FAKE_ENGINE = str(Path(__file__).with_name("fake_engine.py"))
+
+
+def spec(dep_id: str = "d1", devices: list[int] | None = None, **options: object) -> DeploymentSpec:
+    return DeploymentSpec(
+        dep_id, ModelSpec("tiny", "/models/tiny", engine_options=dict(options)), devices or [0]
+    )
+
+
+def fake_launcher(pidfile: Path) -> VllmLauncher:
+    def launch(s: DeploymentSpec, port: int) -> LaunchSpec:
+        extra = [str(a) for a in s.model.engine_options.get("fake_args", [])]
+        env = {**os.environ, "FAKE_ENGINE_PIDFILE": str(pidfile)}
+        return LaunchSpec([sys.executable, FAKE_ENGINE, "--port", str(port), *extra], env)
+
+    return launch  # type: ignore[return-value]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Env:
+    def __init__(self, tmp: Path, grace_s: float = 2.0) -> None:
+        self.pidfile = tmp / "pids"
+        self.statuses: list[DeploymentStatus] = []
+        self.manager = EngineManager(
+            fake_launcher(self.pidfile),
+            str(tmp / "logs"),
+            self.statuses.append,
+            devices={0, 1},
+            backoff_factory=lambda dep: Backoff(base_s=0.3, cap_s=0.6, seed=1),
+            health_timeout_s=20,
+            grace_s=grace_s,
+            scrape_interval_s=0.2,
+        )
+
+    def pids(self) -> list[int]:
+        if not self.pidfile.exists():
+            return []
+        return [int(x) for x in self.pidfile.read_text().split()]
+
+    def states(self, dep: str = "d1") -> list[str]:
+        return [s.state for s in self.statuses if s.deployment_id == dep]
+
+
+@pytest_asyncio.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    e = Env(tmp_path)
+    yield e
+    await e.manager.close()
+
+
+# ---- supervision against real processes --------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_it_starts_an_engine_waits_for_health_and_scrapes_metrics(env: Env) -> None:
+    await env.manager.apply([spec()])
+    await wait_for(lambda: env.states()[-1:] == ["running"])
+    assert env.states() == ["starting", "running"]
+    assert env.statuses[-1].port is not None and env.statuses[-1].restarts == 0
+    await wait_for(lambda: env.manager.samples()[0].ttft is not None)
+    await wait_for(lambda: env.manager.samples()[0].preemptions_total >= 2)
+    s = env.manager.samples()[0]
+    # Each scrape window of the fake holds TTFTs 0.05, 0.05, 0.3 and ITLs 0.02 x 10.
+    assert s.ttft is not None and s.ttft.count == 3
+    assert s.ttft.p50 == pytest.approx(0.0775) and s.ttft.p99 == pytest.approx(0.1 + 0.4 * 0.97)
+    assert s.itl is not None and s.itl.count == 10 and 0.01 < (s.itl.p50 or 0) <= 0.025
+    assert (s.kv_cache_usage, s.running, s.waiting, s.state) == (0.25, 3, 2, "running")
+
+
+@pytest.mark.asyncio
+async def test_it_restarts_an_engine_that_dies_and_counts_it(env: Env) -> None:
+    await env.manager.apply([spec()])
+    await wait_for(lambda: env.states()[-1:] == ["running"])
+    (first,) = env.pids()
+    os.kill(first, signal.SIGKILL)
+    await wait_for(lambda: env.states().count("running") == 2)
+    assert env.states() == ["starting", "running", "failed", "starting", "running"]
+    failed = next(s for s in env.statuses if s.state == "failed")
+    assert failed.error is not None and "exited with code -9" in failed.error
+    assert env.statuses[-1].restarts == 1
+    second = env.pids()[-1]
+    assert second != first and alive(second)
+
+
+@pytest.mark.asyncio
+async def test_it_reports_the_engines_error_when_it_cannot_start_and_backs_off(env: Env) -> None:
+    await env.manager.apply([spec(fake_args=["--fail-at-start", "model /models/tiny not found"])])
+    await wait_for(lambda: "failed" in env.states())
+    failed = next(s for s in env.statuses if s.state == "failed")
+    assert failed.error is not None
+    assert "while starting" in failed.error and "ValueError: model /models/tiny not found" in failed.error
+    t0 = time.monotonic()
+    await wait_for(lambda: env.states().count("failed") >= 3, timeout=10)
+    # Backoff delays are >= 0.15, 0.3, 0.3 s (base 0.3 s, cap 0.6 s, equal jitter): no hot loop.
+    assert time.monotonic() - t0 >= 0.3
+    assert len(env.pids()) <= 4
+    assert env.manager.statuses()[0].restarts >= 2
+
+
+@pytest.mark.asyncio
+async def test_it_stops_the_engine_when_the_deployment_goes(env: Env) -> None:
+    await env.manager.apply([spec("d1"), spec("d2", [1])])
+    await wait_for(lambda: env.states("d1")[-1:] == ["running"] and env.states("d2")[-1:] == ["running"])
+    sup1, sup2 = env.manager.supervisor("d1"), env.manager.supervisor("d2")
+    assert sup1 is not None and sup2 is not None
+    pid1, pid2 = sup1.pid, sup2.pid
+    assert pid1 is not None and pid2 is not None and sorted(env.pids()) == sorted([pid1, pid2])
+    await env.manager.apply([spec("d2", [1])])
+    assert env.states("d1")[-1] == "stopped"
+    assert not alive(pid1) and alive(pid2)
+    assert [s.deployment_id for s in env.manager.samples()] == ["d2"]
+
+
+@pytest.mark.asyncio
+async def test_it_kills_an_engine_that_ignores_sigterm_after_the_grace_period(tmp_path: Path) -> None:
+    e = Env(tmp_path, grace_s=0.5)
+    await e.manager.apply([spec(fake_args=["--ignore-sigterm"])])
+    await wait_for(lambda: e.states()[-1:] == ["running"])
+    (pid,) = e.pids()
+    t0 = time.monotonic()
+    await e.manager.apply([])
+    assert time.monotonic() - t0 >= 0.5
+    assert not alive(pid)
+    assert "ignoring SIGTERM" in "\n".join(tail_lines(e.manager.log_path("d1"), 5))
+
+
+@pytest.mark.asyncio
+async def test_it_restarts_on_command_without_reporting_a_failure(env: Env) -> None:
+    await env.manager.apply([spec()])
+    await wait_for(lambda: env.states()[-1:] == ["running"])
+    assert await env.manager.restart("d1") is True
+    await wait_for(lambda: env.states().count("running") == 2)
+    assert "failed" not in env.states()
+    assert env.manager.statuses()[0].restarts == 1 and len(env.pids()) == 2
+    assert await env.manager.restart("nope") is False
+
+
+@pytest.mark.asyncio
+async def test_it_refuses_devices_the_host_does_not_have(env: Env) -> None:
+    await env.manager.apply([spec("d1", [0, 7])])
+    assert env.states() == ["failed"]
+    assert env.statuses[0].error is not None and "[7]" in env.statuses[0].error
+    assert env.pids() == [] and env.manager.samples()[0].state == "failed"
+    await env.manager.apply([])
+    assert env.manager.statuses() == []
+
+
+@pytest.mark.asyncio
+async def test_it_replaces_an_engine_whose_spec_changed(env: Env) -> None:
+    await env.manager.apply([spec(seed=1)])
+    await wait_for(lambda: env.states()[-1:] == ["running"])
+    await env.manager.apply([spec(seed=2)])
+    await wait_for(lambda: env.states()[-1:] == ["running"])
+    assert env.states() == ["starting", "running", "stopped", "starting", "running"]
+    assert env.manager.deployments()["d1"].model.engine_options == {"seed": 2}
+
+
+@pytest.mark.asyncio
+async def test_it_keeps_a_log_file_per_engine_with_a_tail(env: Env) -> None:
+    await env.manager.apply([spec()])
+    await wait_for(lambda: env.states()[-1:] == ["running"])
+    lines = env.manager.tail("d1", 2)
+    assert lines is not None and lines[-1] == "fake engine ready"
+    assert env.manager.log_path("d1").endswith(os.path.join("logs", "d1.log"))
+    assert env.manager.tail("unknown", 5) is None
+
+
+# ---- command line, metrics, logs ---------------------------------------------------------------
+
+
+def test_it_builds_the_vllm_command_for_a_gpu_host_with_aqua() -> None:
+    s = DeploymentSpec(
+        "dep-1",
+        ModelSpec("llama", "meta/llama", "bfloat16", 2, 4096, {"aqua": True, "extra_args": ["--x", 1]}),
+        [2, 3],
+    )
+    launch = VllmLauncher("gpu", aqua_socket="/run/aqua.sock", base_env={"PYTHONPATH": "/x"})(s, 8123)
+    argv = launch.argv
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == "meta/llama"
+    assert argv[argv.index("--port") + 1] == "8123"
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert argv[argv.index("--max-model-len") + 1] == "4096"
+    assert argv[argv.index("--scheduler-cls") + 1] == AQUA_SCHEDULER
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv == {
+        "kv_connector": "AquaConnector",
+        "kv_connector_module_path": "serving.vllm_ext.connector",
+        "kv_role": "kv_both",
+    }
+    assert argv[-2:] == ["--x", "1"]
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert launch.env["PYTHONPATH"] == f"{REPO_ROOT}{os.pathsep}/x"
+    assert launch.env["AQUA_COORDINATOR_SOCKET"] == "/run/aqua.sock"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in launch.env
+
+
+def test_it_builds_the_vllm_command_for_a_cpu_host_without_aqua() -> None:
+    s = spec(cpu_kvcache_space_gib=2, kv_cache_bytes=1 << 20, max_num_seqs=4)
+    launch = VllmLauncher("cpu", base_env={})(s, 9000)
+    assert "--scheduler-cls" not in launch.argv and "--kv-transfer-config" not in launch.argv
+    assert launch.argv[launch.argv.index("--kv-cache-memory-bytes") + 1] == str(1 << 20)
+    assert launch.argv[launch.argv.index("--max-num-seqs") + 1] == "4"
+    assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert "CUDA_VISIBLE_DEVICES" not in launch.env
+    assert launch.env["PYTHONPATH"] == REPO_ROOT
+
+
+def test_it_interpolates_quantiles_inside_buckets_like_prometheus() -> None:
+    h = Histogram(((0.1, 10.0), (0.2, 30.0), (float("inf"), 40.0)))
+    assert histogram_quantile(0.25, h) == pytest.approx(0.1)  # rank 10: top of the first bucket
+    assert histogram_quantile(0.5, h) == pytest.approx(0.15)  # rank 20: half-way through (0.1, 0.2]
+    assert histogram_quantile(0.99, h) == pytest.approx(0.2)  # in +Inf: the highest finite bound
+    assert histogram_quantile(0.1, h) == pytest.approx(0.04)  # first bucket starts at 0
+    assert histogram_quantile(0.5, Histogram(((0.1, 0.0), (float("inf"), 0.0)))) is None
+
+
+def test_it_summarizes_the_window_between_scrapes_and_survives_counter_resets() -> None:
+    before = Histogram(((0.1, 10.0), (1.0, 10.0), (float("inf"), 10.0)))
+    after = Histogram(((0.1, 10.0), (1.0, 14.0), (float("inf"), 14.0)))
+    window = after.minus(before)
+    assert window.count == 4
+    summary = summarize(window)
+    assert summary is not None and summary.count == 4 and 0.1 < (summary.p50 or 0) <= 1.0
+    restarted = Histogram(((0.1, 1.0), (1.0, 1.0), (float("inf"), 1.0)))
+    assert restarted.minus(after) == restarted
+    assert summarize(before.minus(before)) == summarize(Histogram(((0.1, 0.0), (float("inf"), 0.0))))
+
+
+def test_it_parses_vllm_metrics_summing_label_sets() -> None:
+    text = "\n".join(
+        [
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{model_name="a"} 2',
+            'vllm:num_requests_running{model_name="b"} 3',
+            "# TYPE vllm:num_preemptions_total counter",
+            'vllm:num_preemptions_total{model_name="a"} 4',
+            "# TYPE vllm:kv_offload_store_bytes_total counter",
+            'vllm:kv_offload_store_bytes_total{model_name="a"} 4096',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            'vllm:kv_cache_usage_perc{model_name="a"} 0.5',
+            'vllm:kv_cache_usage_perc{model_name="b"} 0.25',
+            "",
+        ]
+    )
+    m = parse_metrics(text)
+    assert (m.running, m.waiting, m.preemptions_total, m.bytes_offloaded) == (5, 0, 4, 4096)
+    assert m.kv_cache_usage == pytest.approx(0.375)
+    assert m.histograms == {}
+
+
+def test_it_tails_long_logs_from_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "x.log"
+    path.write_text("".join(f"line {i}\n" for i in range(5000)))
+    assert tail_lines(str(path), 3, block=64) == ["line 4997", "line 4998", "line 4999"]
+    assert tail_lines(str(tmp_path / "missing.log"), 3) == []
