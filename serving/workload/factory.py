@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from serving.workload.arrivals import gamma_arrivals, on_off_arrivals, poisson_arrivals
-from serving.workload.datasets import available_length_dists, get_length_dist
+from serving.workload.datasets import get_length_dist
 from serving.workload.lengths import LengthDistribution
 from serving.workload.request import Request
 from serving.workload.trace import load_trace
@@ -114,8 +114,7 @@ def make_workload(
     else:
         if rate is None:
             raise ValueError(f"rate is required for {kind!r} workloads")
-        if dataset not in available_length_dists():
-            get_length_dist(dataset)  # raises, listing valid names
+        dist = get_length_dist(dataset)  # before any sampling: an unknown name raises, listing valid ones
         rng = np.random.default_rng(arrival_ss)
         if kind == "poisson":
             arrivals = poisson_arrivals(rate, duration_s, rng)
@@ -124,9 +123,7 @@ def make_workload(
         else:
             burst_kw = {k: kw[k] for k in _KIND_KWARGS["burst"] if k in kw}
             arrivals = on_off_arrivals(rate, duration_s, rng, **burst_kw)
-        requests = requests_from_arrivals(
-            arrivals, get_length_dist(dataset), np.random.default_rng(length_ss), max_context
-        )
+        requests = requests_from_arrivals(arrivals, dist, np.random.default_rng(length_ss), max_context)
     return _assign_classes(requests, kw.get("slo_class"), kw.get("slo_mix"), np.random.default_rng(class_ss))
 
 
