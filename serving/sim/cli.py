@@ -1,0 +1,190 @@
+"""`python -m serving.sim`: simulate one engine serving a generated (or replayed) workload.
+
+Example:
+    python -m serving.sim --model llama-3-8b --gpu h100 --policy fcfs --workload burst \
+        --rate 20 --duration 300 --seed 1 --out runs/burst
+
+Shows a progress bar over simulated time, prints a summary table, and writes DIR/summary.json
+and DIR/report.html (interactive plotly, works offline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from serving.costmodel.config import MODEL_CONFIGS
+from serving.costmodel.gpus import GPU_SPECS
+from serving.costmodel.presets import get_preset, kv_capacity_tokens
+from serving.metrics.slo import SLO
+from serving.metrics.summary import summarize
+from serving.policies import available_policies, get_policy
+from serving.sim.config import PREEMPTION_MODES, EngineConfig
+from serving.sim.engine import PEER_CAPACITY, EngineSim, TimedChange
+from serving.sim.report import write_report
+from serving.workload.datasets import available_length_dists
+from serving.workload.factory import WORKLOAD_KINDS, make_workload
+from serving.workload.request import Request
+
+GIB = 1 << 30
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
+        if not value > 0 or (isinstance(value, float) and math.isinf(value)):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
+        return value
+
+    return parse
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 and finite")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m serving.sim", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="llama-3-8b", choices=sorted(MODEL_CONFIGS))
+    p.add_argument("--gpu", default="h100", choices=sorted(GPU_SPECS))
+    p.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel degree (GPUs per engine)")
+    p.add_argument("--policy", default="fcfs", choices=available_policies())
+    p.add_argument("--workload", default="poisson", choices=WORKLOAD_KINDS)
+    p.add_argument("--rate", type=_positive(float), default=None, help="requests/s (burst: base rate)")
+    p.add_argument("--duration", type=_positive(float), default=300.0, help="arrival window (s)")
+    p.add_argument("--dataset", default="sharegpt", choices=available_length_dists())
+    p.add_argument("--trace", default=None, help="CSV trace for --workload trace")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    g = p.add_argument_group("engine")
+    g.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
+    g.add_argument("--max-num-batched-tokens", type=_positive(int), default=2048)
+    g.add_argument("--max-num-seqs", type=_positive(int), default=256)
+    g.add_argument("--block-size", type=_positive(int), default=16)
+    g.add_argument("--kv-blocks", type=_positive(int), default=None, help="KV capacity in blocks (overrides)")
+    g.add_argument(
+        "--gpu-memory-utilization", type=_positive(float), default=0.9,
+        help="fraction of GPU memory for weights + KV, as vLLM's flag (default 0.9)",
+    )  # fmt: skip
+    g.add_argument("--peer-memory-gib", type=_non_negative_float, default=0.0, help="lent GiB (offload_peer)")
+    g.add_argument("--reclaim-at", type=_non_negative_float, default=None, help="time (s) of a reclaim")
+    s = p.add_argument_group("SLO")
+    s.add_argument("--ttft-slo-ms", type=_positive(float), default=1000.0, help="TTFT target (default 1000)")
+    s.add_argument("--tbt-slo-ms", type=_positive(float), default=100.0, help="TPOT target (default 100)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.workload == "trace" and a.trace is None:
+        p.error("--workload trace needs --trace PATH")
+    if a.workload != "trace" and a.rate is None:
+        p.error(f"--workload {a.workload} needs --rate")
+    if a.gpu_memory_utilization > 1:
+        p.error(f"--gpu-memory-utilization {a.gpu_memory_utilization} must be in (0, 1]")
+    if a.peer_memory_gib and a.preemption_mode != "offload_peer":
+        p.error(f"--peer-memory-gib {a.peer_memory_gib} needs --preemption-mode offload_peer")
+    if a.reclaim_at is not None and not a.peer_memory_gib:
+        p.error("--reclaim-at needs --peer-memory-gib")
+    if a.out.exists() and not a.out.is_dir():
+        p.error(f"--out {a.out} exists and is not a directory")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    _check(parser, a)
+    try:
+        cost = get_preset(a.model, a.gpu, a.tp)
+        blocks = a.kv_blocks
+        if blocks is None:
+            blocks = kv_capacity_tokens(a.model, a.gpu, a.tp, a.gpu_memory_utilization) // a.block_size
+            if blocks < 1:
+                parser.error(f"--gpu-memory-utilization {a.gpu_memory_utilization} leaves no room for KV")
+        config = EngineConfig(
+            max_num_batched_tokens=a.max_num_batched_tokens,
+            max_num_seqs=a.max_num_seqs,
+            block_size=a.block_size,
+            num_kv_blocks=blocks,
+            preemption_mode=a.preemption_mode,
+            peer_capacity_bytes=int(a.peer_memory_gib * GIB),
+        )
+        kw: dict[str, Any] = {"path": a.trace} if a.workload == "trace" else {}
+        requests: list[Request] = make_workload(a.workload, a.rate, a.duration, a.dataset, a.seed, **kw)
+        slo = SLO(a.ttft_slo_ms / 1e3, a.tbt_slo_ms / 1e3)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+    changes = [] if a.reclaim_at is None else [TimedChange(a.reclaim_at, PEER_CAPACITY, 0, 0)]
+    engine = EngineSim(cost, config, get_policy(a.policy))
+    t0 = time.perf_counter()
+    with tqdm(
+        total=round(a.duration), unit="sim-s", disable=a.no_progress, file=sys.stderr, desc=cost.name
+    ) as bar:
+
+        def progress(now: float) -> None:
+            bar.update(int(now) - bar.n)
+
+        records = engine.run(requests, changes=changes, progress=progress)
+        progress(engine.now)
+    wall = time.perf_counter() - t0
+    span = max(engine.now, a.duration)
+    summary = summarize(records, span, slo)
+    run_info = {
+        "model": a.model, "gpu": a.gpu, "tp": a.tp, "policy": a.policy, "workload": a.workload,
+        "rate": a.rate, "duration_s": a.duration, "dataset": a.dataset, "seed": a.seed,
+        "ttft_slo_s": slo.ttft_s, "tbt_slo_s": slo.tbt_s, "preemption_mode": a.preemption_mode,
+        "kv_blocks": blocks, "block_size": a.block_size, "max_num_batched_tokens": a.max_num_batched_tokens,
+        "max_num_seqs": a.max_num_seqs, "simulated_s": engine.now, "wall_s": wall,
+        "iterations": engine.stats.iterations, "rejected": engine.stats.rejected,
+    }  # fmt: skip
+    a.out.mkdir(parents=True, exist_ok=True)
+    doc = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+    doc["run"] = run_info
+    (a.out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
+    title = f"{cost.name} · {a.policy} · {a.workload} @ {a.rate} req/s · seed {a.seed}"
+    write_report(records, a.out / "report.html", title)
+    print(format_table(summary, run_info))
+    print(f"wrote {a.out / 'summary.json'} and {a.out / 'report.html'}")
+    return 0
+
+
+def format_table(summary: dict[str, float], run: dict[str, Any]) -> str:
+    """The summary as an aligned two-column table (latencies in ms)."""
+    rows = [
+        (
+            "requests",
+            f"{summary['requests']:.0f} ({summary['finished']:.0f} done, {run['rejected']} too long)",
+        ),
+        ("simulated / wall", f"{run['simulated_s']:.1f} s / {run['wall_s']:.2f} s"),
+    ]
+    for key in ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "tpot_p50", "e2e_p50", "e2e_p99"):
+        rows.append((key, f"{summary[key] * 1e3:.1f} ms"))
+    rows += [
+        ("throughput", f"{summary['throughput_tokens_per_s']:.1f} tokens/s"),
+        ("preemptions", f"{summary['preemptions']:.0f}"),
+        ("KV bytes moved", f"{summary['bytes_moved'] / GIB:.2f} GiB"),
+        (
+            "SLO attainment",
+            f"{summary['attainment'] * 100:.1f}% (TTFT <= {run['ttft_slo_s'] * 1e3:g} ms, "
+            f"TPOT <= {run['tbt_slo_s'] * 1e3:g} ms)",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

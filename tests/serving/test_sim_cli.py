@@ -1,0 +1,107 @@
+"""`python -m serving.sim`: outputs and flag validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from serving.metrics.records import RequestRecord
+from serving.sim.cli import main
+from serving.sim.report import binned_percentiles, build_figure
+
+REQUIRED = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "throughput_tokens_per_s", "attainment")
+
+
+def test_it_writes_a_summary_and_an_offline_html_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    argv = ["--workload", "burst", "--rate", "4", "--duration", "20", "--seed", "1", "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for key in REQUIRED:
+        assert isinstance(summary[key], float)
+    assert summary["ttft_p50"] <= summary["ttft_p99"] and summary["tbt_p50"] <= summary["tbt_p99"]
+    assert 0 <= summary["attainment"] <= 1 and summary["finished"] == summary["requests"] > 0
+    assert summary["run"]["seed"] == 1 and summary["run"]["policy"] == "fcfs"
+    html = (out / "report.html").read_text()
+    assert "TTFT by arrival time" in html and 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000
+    assert "ttft_p99" in capsys.readouterr().out
+    # Same seed, same figures.
+    assert main([*argv[:-1], str(tmp_path / "again"), "--no-progress"]) == 0
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert {k: again[k] for k in REQUIRED} == {k: summary[k] for k in REQUIRED}
+
+
+def test_a_tighter_slo_lowers_attainment(tmp_path: Path) -> None:
+    base = ["--rate", "8", "--duration", "20", "--no-progress"]
+    main([*base, "--out", str(tmp_path / "a")])
+    main([*base, "--out", str(tmp_path / "b"), "--ttft-slo-ms", "30", "--tbt-slo-ms", "10"])
+    loose = json.loads((tmp_path / "a" / "summary.json").read_text())["attainment"]
+    tight = json.loads((tmp_path / "b" / "summary.json").read_text())["attainment"]
+    assert tight < loose
+
+
+def test_it_simulates_offload_to_lent_memory_with_a_reclaim(tmp_path: Path) -> None:
+    argv = ["--rate", "20", "--duration", "10", "--kv-blocks", "600", "--no-progress", "--out", str(tmp_path)]
+    argv += ["--preemption-mode", "offload_peer", "--peer-memory-gib", "1", "--reclaim-at", "5"]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (
+        summary["preemptions"] > 0
+        and summary["bytes_moved"] > 0
+        and summary["finished"] == summary["requests"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--policy", "nope"], "'nope'"),
+        (["--model", "gpt-5"], "'gpt-5'"),
+        (["--gpu", "tpu"], "'tpu'"),
+        (["--rate", "-3"], "'-3'"),
+        (["--rate", "fast"], "'fast'"),
+        (["--duration", "0"], "'0'"),
+        (["--preemption-mode", "swap"], "'swap'"),
+        (["--workload", "trace"], "--trace"),
+        (["--gpu-memory-utilization", "1.5"], "1.5"),
+        (["--peer-memory-gib", "2"], "offload_peer"),
+        (["--kv-blocks", "0"], "'0'"),
+    ],
+)
+def test_it_rejects_bad_flags_naming_the_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], named: str
+) -> None:
+    base = ["--rate", "1", "--duration", "5", "--out", str(tmp_path / "x")]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, *args])
+    assert exc.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # nothing half-written
+
+
+def test_a_model_that_does_not_fit_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["--model", "llama-3-70b", "--gpu", "h100", "--rate", "1", "--out", str(tmp_path / "x")])
+    assert "llama-3-70b" in capsys.readouterr().err
+
+
+def test_binned_percentiles_summarise_each_time_bin() -> None:
+    import numpy as np
+
+    t = np.repeat(np.arange(10.0), 100)
+    v = np.tile(np.arange(100.0), 10)
+    b = binned_percentiles(t, v, bins=10)
+    assert len(b["t"]) == 10 and np.allclose(b["p50"], 49.5) and np.allclose(b["p99"], 98.01)
+
+
+def test_the_figure_has_both_series_and_distributions() -> None:
+    recs = [RequestRecord(i, float(i), 10, 3, [i + 0.5, i + 0.6, i + 0.8]) for i in range(50)]
+    fig = build_figure(recs, "t")
+    kinds = sorted(trace.type for trace in fig.data)
+    assert kinds == ["bar", "bar", "scattergl", "scattergl"]
