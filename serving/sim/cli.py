@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "iterations": engine.stats.iterations, "rejected": engine.stats.rejected,
     }  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
-    doc = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+    doc: dict[str, Any] = {k: (None if math.isnan(v) else v) for k, v in summary.items()}
     doc["run"] = run_info
     (a.out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
     title = f"{cost.name} · {a.policy} · {a.workload} @ {a.rate} req/s · seed {a.seed}"
