@@ -1,0 +1,205 @@
+"""Aqua's placement ILP on OR-Tools CP-SAT.
+
+Variables: x[m, s] in {0, 1} (model m on server s), created only where tp_m <= G_s.
+Constraints:
+    sum_s x[m, s] = 1                         every model on exactly one server (all its TP shards)
+    sum_m tp_m x[m, s] <= G_s                 GPU capacity
+    M_mem  >= +-sum_m w_m x[m, s]             M_mem  = max_s |memory balance|   (balance units)
+    M_role >= +-sum_m r_m x[m, s]             M_role = max_s |role balance|
+    M_mem >= ceil(|W| / S), M_role >= ceil(|R| / S)   the aggregate bound (redundant, helps the
+                                              solver prove optimality; see instance.py)
+Objective: minimise M_mem + role_weight * M_role (instance.py documents the weighting).
+
+Symmetry breaking: servers of one kind are interchangeable, so any solution can be relabelled to
+put the servers of a kind in order of the first (lowest-index) model they hold; then model m can
+only sit on the first m + 1 servers of each kind: x[m, s_i] = 0 for i > m.
+
+Hint: the naive greedy (greedy.py) and a spread-minimising greedy are built, the better one is
+improved by local search (local_search.py, at most half the time limit), relabelled as above and
+given to CP-SAT as a solution hint. The time limit covers the whole solve.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+from ortools.sat.python import cp_model
+
+from serving.placement.assemble import assemble_plan
+from serving.placement.base import CancelFn, Placer, ProgressFn
+from serving.placement.greedy import greedy_assignment
+from serving.placement.inputs import PlacementCancelled, PlacementError
+from serving.placement.instance import PlacementInstance
+from serving.placement.local_search import improve, spread_greedy
+from serving.placement.plan import Plan
+from serving.placement.registry import register_placer
+
+_POLL_S = 0.05
+_LOCAL_SEARCH_SHARE = 0.5  # of the time limit, at most, spent on the hint's local search
+
+
+class _Incumbent(cp_model.CpSolverSolutionCallback):
+    """Records the latest objective so the caller's thread can report it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.objective: float | None = None
+        self.solutions = 0
+
+    def on_solution_callback(self) -> None:
+        self.objective = self.objective_value
+        self.solutions += 1
+
+
+def canonical_relabel(instance: PlacementInstance, assignment: list[int]) -> list[int]:
+    """Permute servers of each kind so they appear in order of their lowest-index model."""
+    by_kind: dict[tuple[int, int, bool], list[int]] = defaultdict(list)
+    for s, server in enumerate(instance.servers):
+        by_kind[server.kind].append(s)
+    first: dict[int, int] = {}
+    for m, s in enumerate(assignment):
+        first.setdefault(s, m)
+    mapping: dict[int, int] = {}
+    for group in by_kind.values():
+        ordered = sorted(group, key=lambda s: (first.get(s, instance.num_models), s))
+        mapping.update(zip(ordered, group, strict=True))
+    return [mapping[s] for s in assignment]
+
+
+@register_placer("cp-sat")
+class CpSatPlacer(Placer):
+    """The ILP placer: CP-SAT with a local-search hint, within `PlacerConfig.time_limit_s`."""
+
+    def solve(
+        self, instance: PlacementInstance, progress: ProgressFn, should_cancel: CancelFn, started: float
+    ) -> Plan:
+        if instance.num_models == 0:
+            return assemble_plan(
+                instance, [], best_bound=0, status="optimal", solver=self.name, solve_seconds=0.0
+            )
+        model, x, hint = self._build(instance, should_cancel)
+        solver = cp_model.CpSolver()
+        params = solver.parameters
+        # the time limit covers the whole solve: validation, hint and search
+        params.max_time_in_seconds = max(0.05, self.config.time_limit_s - (time.perf_counter() - started))
+        params.num_workers = self.config.num_workers
+        params.random_seed = self.config.seed
+        params.relative_gap_limit = self.config.relative_gap_limit
+        incumbent = _Incumbent()
+        status = self._run(solver, model, incumbent, progress, should_cancel, started)
+        if status == "cancelled":
+            raise PlacementCancelled("placement cancelled while solving")
+        if status == cp_model.INFEASIBLE:
+            raise PlacementError(
+                f"infeasible: the models ({sum(instance.tps)} GPUs, largest tp {max(instance.tps)}) "
+                f"cannot be packed onto the servers' GPUs"
+            )
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if hint is None:
+                raise PlacementError(
+                    f"no feasible placement found within {self.config.time_limit_s}s "
+                    f"(solver status {solver.status_name(status)})"
+                )
+            assignment = hint  # the search found nothing better than its hint in time
+            bound = instance.lower_bound()
+        else:
+            assignment = [next(s for s, var in row.items() if solver.boolean_value(var)) for row in x]
+            bound = max(instance.lower_bound(), int(-(-solver.best_objective_bound // 1)))
+        objective = instance.objective(assignment)
+        return assemble_plan(
+            instance,
+            assignment,
+            best_bound=min(bound, objective),
+            status="optimal" if objective <= bound else "feasible",
+            solver=self.name,
+            solve_seconds=time.perf_counter() - started,
+        )
+
+    def _build(
+        self, instance: PlacementInstance, should_cancel: CancelFn
+    ) -> tuple[cp_model.CpModel, list[dict[int, cp_model.IntVar]], list[int] | None]:
+        model = cp_model.CpModel()
+        kind_rank: list[int] = []  # server s is the kind_rank[s]-th server of its kind
+        seen: dict[tuple[int, int, bool], int] = defaultdict(int)
+        for server in instance.servers:
+            kind_rank.append(seen[server.kind])
+            seen[server.kind] += 1
+        # x[m] : server index -> literal, only for servers that can hold the model
+        x: list[dict[int, cp_model.IntVar]] = []
+        for m in range(instance.num_models):
+            row = {
+                s: model.new_bool_var(f"x_{m}_{s}")
+                for s in range(instance.num_servers)
+                if instance.tps[m] <= instance.capacities[s] and kind_rank[s] <= m
+            }
+            model.add_exactly_one(row.values())
+            x.append(row)
+        total_abs = sum(abs(w) for w in instance.weights)
+        m_mem = model.new_int_var(instance.memory_lower_bound(), max(total_abs, 0), "max_mem")
+        m_role = model.new_int_var(instance.role_lower_bound(), instance.num_models, "max_role")
+        for s in range(instance.num_servers):
+            here = [(m, x[m][s]) for m in range(instance.num_models) if s in x[m]]
+            model.add(sum(instance.tps[m] * v for m, v in here) <= instance.capacities[s])
+            mem = sum(instance.weights[m] * v for m, v in here)
+            role = sum(instance.roles[m] * v for m, v in here)
+            model.add(m_mem >= mem)
+            model.add(m_mem >= -mem)
+            model.add(m_role >= role)
+            model.add(m_role >= -role)
+        model.minimize(m_mem + instance.role_weight * m_role)
+
+        hint = self._hint(instance, should_cancel)
+        if hint is not None:
+            for m, row in enumerate(x):
+                for s, var in row.items():
+                    model.add_hint(var, s == hint[m])
+        return model, x, hint
+
+    def _hint(self, instance: PlacementInstance, should_cancel: CancelFn) -> list[int] | None:
+        """The better of the naive greedy and the local-search solution, canonically relabelled;
+        None if neither packs the models (CP-SAT then searches unhinted)."""
+        candidates: list[list[int]] = []
+        deadline = time.perf_counter() + self.config.time_limit_s * _LOCAL_SEARCH_SHARE
+        for build in (greedy_assignment, spread_greedy):
+            try:
+                candidates.append(build(instance))
+            except PlacementError:
+                continue
+        if not candidates:
+            return None
+        start = min(candidates, key=instance.objective)
+        best = improve(instance, start, deadline, should_cancel)
+        return canonical_relabel(instance, best)
+
+    def _run(
+        self,
+        solver: cp_model.CpSolver,
+        model: cp_model.CpModel,
+        incumbent: _Incumbent,
+        progress: ProgressFn,
+        should_cancel: CancelFn,
+        started: float,
+    ) -> int | str:
+        """Solve on a worker thread; poll cancellation and report progress on this thread."""
+        result: dict[str, int] = {}
+
+        def work() -> None:
+            result["status"] = int(solver.solve(model, incumbent))
+
+        worker = threading.Thread(target=work, name="cp-sat", daemon=True)
+        worker.start()
+        cancelled = False
+        while worker.is_alive():
+            worker.join(_POLL_S)
+            if not cancelled and should_cancel():
+                cancelled = True
+                solver.stop_search()
+            elapsed = time.perf_counter() - started
+            frac = min(0.99, elapsed / self.config.time_limit_s)
+            best = "none yet" if incumbent.objective is None else f"{incumbent.objective:.0f}"
+            progress(frac, f"CP-SAT searching: best objective {best}, {incumbent.solutions} solutions")
+        if cancelled:
+            return "cancelled"
+        return result["status"]

@@ -1,0 +1,137 @@
+"""What the placer is given: model profiles, server specs and solver settings, plus its errors.
+
+A model runs on `tp` GPUs of one server (tensor parallelism never crosses a server). A producer
+has idle memory to lend (`lendable_bytes`); a consumer needs extra KV space at its burst level
+(`needed_bytes`). The profiler (serving/profiler) produces these figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["producer", "consumer"]
+ROLES: tuple[Role, ...] = ("producer", "consumer")
+
+
+class PlacementError(ValueError):
+    """The placement instance is invalid or infeasible; nothing was placed."""
+
+
+class PlacementCancelled(RuntimeError):
+    """The caller's `should_cancel` returned True while the placer was running."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """One model as the placer sees it.
+
+    Attributes:
+        name: Unique model name; ties are broken by it.
+        role: "producer" (lends memory) or "consumer" (borrows memory under bursts).
+        tp: Tensor-parallel degree: the model occupies this many GPUs of one server.
+        lendable_bytes: Bytes a producer can lend (free memory at its max rate minus a safety
+            margin); must be positive for a producer, and is ignored for a consumer.
+        needed_bytes: Bytes a consumer must swap out at its burst level; must be positive for a
+            consumer, and is ignored for a producer.
+        max_rps: The highest request rate meeting the model's SLA (informational).
+    """
+
+    name: str
+    role: Role
+    tp: int = 1
+    lendable_bytes: int = 0
+    needed_bytes: int = 0
+    max_rps: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise PlacementError("a model profile needs a non-empty name")
+        if self.role not in ROLES:
+            raise PlacementError(f"model {self.name!r}: {self.role=} must be 'producer' or 'consumer'")
+        if self.tp < 1:
+            raise PlacementError(f"model {self.name!r}: {self.tp=} must be positive")
+        if self.lendable_bytes < 0:
+            raise PlacementError(f"model {self.name!r}: {self.lendable_bytes=} must be >= 0")
+        if self.needed_bytes < 0:
+            raise PlacementError(f"model {self.name!r}: {self.needed_bytes=} must be >= 0")
+        if self.role == "producer" and self.lendable_bytes <= 0:
+            raise PlacementError(f"model {self.name!r}: a producer's {self.lendable_bytes=} must be positive")
+        if self.role == "consumer" and self.needed_bytes <= 0:
+            raise PlacementError(f"model {self.name!r}: a consumer's {self.needed_bytes=} must be positive")
+
+    @property
+    def balance_bytes(self) -> int:
+        """Signed contribution to its server's memory balance: +lendable or -needed."""
+        return self.lendable_bytes if self.role == "producer" else -self.needed_bytes
+
+    @property
+    def role_sign(self) -> int:
+        """Contribution to its server's role balance: +1 producer, -1 consumer."""
+        return 1 if self.role == "producer" else -1
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """One server (one NVLink domain when `nvlink`).
+
+    Attributes:
+        name: Unique server name.
+        num_gpus: GPUs in the server.
+        gpu_memory_bytes: Memory of each GPU.
+        nvlink: Whether the GPUs are joined by NVLink; lending is only paired on NVLink servers.
+    """
+
+    name: str
+    num_gpus: int
+    gpu_memory_bytes: int
+    nvlink: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise PlacementError("a server spec needs a non-empty name")
+        if self.num_gpus < 1:
+            raise PlacementError(f"server {self.name!r}: {self.num_gpus=} must be positive")
+        if self.gpu_memory_bytes <= 0:
+            raise PlacementError(f"server {self.name!r}: {self.gpu_memory_bytes=} must be positive")
+
+    @property
+    def kind(self) -> tuple[int, int, bool]:
+        """Servers of the same kind are interchangeable."""
+        return (self.num_gpus, self.gpu_memory_bytes, self.nvlink)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacerConfig:
+    """Solver settings.
+
+    Attributes:
+        time_limit_s: Wall-clock cap on the CP-SAT search.
+        num_workers: CP-SAT search workers (threads).
+        balance_unit_bytes: Byte sizes are divided by this and rounded to integers for the ILP
+            (CP-SAT is integer-only); pairing uses exact bytes.
+        role_weight_units: Weight of one unit of role imbalance, in balance units; None means the
+            mean |balance| of the models (one surplus producer or consumer costs as much as an
+            average model's memory).
+        relative_gap_limit: Stop once (objective - bound) / objective is at most this.
+        seed: CP-SAT random seed.
+    """
+
+    time_limit_s: float = 10.0
+    num_workers: int = 2
+    balance_unit_bytes: int = 1 << 20
+    role_weight_units: int | None = None
+    relative_gap_limit: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.time_limit_s <= 0:
+            raise ValueError(f"{self.time_limit_s=} must be positive")
+        if self.num_workers < 1:
+            raise ValueError(f"{self.num_workers=} must be positive")
+        if self.balance_unit_bytes < 1:
+            raise ValueError(f"{self.balance_unit_bytes=} must be positive")
+        if self.role_weight_units is not None and self.role_weight_units < 0:
+            raise ValueError(f"{self.role_weight_units=} must be >= 0")
+        if not 0.0 <= self.relative_gap_limit < 1.0:
+            raise ValueError(f"{self.relative_gap_limit=} must be in [0, 1)")

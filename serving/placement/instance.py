@@ -1,0 +1,194 @@
+"""A validated placement instance: integer weights, capacities, the objective and its lower bound.
+
+Objective (what every placer minimises, in balance units of `PlacerConfig.balance_unit_bytes`):
+
+    objective = max_s |mem_s| + role_weight * max_s |role_s|
+
+    mem_s  = sum over models m on server s of w_m,  w_m = round(+lendable_m or -needed_m / unit)
+    role_s = (#producers on s) - (#consumers on s)
+
+Both terms are driven toward zero on the worst server. `role_weight` defaults to the mean |w_m|,
+so one surplus producer or consumer on a server costs as much as an average model's memory.
+
+Lower bounds on max_s |mem_s| (the larger one is used) and on max_s |role_s|:
+  aggregate:     the per-server balances sum to W = sum w_m and R = sum role_m over ALL S servers,
+                 so max_s |mem_s| >= ceil(|W| / S) and max_s |role_s| >= ceil(|R| / S);
+  largest model: the server holding producer m has mem_s >= w_m - (the most need that consumers
+                 fitting in its other G_s - tp_m GPUs can add: a 0/1 knapsack over consumers with
+                 tp as weight, G <= a few dozen so the DP is cheap); symmetrically for consumers.
+                 This is what binds when one big TP model dominates its server.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from serving.placement.inputs import ModelProfile, PlacementError, PlacerConfig, ServerSpec
+
+
+def require_profiles(names: Iterable[str], profiles: Mapping[str, ModelProfile | None]) -> list[ModelProfile]:
+    """The profiles of `names`, in order; raises PlacementError naming every model without one."""
+    names = list(names)
+    missing = [n for n in names if profiles.get(n) is None]
+    if missing:
+        raise PlacementError(f"models without a profile: {', '.join(sorted(missing))}")
+    out: list[ModelProfile] = []
+    for n in names:
+        p = profiles[n]
+        assert p is not None
+        if p.name != n:
+            raise PlacementError(f"profile for {n!r} is named {p.name!r}")
+        out.append(p)
+    return out
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementInstance:
+    """Models (sorted by name) and servers (in the given order) with integer ILP data.
+
+    Attributes:
+        models: Profiles sorted by name; index i is "model i" everywhere below.
+        servers: Server specs; index s is "server s".
+        weights: w_m in balance units (signed), per model.
+        roles: +1 producer / -1 consumer, per model.
+        tps: GPUs per model.
+        capacities: GPUs per server.
+        role_weight: Weight of one unit of role imbalance, in balance units.
+        unit_bytes: Bytes per balance unit.
+    """
+
+    models: tuple[ModelProfile, ...]
+    servers: tuple[ServerSpec, ...]
+    weights: tuple[int, ...]
+    roles: tuple[int, ...]
+    tps: tuple[int, ...]
+    capacities: tuple[int, ...]
+    role_weight: int
+    unit_bytes: int
+
+    @classmethod
+    def build(
+        cls, models: Sequence[ModelProfile], servers: Sequence[ServerSpec], config: PlacerConfig
+    ) -> PlacementInstance:
+        """Validate the inputs; raises PlacementError naming the first problem found."""
+        if not servers:
+            raise PlacementError("no servers to place on")
+        _no_duplicates([m.name for m in models], "model")
+        _no_duplicates([s.name for s in servers], "server")
+        for m in models:
+            if not isinstance(m, ModelProfile):
+                raise PlacementError(f"expected a ModelProfile, got {m!r}")
+        largest = max(s.num_gpus for s in servers)
+        too_big = sorted(m.name for m in models if m.tp > largest)
+        if too_big:
+            raise PlacementError(
+                f"models need more GPUs than any server has ({largest}): {', '.join(too_big)}"
+            )
+        needed, have = sum(m.tp for m in models), sum(s.num_gpus for s in servers)
+        if needed > have:
+            raise PlacementError(f"the models need {needed} GPUs but the servers have {have}")
+        ordered = tuple(sorted(models, key=lambda m: m.name))
+        unit = config.balance_unit_bytes
+        weights = tuple(round(m.balance_bytes / unit) for m in ordered)
+        if config.role_weight_units is not None:
+            role_weight = config.role_weight_units
+        elif ordered:
+            role_weight = max(1, round(sum(abs(w) for w in weights) / len(ordered)))
+        else:
+            role_weight = 1
+        return cls(
+            models=ordered,
+            servers=tuple(servers),
+            weights=weights,
+            roles=tuple(m.role_sign for m in ordered),
+            tps=tuple(m.tp for m in ordered),
+            capacities=tuple(s.num_gpus for s in servers),
+            role_weight=role_weight,
+            unit_bytes=unit,
+        )
+
+    @property
+    def num_models(self) -> int:
+        return len(self.models)
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.servers)
+
+    def memory_lower_bound(self) -> int:
+        """max(aggregate bound, largest-model bound); see the module docstring."""
+        bound = _ceil_div(abs(sum(self.weights)), self.num_servers)
+        largest_gpus = max(self.capacities)
+        # most |weight| that models of each sign can add within c GPUs, c = 0..largest_gpus
+        most = {
+            sign: _knapsack(
+                [
+                    (self.tps[m], abs(self.weights[m]))
+                    for m in range(self.num_models)
+                    if self.roles[m] == sign
+                ],
+                largest_gpus,
+            )
+            for sign in (1, -1)
+        }
+        for m in range(self.num_models):
+            offset = most[-self.roles[m]]  # models of the other role pull the balance back
+            worst_case = min(
+                (
+                    abs(self.weights[m]) - offset[cap - self.tps[m]]
+                    for cap in self.capacities
+                    if cap >= self.tps[m]
+                ),
+                default=0,
+            )
+            bound = max(bound, worst_case)
+        return bound
+
+    def role_lower_bound(self) -> int:
+        return _ceil_div(abs(sum(self.roles)), self.num_servers)
+
+    def lower_bound(self) -> int:
+        """A bound no placement can beat (see the module docstring)."""
+        return self.memory_lower_bound() + self.role_weight * self.role_lower_bound()
+
+    def balances(self, assignment: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Per-server (memory, role) balances of `assignment` (server index per model)."""
+        mem = [0] * self.num_servers
+        role = [0] * self.num_servers
+        for m, s in enumerate(assignment):
+            mem[s] += self.weights[m]
+            role[s] += self.roles[m]
+        return mem, role
+
+    def objective(self, assignment: Sequence[int]) -> int:
+        """The objective of a complete assignment (module docstring)."""
+        mem, role = self.balances(assignment)
+        return max(abs(v) for v in mem) + self.role_weight * max(abs(v) for v in role)
+
+    def fits(self, assignment: Sequence[int]) -> bool:
+        """Whether no server holds more GPUs' worth of models than it has."""
+        used = [0] * self.num_servers
+        for m, s in enumerate(assignment):
+            used[s] += self.tps[m]
+        return all(u <= c for u, c in zip(used, self.capacities, strict=True))
+
+
+def _knapsack(items: list[tuple[int, int]], capacity: int) -> list[int]:
+    """best[c] = the largest total value of items (size, value), each used once, within size c."""
+    best = [0] * (capacity + 1)
+    for size, value in items:
+        for c in range(capacity, size - 1, -1):
+            best[c] = max(best[c], best[c - size] + value)
+    return best
+
+
+def _no_duplicates(names: list[str], what: str) -> None:
+    dup = sorted(n for n, k in Counter(names).items() if k > 1)
+    if dup:
+        raise PlacementError(f"duplicate {what} names: {', '.join(dup)}")

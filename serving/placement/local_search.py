@@ -1,0 +1,200 @@
+"""A fast starting solution for CP-SAT: a sum-of-squares greedy, then swap/move local search.
+
+CP-SAT alone makes little progress on a few hundred models in a couple of seconds (its search
+starts from the naive greedy's imbalance), so the ILP is hinted with this solution and then
+searches for better ones and for a bound. Both steps minimise, lexicographically,
+
+    (objective, sum_s (mem_s - W/S)^2 + role_weight^2 * sum_s (role_s - R/S)^2)
+
+The second term (spread around the mean) breaks the plateaus of the max-based objective.
+Construction: models by (tp desc, |w| desc, name), each to the server with room that adds the
+least spread. Local search: repeatedly apply the best improving move among (a) swapping a model with
+one of equal tp on another server and (b) moving a model to a server with free GPUs, trying servers
+in order of their deviation from the mean; stop at a local optimum or the deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from serving.placement.inputs import PlacementCancelled, PlacementError
+from serving.placement.instance import PlacementInstance
+
+
+class _State:
+    """Per-server balances of an assignment, updated in place by moves."""
+
+    def __init__(self, instance: PlacementInstance, assignment: list[int]) -> None:
+        self.inst = instance
+        self.w = np.array(instance.weights, dtype=np.float64)
+        self.r = np.array(instance.roles, dtype=np.float64)
+        self.tp = np.array(instance.tps, dtype=np.int64)
+        self.cap = np.array(instance.capacities, dtype=np.int64)
+        self.rw = float(instance.role_weight)
+        n = instance.num_servers
+        self.where = np.array(assignment, dtype=np.int64)
+        self.mem = np.bincount(self.where, weights=self.w, minlength=n)
+        self.role = np.bincount(self.where, weights=self.r, minlength=n)
+        self.used = np.bincount(self.where, weights=self.tp, minlength=n).astype(np.int64)
+        self.mem_mean = float(self.w.sum()) / n
+        self.role_mean = float(self.r.sum()) / n
+
+    def key(self) -> tuple[float, float]:
+        obj = np.abs(self.mem).max() + self.rw * np.abs(self.role).max()
+        spread = ((self.mem - self.mem_mean) ** 2).sum() + self.rw**2 * (
+            (self.role - self.role_mean) ** 2
+        ).sum()
+        return float(obj), float(spread)
+
+    def best_move_from(self, s: int) -> tuple[tuple[float, float], int, int] | None:
+        """Best (key, model a on s, partner) where partner >= 0 is a model to swap with and
+        partner < 0 encodes a move of a to server -partner - 1."""
+        best: tuple[tuple[float, float], int, int] | None = None
+        on_s = np.flatnonzero(self.where == s)
+        abs_mem, abs_role = np.abs(self.mem), np.abs(self.role)
+        servers = np.arange(len(self.mem))
+        for a in on_s.tolist():
+            # swaps with equal-tp models elsewhere
+            bs = np.flatnonzero((self.where != s) & (self.tp == self.tp[a]))
+            ts = self.where[bs]
+            cand = self._evaluate(s, ts, self.w[bs] - self.w[a], self.r[bs] - self.r[a], abs_mem, abs_role)
+            # moves to servers with room
+            room = servers[(servers != s) & (self.used + self.tp[a] <= self.cap)]
+            cand_m = self._evaluate(
+                s, room, np.full(len(room), -self.w[a]), np.full(len(room), -self.r[a]), abs_mem, abs_role
+            )
+            for keys, partners in ((cand, bs), (cand_m, -room - 1)):
+                if len(partners) == 0:
+                    continue
+                i = int(np.lexsort((keys[1], keys[0]))[0])
+                k = (float(keys[0][i]), float(keys[1][i]))
+                if best is None or k < best[0]:
+                    best = (k, a, int(partners[i]))
+        return best
+
+    def _evaluate(
+        self,
+        s: int,
+        ts: np.ndarray,
+        dw: np.ndarray,
+        dr: np.ndarray,
+        abs_mem: np.ndarray,
+        abs_role: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Keys after server s gains (dw, dr) and servers ts lose them (vectorised over ts)."""
+        new_ms, new_mt = self.mem[s] + dw, self.mem[ts] - dw
+        new_rs, new_rt = self.role[s] + dr, self.role[ts] - dr
+        obj = np.maximum(np.maximum(np.abs(new_ms), np.abs(new_mt)), _max_excluding(abs_mem, s, ts))
+        obj += self.rw * np.maximum(
+            np.maximum(np.abs(new_rs), np.abs(new_rt)), _max_excluding(abs_role, s, ts)
+        )
+        mm, rm, rw2 = self.mem_mean, self.role_mean, self.rw**2
+        spread = (
+            (new_ms - mm) ** 2
+            - (self.mem[s] - mm) ** 2
+            + (new_mt - mm) ** 2
+            - (self.mem[ts] - mm) ** 2
+            + rw2
+            * ((new_rs - rm) ** 2 - (self.role[s] - rm) ** 2 + (new_rt - rm) ** 2 - (self.role[ts] - rm) ** 2)
+        )
+        base_spread = self.key()[1]
+        return obj, base_spread + spread
+
+    def apply(self, a: int, partner: int) -> None:
+        s = int(self.where[a])
+        if partner >= 0:
+            t = int(self.where[partner])
+            self._shift(partner, t, s)
+        else:
+            t = -partner - 1
+        self._shift(a, s, t)
+
+    def _shift(self, m: int, src: int, dst: int) -> None:
+        self.where[m] = dst
+        self.mem[src] -= self.w[m]
+        self.mem[dst] += self.w[m]
+        self.role[src] -= self.r[m]
+        self.role[dst] += self.r[m]
+        self.used[src] -= self.tp[m]
+        self.used[dst] += self.tp[m]
+
+
+def _max_excluding(values: np.ndarray, s: int, ts: np.ndarray) -> np.ndarray:
+    """max(values) over all servers except s and ts[i], for each i (0 when none is left)."""
+    top = np.argsort(-values, kind="stable")[:3].tolist()
+    out = np.zeros(len(ts))
+    filled = np.zeros(len(ts), dtype=bool)
+    for idx in top:
+        if idx == s:
+            continue
+        take = ~filled & (ts != idx)
+        out[take] = values[idx]
+        filled |= take
+    return out
+
+
+def _better(new: tuple[float, float], cur: tuple[float, float]) -> bool:
+    """Strictly better key; objectives are exact integers, spreads carry float rounding."""
+    if new[0] != cur[0]:
+        return new[0] < cur[0]
+    return new[1] < cur[1] - 1e-9 * abs(cur[1]) - 1e-6
+
+
+def spread_greedy(instance: PlacementInstance) -> list[int]:
+    """Construction step (module docstring). Raises PlacementError if some model does not fit."""
+    n = instance.num_servers
+    mem_mean = sum(instance.weights) / n
+    role_mean = sum(instance.roles) / n
+    rw2 = instance.role_weight**2
+    mem, role, used = [0.0] * n, [0.0] * n, [0] * n
+    out = [-1] * instance.num_models
+    order = sorted(
+        range(instance.num_models),
+        key=lambda m: (-instance.tps[m], -abs(instance.weights[m]), instance.models[m].name),
+    )
+    for m in order:
+        w, r, tp = instance.weights[m], instance.roles[m], instance.tps[m]
+        best: tuple[float, int] | None = None
+        for s in range(n):
+            if used[s] + tp > instance.capacities[s]:
+                continue
+            # increase of the spread if m goes to s
+            delta = w * (2 * (mem[s] - mem_mean) + w) + rw2 * r * (2 * (role[s] - role_mean) + r)
+            if best is None or (delta, s) < best:
+                best = (delta, s)
+        if best is None:
+            raise PlacementError(f"no server has {tp} free GPUs for model {instance.models[m].name!r}")
+        s = best[1]
+        out[m], mem[s], role[s], used[s] = s, mem[s] + w, role[s] + r, used[s] + tp
+    return out
+
+
+def improve(
+    instance: PlacementInstance,
+    assignment: list[int],
+    deadline: float,
+    should_cancel: Callable[[], bool] | None = None,
+) -> list[int]:
+    """Local search from `assignment` until a local optimum or `time.perf_counter() >= deadline`."""
+    state = _State(instance, assignment)
+    current = state.key()
+    while time.perf_counter() < deadline:
+        if should_cancel is not None and should_cancel():
+            raise PlacementCancelled("placement cancelled during local search")
+        deviation = np.abs(state.mem - state.mem_mean) + state.rw * np.abs(state.role - state.role_mean)
+        moved = False
+        for s in np.argsort(-deviation, kind="stable").tolist():
+            found = state.best_move_from(s)
+            if found is not None and _better(found[0], current):
+                state.apply(found[1], found[2])
+                current = state.key()
+                moved = True
+                break
+            if time.perf_counter() >= deadline:
+                break
+        if not moved:
+            break
+    return state.where.tolist()
