@@ -1,0 +1,161 @@
+"""`Agent`: ties a `Host` to the control-plane link.
+
+Every `telemetry_interval_s` (aligned to the wall clock) it samples the host and submits a
+telemetry frame; deployment status changes are sent as they happen; on each (re)connect the link
+sends `register` and every deployment's status. Frames from the control plane become host actions:
+`desired_deployments` -> converge, `command` -> restart / log tail, `error` -> logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from gpu_agent import __version__
+from gpu_agent.backoff import Backoff
+from gpu_agent.host import Host
+from gpu_agent.link import AgentLink
+from gpu_agent.protocol import (
+    Command,
+    DeploymentStatus,
+    DesiredDeployments,
+    ErrorFrame,
+    Frame,
+    LogTail,
+    Register,
+    Telemetry,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    """One host's agent. `await run()` until `stop()`."""
+
+    def __init__(
+        self,
+        host: Host,
+        control_plane: str,
+        token: str,
+        *,
+        name: str,
+        address: str,
+        telemetry_interval_s: float = 1.0,
+        buffer_size: int = 300,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.host = host
+        self.name = name
+        self.address = address
+        self._interval = telemetry_interval_s
+        self.link = AgentLink(
+            control_plane,
+            token,
+            hello=self._hello,
+            on_frame=self._on_frame,
+            heartbeat_interval_s=telemetry_interval_s,
+            buffer_size=buffer_size,
+            backoff=backoff,
+        )
+        self._statuses: asyncio.Queue[DeploymentStatus] = asyncio.Queue()
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def register_frame(self) -> Register:
+        return Register(
+            host=self.name,
+            address=self.address,
+            agent_version=__version__,
+            simulated=self.host.simulated,
+            devices=self.host.describe(),
+        )
+
+    def _hello(self) -> list[Frame]:
+        return [self.register_frame(), *self.host.statuses()]
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        await self.host.start(self._statuses.put_nowait)
+        workers = [
+            asyncio.create_task(self.link.run(), name="link"),
+            asyncio.create_task(self._telemetry_loop(), name="telemetry"),
+            asyncio.create_task(self._status_loop(), name="statuses"),
+        ]
+        try:
+            await self._stopping.wait()
+        finally:
+            log.info("Agent stopping: stopping engines.")
+            await self.host.stop()
+            while not self._statuses.empty():
+                await self.link.send(self._statuses.get_nowait())
+            self.link.stop()
+            for t in workers[1:]:
+                t.cancel()
+            await asyncio.gather(*workers, *self._tasks, return_exceptions=True)
+
+    # ---- outgoing -----------------------------------------------------------------------------
+
+    def telemetry_frame(self) -> Telemetry:
+        devices, engines = self.host.sample()
+        return Telemetry(ts=time.time(), devices=devices, engines=engines, simulated=self.host.simulated)
+
+    async def _telemetry_loop(self) -> None:
+        while True:
+            # Wake on the next multiple of the interval, so samples line up across hosts.
+            now = time.time()
+            await asyncio.sleep(self._interval - (now % self._interval))
+            try:
+                frame = self.telemetry_frame()
+            except Exception:
+                log.exception("Sampling telemetry failed")
+                continue
+            self.link.submit_telemetry(frame)
+
+    async def _status_loop(self) -> None:
+        while True:
+            status = await self._statuses.get()
+            # Not buffered while disconnected: every status is re-sent on connect.
+            await self.link.send(status)
+
+    # ---- incoming -----------------------------------------------------------------------------
+
+    async def _on_frame(self, frame: Frame) -> None:
+        if isinstance(frame, DesiredDeployments):
+            # Converging may take seconds (stopping engines); keep reading frames meanwhile.
+            self._spawn(self.host.apply(frame.deployments))
+        elif isinstance(frame, Command):
+            self._spawn(self._command(frame))
+        elif isinstance(frame, ErrorFrame):
+            log.warning("Control plane reported an error: %s (%s)", frame.message, frame.code)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Handling a control-plane frame failed", exc_info=task.exception())
+
+    async def _command(self, cmd: Command) -> None:
+        if cmd.action == "restart_deployment":
+            if await self.host.restart(cmd.deployment_id):
+                return
+        else:
+            lines = self.host.tail(cmd.deployment_id, cmd.lines)
+            if lines is not None:
+                await self.link.send(LogTail(cmd.deployment_id, lines, command_id=cmd.command_id))
+                return
+        await self.link.send(
+            ErrorFrame(
+                "unknown_deployment",
+                f"command {cmd.command_id}: deployment {cmd.deployment_id!r} is not on this host",
+                "deployment_id",
+            )
+        )

@@ -1,0 +1,130 @@
+"""The host's Aqua coordinator, run inside the agent, and its state as per-device telemetry.
+
+The coordinator (`serving.aqua.coordinator.CoordinatorServer`) listens on a Unix socket whose path
+engines receive as AQUA_COORDINATOR_SOCKET; each engine also gets AQUA_ENGINE_ID (its deployment id)
+and AQUA_DEVICE (its first host-local device index). Engines lease and allocate with
+producer_id/consumer_id = AQUA_ENGINE_ID, and name devices by host index ("cuda:<AQUA_DEVICE>",
+or "cpu:0"): inside an engine CUDA_VISIBLE_DEVICES renumbers GPUs from 0, so the agent maps ids to
+devices through the deployments it started first and only falls back to the device string.
+
+When the coordinator module is not importable the agent runs without it and every device reports
+role "none".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_agent.protocol import AquaRole
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AquaDeviceState:
+    """One device's side of lending, as telemetry reports it."""
+
+    role: AquaRole = "none"
+    lent_bytes: int = 0  # bytes of this device leased to the coordinator (producer)
+    borrowed_bytes: int = 0  # bytes this device's engine holds in other devices' regions (consumer)
+    paired_with: int | None = None
+
+
+def _device_index(device: str) -> int | None:
+    """ "cuda:3" / "gpu:3" / "3" -> 3; "cpu" -> 0; anything else -> None."""
+    if device.strip().lower() == "cpu":
+        return 0
+    match = re.fullmatch(r"(?:[a-z]+:)?(\d+)", device.strip().lower())
+    return int(match.group(1)) if match else None
+
+
+def device_states(stats: dict[str, Any], engine_devices: dict[str, int]) -> dict[int, AquaDeviceState]:
+    """Turn `Coordinator.stats()` into per-device roles, bytes and pairings.
+
+    Args:
+        stats: {"regions": [{"producer_id", "device", "nbytes", "allocated_bytes",
+            "consumer_id", ...}], ...} as `Coordinator.stats()` returns it.
+        engine_devices: Engine id (deployment id) -> its host device index.
+
+    Returns:
+        Device index -> state, for devices that lend or borrow (others are "none").
+        A device that both lends and borrows is reported as a consumer (its engine is short of
+        memory, which is what an operator must see); lent bytes are still reported.
+    """
+    lent: dict[int, int] = {}
+    borrowed: dict[int, int] = {}
+    pair_of: dict[int, int] = {}
+    for region in sorted(stats.get("regions", []), key=lambda r: str(r.get("region_id"))):
+        producer = engine_devices.get(str(region.get("producer_id")))
+        if producer is None:
+            producer = _device_index(str(region.get("device", "")))
+        if producer is None:
+            continue
+        lent[producer] = lent.get(producer, 0) + int(region.get("nbytes", 0))
+        consumer_id = region.get("consumer_id")
+        consumer = engine_devices.get(str(consumer_id)) if consumer_id is not None else None
+        used = int(region.get("allocated_bytes", 0))
+        if consumer is not None and used > 0:
+            borrowed[consumer] = borrowed.get(consumer, 0) + used
+            pair_of.setdefault(producer, consumer)
+            pair_of.setdefault(consumer, producer)
+    out: dict[int, AquaDeviceState] = {}
+    for dev in sorted(set(lent) | set(borrowed)):
+        role: AquaRole = "consumer" if borrowed.get(dev) else "producer"
+        out[dev] = AquaDeviceState(role, lent.get(dev, 0), borrowed.get(dev, 0), pair_of.get(dev))
+    return out
+
+
+class AquaHost:
+    """Starts the coordinator server in-process if `serving.aqua.coordinator` is importable."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.requested_socket = socket_path
+        self._server: Any = None
+
+    @property
+    def socket_path(self) -> str | None:
+        """The socket engines should use, or None when no coordinator runs."""
+        return self.requested_socket if self._server is not None else None
+
+    def start(self) -> bool:
+        """Start the coordinator; False (logged) if its module is missing or it fails to start."""
+        try:
+            from serving.aqua.coordinator import CoordinatorServer
+        except ImportError as exc:
+            log.warning("Aqua coordinator not available (%s); engines run without memory lending.", exc)
+            return False
+        os.makedirs(os.path.dirname(self.requested_socket) or ".", exist_ok=True)
+        server = CoordinatorServer(self.requested_socket)
+        try:
+            server.start()
+        except (OSError, RuntimeError) as exc:
+            log.error("Aqua coordinator failed to start on %s: %s", self.requested_socket, exc)
+            return False
+        self._server = server
+        log.info("Aqua coordinator listening on %s.", self.requested_socket)
+        return True
+
+    def stats(self) -> dict[str, Any] | None:
+        """The coordinator's stats snapshot, taken atomically on its loop; None if not running."""
+        if self._server is None:
+            return None
+        try:
+            result: dict[str, Any] = self._server.call(lambda c: c.stats(), timeout=2.0)
+        except Exception as exc:  # a stuck or dead coordinator must not stop telemetry
+            log.warning("Aqua coordinator stats failed: %s", exc)
+            return None
+        return result
+
+    def device_states(self, engine_devices: dict[str, int]) -> dict[int, AquaDeviceState]:
+        stats = self.stats()
+        return device_states(stats, engine_devices) if stats is not None else {}
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None

@@ -1,0 +1,93 @@
+"""`python -m gpu_agent`: run this host's agent (or a simulated host) against a control plane."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from gpu_agent.agent import Agent
+from gpu_agent.config import AgentConfig, load_config_file, sim_gpu_kinds
+from gpu_agent.host import Host
+
+log = logging.getLogger("gpu_agent")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    kinds = ", ".join(sim_gpu_kinds())
+    p = argparse.ArgumentParser(
+        prog="python -m gpu_agent",
+        description="GPU host agent: inventory, vLLM engines, Aqua coordinator, control-plane link.",
+    )
+    p.add_argument("--config", help="YAML file with any of the options below (flags override it)")
+    p.add_argument("--control-plane", help="control plane base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--token", help="host token (default: $GPU_AGENT_TOKEN)")
+    p.add_argument("--simulate", help=f"run a simulated host, COUNTxKIND, e.g. 8xH100 (kinds: {kinds})")
+    for f in dataclasses.fields(AgentConfig):
+        if f.name in ("control_plane", "token", "simulate"):
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type), str)
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, help=f.metadata.get("help"))
+    return p
+
+
+def make_config(argv: Sequence[str] | None) -> AgentConfig:
+    """Parse the command line (and config file) into a validated config; ValueError if bad."""
+    args = build_parser().parse_args(argv)
+    file_values = load_config_file(args.config) if args.config else {}
+    overrides = {k: v for k, v in vars(args).items() if k != "config"}
+    if overrides.get("token") is None and "token" not in file_values:
+        overrides["token"] = os.environ.get("GPU_AGENT_TOKEN")
+    return AgentConfig.build(file_values, overrides)
+
+
+def make_host(cfg: AgentConfig) -> Host:
+    if cfg.simulate is not None:
+        from gpu_agent.simulated import SimulatedHost
+
+        return SimulatedHost(cfg.simulate, model=cfg.sim_model, rate=cfg.sim_rate, seed=cfg.sim_seed)
+    from gpu_agent.host import LocalHost
+    from gpu_agent.inventory import detect_inventory
+
+    return LocalHost(
+        detect_inventory(),
+        cfg.state_dir,
+        engine_bind=cfg.engine_bind,
+        health_timeout_s=cfg.health_timeout_s,
+    )
+
+
+async def _serve(agent: Agent) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, agent.stop)
+    await agent.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        cfg = make_config(argv)
+    except ValueError as exc:
+        print(f"python -m gpu_agent: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    host = make_host(cfg)
+    agent = Agent(
+        host,
+        cfg.control_plane,
+        cfg.token,
+        name=cfg.name,
+        address=cfg.address,
+        telemetry_interval_s=cfg.telemetry_interval_s,
+        buffer_size=cfg.buffer_size,
+    )
+    what = f"simulated {cfg.simulate} host" if cfg.simulate else "host"
+    log.info("Agent for %s %r (%s) connecting to %s.", what, cfg.name, cfg.address, agent.link.url)
+    asyncio.run(_serve(agent))
+    return 0

@@ -1,0 +1,129 @@
+"""Agent configuration: a typed dataclass filled from a YAML file and/or the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from gpu_agent.link import agent_ws_url
+
+SIM_MAX_DEVICES = 16
+
+
+def default_address() -> str:
+    """This host's outward-facing IP (no packet is sent), else 127.0.0.1."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def sim_gpu_kinds() -> dict[str, int]:
+    """Simulated GPU kind (upper case) -> memory bytes per device."""
+    from serving.costmodel.gpus import GPU_SPECS
+
+    return {name.upper(): spec.memory_bytes for name, spec in sorted(GPU_SPECS.items())}
+
+
+def parse_simulate_spec(spec: str) -> tuple[int, str]:
+    """ "8xH100" -> (8, "H100"). Raises ValueError naming the value and the valid kinds."""
+    kinds = sim_gpu_kinds()
+    valid = ", ".join(kinds)
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*([A-Za-z0-9]+)\s*", spec)
+    if match is None:
+        raise ValueError(f"--simulate {spec!r} is not COUNTxKIND (e.g. 8xH100); GPU kinds: {valid}")
+    count, kind = int(match.group(1)), match.group(2).upper()
+    if kind not in kinds:
+        raise ValueError(
+            f"--simulate {spec!r}: unknown GPU kind {match.group(2)!r}; valid GPU kinds: {valid}"
+        )
+    if not 1 <= count <= SIM_MAX_DEVICES:
+        raise ValueError(f"--simulate {spec!r}: device count must be 1..{SIM_MAX_DEVICES}, got {count}")
+    return count, kind
+
+
+@dataclass
+class AgentConfig:
+    """Everything `python -m gpu_agent` needs. YAML keys are these field names."""
+
+    control_plane: str = field(metadata={"help": "control plane base URL, e.g. http://cp:8000"})
+    token: str = field(metadata={"help": "this host's token (or env GPU_AGENT_TOKEN)"})
+    name: str = field(default_factory=socket.gethostname, metadata={"help": "host name to register"})
+    address: str = field(default_factory=default_address, metadata={"help": "address engines are reached on"})
+    state_dir: str = field(default="var/agent", metadata={"help": "logs, Aqua socket, counters"})
+    simulate: str | None = field(default=None, metadata={"help": "simulate a host, e.g. 8xH100"})
+    sim_model: str = field(default="llama-3-8b", metadata={"help": "model preset of simulated engines"})
+    sim_rate: float = field(default=4.0, metadata={"help": "requests/s per simulated consumer engine"})
+    sim_seed: int = field(default=0, metadata={"help": "seed of the simulated workloads"})
+    telemetry_interval_s: float = field(default=1.0, metadata={"help": "seconds between telemetry frames"})
+    buffer_size: int = field(default=300, metadata={"help": "telemetry frames kept while disconnected"})
+    engine_bind: str = field(default="127.0.0.1", metadata={"help": "address engines listen on"})
+    health_timeout_s: float = field(default=600.0, metadata={"help": "engine start-up limit"})
+    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+
+    def __post_init__(self) -> None:
+        if not self.control_plane:
+            raise ValueError("control_plane is required (--control-plane URL)")
+        agent_ws_url(self.control_plane)  # raises ValueError naming a bad URL
+        if not self.token:
+            raise ValueError("token is required (--token, GPU_AGENT_TOKEN or the config file)")
+        if self.simulate is not None:
+            parse_simulate_spec(self.simulate)
+        if self.telemetry_interval_s <= 0:
+            raise ValueError(f"{self.telemetry_interval_s=} must be positive")
+        if self.buffer_size < 1:
+            raise ValueError(f"{self.buffer_size=} must be >= 1")
+        if self.sim_rate <= 0:
+            raise ValueError(f"{self.sim_rate=} must be positive")
+        if self.health_timeout_s <= 0:
+            raise ValueError(f"{self.health_timeout_s=} must be positive")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError(f"{self.log_level=} must be DEBUG, INFO, WARNING or ERROR")
+
+    @classmethod
+    def build(cls, file_values: dict[str, Any], overrides: dict[str, Any]) -> AgentConfig:
+        """Merge a config file's values with command-line overrides (None = not given)."""
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        for key in file_values:
+            if key not in names:
+                raise ValueError(f"unknown config key {key!r}; known: {', '.join(sorted(names))}")
+        merged = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
+        for key in ("control_plane", "token"):
+            merged.setdefault(key, "")
+        for key, value in merged.items():
+            _check_type(key, value, names[key].type)
+        return cls(**merged)
+
+
+def _check_type(key: str, value: Any, annotation: Any) -> None:
+    expected: type | tuple[type, ...] = {
+        "str": str,
+        "str | None": str,
+        "int": int,
+        "float": (int, float),
+    }[str(annotation)]
+    if isinstance(value, bool) or not isinstance(value, expected):
+        raise ValueError(f"config key {key!r} must be {annotation}, got {value!r}")
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """The YAML mapping at `path`; ValueError naming the file when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {path!r}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config file {path!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path!r} must hold a mapping of keys to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
