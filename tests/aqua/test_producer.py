@@ -1,0 +1,97 @@
+"""The lender process: lease, reclaim on a signal, wait for the consumer, unlease, unlink."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from serving.aqua.coordinator import AquaClient, UnknownRegion
+from serving.aqua.memory import RegionUnavailable, open_region
+from tests.aqua.conftest import REPO
+
+
+def start_producer(sock: str, *extra: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serving.aqua.producer", "--socket", sock, "--nbytes", "65536", *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
+
+
+def next_event(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    event: dict[str, Any] = json.loads(proc.stdout.readline())
+    return event
+
+
+@pytest.mark.usefixtures("server")
+def test_it_waits_for_the_consumer_to_evacuate_before_releasing(sock_path: str) -> None:
+    proc, leased = start_producer(sock_path, "--producer-id", "prod-a")
+    assert leased["event"] == "leased" and leased["producer_id"] == "prod-a"
+    with AquaClient(sock_path) as consumer:
+        a = consumer.allocate("c1", 4096)
+        assert a is not None and a.region_id == leased["region_id"]
+        region = open_region(a.handle)
+        region.write(a.offset, b"kv" * 2048)
+
+        proc.send_signal(signal.SIGUSR1)
+        assert next_event(proc)["event"] == "reclaiming"
+        while not consumer.pending_reclaims("c1"):
+            pass
+        assert proc.poll() is None  # notified, not forced: still waiting for us
+        evacuated = bytes(region.view(a.offset, a.nbytes))  # to the consumer's DRAM
+        region.close()
+        consumer.free(a.alloc_id)
+
+        done = next_event(proc)
+        assert done == {**done, "event": "reclaimed", "clean": True}
+        assert proc.wait(10) == 0
+        assert evacuated == b"kv" * 2048
+        with pytest.raises(UnknownRegion):
+            consumer.reclaim_status(a.region_id)
+        with pytest.raises(RegionUnavailable):
+            open_region(a.handle)  # the producer unlinked its segment
+
+
+@pytest.mark.usefixtures("server")
+def test_it_gives_up_after_the_timeout_and_its_region_is_withdrawn(sock_path: str) -> None:
+    proc, _ = start_producer(sock_path, "--reclaim-after", "0.1", "--reclaim-timeout", "0.3")
+    with AquaClient(sock_path) as consumer:
+        a = consumer.allocate("c1", 100)
+        assert a is not None
+        assert next_event(proc)["event"] == "reclaiming"
+        assert next_event(proc)["clean"] is False
+        assert proc.wait(10) == 3
+        (pending,) = consumer.pending_reclaims("c1")
+        assert pending.withdrawn
+        consumer.free(a.alloc_id)
+        assert consumer.stats()["regions"] == []
+
+
+@pytest.mark.usefixtures("server")
+def test_it_rejects_a_bad_device_with_a_message(sock_path: str) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "serving.aqua.producer",
+            "--socket",
+            sock_path,
+            "--nbytes",
+            "10",
+            "--device",
+            "tpu0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 1 and "tpu0" in out.stderr
