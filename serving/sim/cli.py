@@ -28,7 +28,8 @@ from serving.metrics.slo import SLO
 from serving.metrics.summary import summarize
 from serving.policies import available_policies, get_policy
 from serving.sim.config import PREEMPTION_MODES, EngineConfig
-from serving.sim.engine import PEER_CAPACITY, EngineSim, TimedChange
+from serving.sim.engine import EngineSim
+from serving.sim.events import PEER_CAPACITY, TimedChange
 from serving.sim.report import write_report
 from serving.workload.datasets import available_length_dists
 from serving.workload.factory import WORKLOAD_KINDS, make_workload

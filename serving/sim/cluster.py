@@ -19,7 +19,8 @@ from serving.costmodel.model import CostModel, PhaseCoeffs
 from serving.metrics.records import RequestRecord
 from serving.policies import get_policy
 from serving.sim.config import EngineConfig
-from serving.sim.engine import KV_GROW, PEER_CAPACITY, EngineSim, EngineStats, TimedChange
+from serving.sim.engine import EngineSim
+from serving.sim.events import KV_GROW, PEER_CAPACITY, EngineStats, TimedChange
 from serving.workload.request import Request
 
 TP_EFFICIENCY = 0.9
