@@ -103,12 +103,13 @@ class AgentConfig:
 
 
 def _check_type(key: str, value: Any, annotation: Any) -> None:
-    expected: type | tuple[type, ...] = {
-        "str": str,
-        "str | None": str,
-        "int": int,
+    types: dict[str, tuple[type, ...]] = {
+        "str": (str,),
+        "str | None": (str,),
+        "int": (int,),
         "float": (int, float),
-    }[str(annotation)]
+    }
+    expected = types[str(annotation)]
     if isinstance(value, bool) or not isinstance(value, expected):
         raise ValueError(f"config key {key!r} must be {annotation}, got {value!r}")
 

@@ -1,0 +1,124 @@
+"""The whole agent (LocalHost: CPU inventory, fake engine processes, the real Aqua coordinator)
+against a real websocket server standing in for the control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gpu_agent.agent import Agent
+from gpu_agent.backoff import Backoff
+from gpu_agent.host import LocalHost
+from gpu_agent.inventory import CpuInventory
+from gpu_agent.protocol import Command, DesiredDeployments, dumps
+from tests.agent.test_engines import fake_launcher, spec
+from tests.agent.ws_server import ControlPlaneStub, wait_for
+
+
+@pytest_asyncio.fixture
+async def running(tmp_path: Path) -> AsyncIterator[tuple[Agent, ControlPlaneStub]]:
+    server = ControlPlaneStub()
+    await server.start()
+    host = LocalHost(CpuInventory(), str(tmp_path), launcher=fake_launcher(tmp_path / "pids"), grace_s=2)
+    agent = Agent(
+        host, server.url, "good-token", name="cpu-box", address="127.0.0.1", backoff=Backoff(0.05, 0.2)
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        yield agent, server
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 15)
+        await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_it_registers_the_cpu_and_sends_telemetry_every_second(
+    running: tuple[Agent, ControlPlaneStub],
+) -> None:
+    agent, server = running
+    await wait_for(lambda: len(server.of_type("telemetry")) >= 3)
+    register = server.frames[0][1]
+    assert register["type"] == "register" and register["host"] == "cpu-box"
+    assert register["simulated"] is False
+    assert [d["kind"] for d in register["devices"]] == ["cpu"]
+    times = server.times_of("telemetry")
+    assert all(0.7 <= b - a <= 1.5 for a, b in itertools.pairwise(times)), times
+    t = server.of_type("telemetry")[-1]
+    assert t["devices"][0]["index"] == 0 and t["devices"][0]["aqua_role"] == "none"
+    assert t["engines"] == [] and t["dropped"] == 0
+    assert agent.host.aqua is not None and agent.host.aqua.socket_path is not None  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_it_runs_desired_deployments_and_answers_commands(
+    running: tuple[Agent, ControlPlaneStub],
+) -> None:
+    agent, server = running
+    await wait_for(lambda: agent.link.connected)
+    await server.push(dumps(DesiredDeployments([spec("d1")])))
+
+    def states() -> list[str]:
+        return [s["state"] for s in server.of_type("deployment_status") if s["deployment_id"] == "d1"]
+
+    await wait_for(lambda: states()[-1:] == ["running"])
+    assert states() == ["starting", "running"]
+
+    def engine_samples() -> list[dict[str, object]]:
+        return [e for t in server.of_type("telemetry") for e in t["engines"] if e.get("ttft")]
+
+    await wait_for(lambda: len(engine_samples()) >= 1, timeout=10)
+    sample = engine_samples()[-1]
+    assert (
+        sample["deployment_id"] == "d1" and sample["state"] == "running" and sample["kv_cache_usage"] == 0.25
+    )
+
+    await server.push(dumps(Command("c1", "tail_log", "d1", lines=3)))
+    await wait_for(lambda: len(server.of_type("log_tail")) == 1)
+    tail = server.of_type("log_tail")[0]
+    assert tail["command_id"] == "c1" and tail["lines"][-1] == "fake engine ready"
+
+    await server.push(dumps(Command("c2", "restart_deployment", "nope")))
+    await wait_for(lambda: len(server.of_type("error")) == 1)
+    assert server.of_type("error")[0]["code"] == "unknown_deployment"
+
+    await server.push(dumps(Command("c3", "restart_deployment", "d1")))
+    await wait_for(lambda: states().count("running") == 2)
+    assert server.of_type("deployment_status")[-1]["restarts"] == 1
+
+    await server.push(dumps(DesiredDeployments([])))
+    await wait_for(lambda: states()[-1:] == ["stopped"])
+
+
+@pytest.mark.asyncio
+async def test_it_reports_a_deployment_that_cannot_start_with_the_engines_error(
+    running: tuple[Agent, ControlPlaneStub],
+) -> None:
+    agent, server = running
+    await wait_for(lambda: agent.link.connected)
+    await server.push(
+        dumps(DesiredDeployments([spec("bad", fake_args=["--fail-at-start", "CUDA out of memory"])]))
+    )
+    await wait_for(lambda: any(s["state"] == "failed" for s in server.of_type("deployment_status")))
+    failed = next(s for s in server.of_type("deployment_status") if s["state"] == "failed")
+    assert failed["deployment_id"] == "bad" and "ValueError: CUDA out of memory" in failed["error"]
+
+
+@pytest.mark.asyncio
+async def test_it_resends_statuses_after_reconnecting(running: tuple[Agent, ControlPlaneStub]) -> None:
+    agent, server = running
+    await wait_for(lambda: agent.link.connected)
+    await server.push(dumps(DesiredDeployments([spec("d1")])))
+    await wait_for(lambda: [s["state"] for s in server.of_type("deployment_status")][-1:] == ["running"])
+    await server.stop()
+    await wait_for(lambda: not agent.link.connected)
+    server.frames.clear()
+    await server.start()
+    await wait_for(lambda: len(server.of_type("deployment_status")) >= 1)
+    assert server.frames[0][1]["type"] == "register"
+    assert server.frames[1][1]["type"] == "deployment_status" and server.frames[1][1]["state"] == "running"
