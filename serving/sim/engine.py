@@ -178,6 +178,8 @@ class EngineSim:
         self._pending_xfer = 0.0
         if rotated:
             gone = {id(r) for r in rotated}
+            if len(gone) != len(rotated) or any(r.state != RUNNING for r in rotated):
+                raise ValueError(f"policy {policy.name!r} rotated requests that are not running, or twice")
             running = [r for r in running if id(r) not in gone]
             for r in rotated:
                 xfer += self._preempt(r)

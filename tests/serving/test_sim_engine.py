@@ -149,3 +149,27 @@ def test_it_limits_prefill_chunks_to_the_policy_cap() -> None:
     assert all(r.finished for r in recs)
     # 400 prompt tokens at 64 per iteration: the second prompt completes in the 7th iteration.
     assert recs[1].token_times[0] == pytest.approx(sum(row[1] for row in log[:7]))
+
+
+class _RotatesWaiting(FCFSPolicy):
+    decode_invariant = False
+
+    def select_rotations(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> list[R]:
+        return list(waiting)
+
+
+class _NeverPrefills(FCFSPolicy):
+    def prefill_token_cap(self, ctx: SchedContext, num_decodes: int) -> int:
+        return 0
+
+
+def test_it_refuses_rotations_of_requests_that_are_not_running() -> None:
+    engine = make_engine(_RotatesWaiting(), max_num_seqs=1)
+    with pytest.raises(ValueError, match="not running"):
+        engine.run([Request(0, 0.0, 10, 50), Request(1, 0.001, 10, 5)])
+
+
+def test_it_reports_a_policy_that_starves_every_request() -> None:
+    engine = make_engine(_NeverPrefills())
+    with pytest.raises(RuntimeError, match="stalled"):
+        engine.run([Request(0, 0.0, 10, 5)])
