@@ -8,7 +8,8 @@ A policy is consulted once per engine iteration and decides:
   (c) select_rotations:  running requests to preempt voluntarily now (time slicing), so that
                          waiting requests get a turn even when no allocation has failed;
   (d) prefill_token_cap: how much of the iteration's token budget prefill chunks may use; decodes
-                         (one token each) are not limited by it.
+                         (one token each) are not limited by it;
+  (e) admission_limit:   (optional) how many waiting requests may be admitted this iteration.
 
 Policies see requests only through the `SchedRequest` protocol, which both the simulator's request
 state and the vLLM adapter implement, so one policy object runs unchanged in both.
@@ -133,6 +134,25 @@ class SchedulingPolicy(ABC):
             A subset of `running` to preempt; the engine frees (or offloads) their KV.
         """
         return []
+
+    def admission_limit(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> int | None:
+        """How many waiting requests, taken in admission order, may be admitted this iteration.
+
+        Called once per iteration when requests wait, after rotations and before admission. Lets a
+        policy hold requests back although blocks, budget and slots would admit them, e.g. to keep
+        KV reserved for the predicted lengths of running requests. The default sets no limit
+        (vLLM's behaviour).
+
+        Args:
+            running: Requests still running after rotations, in service order.
+            waiting: Requests in admission order (rotated ones last).
+            ctx: Engine state at the start of the iteration.
+
+        Returns:
+            None for no limit, else a count >= 0. With nothing running, a limit of 0 stalls the
+            engine until the next arrival, so a policy should then allow at least one.
+        """
+        return None
 
     def prefill_token_cap(self, ctx: SchedContext, num_decodes: int) -> int:
         """Max tokens prefill chunks may take this iteration.

@@ -27,7 +27,7 @@ are bit-identical to stepping; a test checks this).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from serving.costmodel.model import CostModel
 from serving.metrics.records import RequestRecord
@@ -83,13 +83,19 @@ class EngineSim:
         changes: Iterable[TimedChange] = (),
         until: float | None = None,
         progress: Callable[[float], None] | None = None,
+        predictions: Mapping[int, int] | None = None,
     ) -> list[RequestRecord]:
         """Serve `requests` until all finish (or until the time `until`).
+
+        `predictions` (req_id -> predicted output tokens, from a response-length predictor) is
+        exposed to the policy as `SchedRequest.predicted_output_tokens`; absent ids read None.
 
         Returns:
             One record per request, in request-id order.
         """
-        reqs = [SimRequest(r) for r in sorted(requests, key=lambda r: (r.arrival, r.req_id))]
+        pred = predictions or {}
+        ordered = sorted(requests, key=lambda r: (r.arrival, r.req_id))
+        reqs = [SimRequest(r, pred.get(r.req_id)) for r in ordered]
         evs = sorted(changes, key=lambda c: (c.time, c.kind, c.event_id))
         na, ne, ai, ei = len(reqs), len(evs), 0, 0
         inf = float("inf")
@@ -236,6 +242,9 @@ class EngineSim:
         admitted = 0
         if not preempted and waiting:
             slots = cfg.max_num_seqs - len(running)
+            limit = policy.admission_limit(running, waiting, ctx)
+            if limit is not None:
+                slots = min(slots, limit)
             for r in waiting:
                 if slots <= 0 or budget <= 0:
                     break
