@@ -1,0 +1,67 @@
+"""Prompt features for the response-length predictor.
+
+A prompt becomes a fixed-width vector:
+  [0]            1 (intercept)
+  [1]            log(1 + prompt words)
+  [2]            log(1 + the first number in the prompt), 0 if none (explicit length requests:
+                 "in about 400 words")
+  [3]            1 if the prompt contains a number, else 0
+  [4 : 4 + D]    hashed bag of words: word w adds 1 / sqrt(words) to column crc32(w) mod D, and so
+                 does each of the first 4 words again in a second hashed "opener" space (the
+                 instruction's wording says most about the task)
+  [4 + D : ]     the same opener space, D columns
+Hashing uses zlib.crc32, stable across processes (Python's str hash is salted per process).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+DEFAULT_HASH_DIM = 256
+_DENSE = 4
+_OPENER_WORDS = 4
+
+
+def num_features(hash_dim: int = DEFAULT_HASH_DIM) -> int:
+    """Width of the feature vector for a hash space of `hash_dim` columns."""
+    return _DENSE + 2 * hash_dim
+
+
+def _first_number(words: Sequence[str]) -> int | None:
+    for w in words:
+        if w.isdigit():
+            return int(w)
+    return None
+
+
+def featurize(texts: Sequence[str], hash_dim: int = DEFAULT_HASH_DIM) -> np.ndarray:
+    """Feature matrix (len(texts) x num_features(hash_dim)) of the prompts, float64."""
+    if hash_dim < 1:
+        raise ValueError(f"{hash_dim=} must be positive")
+    x = np.zeros((len(texts), num_features(hash_dim)))
+    buckets: dict[str, int] = {}  # word -> hashed column, memoised
+    for i, text in enumerate(texts):
+        words = text.lower().split()
+        x[i, 0] = 1.0
+        x[i, 1] = math.log1p(len(words))
+        num = _first_number(words)
+        if num is not None:
+            x[i, 2] = math.log1p(num)
+            x[i, 3] = 1.0
+        if not words:
+            continue
+        weight = 1.0 / math.sqrt(len(words))
+        row = x[i]
+        for k, w in enumerate(words):
+            col = buckets.get(w)
+            if col is None:
+                col = zlib.crc32(w.encode()) % hash_dim
+                buckets[w] = col
+            row[_DENSE + col] += weight
+            if k < _OPENER_WORDS:
+                row[_DENSE + hash_dim + col] += 1.0
+    return x

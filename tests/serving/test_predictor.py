@@ -1,0 +1,73 @@
+"""The response-length predictor: corpus structure, determinism, and error against the mean."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serving.predictor import LengthPredictor, bucket_of, make_corpus, prompt_workload, train_predictor
+
+
+@pytest.fixture(scope="module")
+def predictor() -> LengthPredictor:
+    return train_predictor(n=2000, seed=101)
+
+
+def test_it_beats_predicting_the_mean_on_held_out_prompts(predictor: LengthPredictor) -> None:
+    held_out = make_corpus(600, seed=202)
+    report = predictor.evaluate([s.text for s in held_out], [s.output_tokens for s in held_out])
+    assert report.samples == 600
+    assert report.mae < 0.7 * report.mean_baseline_mae
+    # More than a third of predictions land in the right bucket (six buckets), most within one.
+    assert report.bucket_accuracy > 0.4 and report.within_one_bucket > 0.8
+
+
+def test_it_is_deterministic_per_seed() -> None:
+    a, b, c = make_corpus(300, seed=5), make_corpus(300, seed=5), make_corpus(300, seed=6)
+    assert a == b and a != c
+    texts = [s.text for s in make_corpus(100, seed=9)]
+    p1 = train_predictor(n=500, seed=3).predict(texts)
+    p2 = train_predictor(n=500, seed=3).predict(texts)
+    assert np.array_equal(p1, p2)
+
+
+def test_it_counts_prompt_words_and_follows_explicit_length_requests() -> None:
+    corpus = make_corpus(1500, seed=4)
+    assert all(s.prompt_tokens == len(s.text.split()) and s.output_tokens >= 1 for s in corpus)
+    write = [s for s in corpus if s.category == "write"]
+    asked = np.array([int(next(w for w in s.text.split() if w.isdigit())) for s in write])
+    got = np.array([s.output_tokens for s in write])
+    assert np.corrcoef(asked, got)[0, 1] > 0.9
+    translate = [s for s in corpus if s.category == "translate"]
+    ratio = np.median([s.output_tokens / s.prompt_tokens for s in translate])
+    assert 0.9 < ratio < 1.3
+
+
+def test_it_predicts_longer_answers_for_longer_requested_essays(predictor: LengthPredictor) -> None:
+    short, long = predictor.predict(
+        ["Write an essay of about 100 words about travel", "Write an essay of about 900 words about travel"]
+    )
+    assert long > 4 * short
+
+
+def test_buckets_are_half_open_ranges() -> None:
+    edges = (0, 64, 128)
+    assert [bucket_of(v, edges) for v in (0, 1, 63, 64, 127, 128, 10_000)] == [0, 0, 0, 1, 1, 2, 2]
+
+
+def test_prompt_workloads_share_prompts_across_rates() -> None:
+    slow, fast = prompt_workload(2.0, 60.0, seed=8), prompt_workload(6.0, 60.0, seed=8)
+    n = min(len(slow.requests), len(fast.requests))
+    assert len(fast.requests) > len(slow.requests) > 50
+    assert [s.text for s in slow.samples[:n]] == [s.text for s in fast.samples[:n]]
+    assert [r.output_tokens for r in slow.requests[:n]] == [r.output_tokens for r in fast.requests[:n]]
+    assert [r.req_id for r in fast.requests] == list(range(len(fast.requests)))
+
+
+def test_it_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="alpha"):
+        LengthPredictor(alpha=0)
+    with pytest.raises(ValueError, match="bucket_edges"):
+        LengthPredictor(bucket_edges=(0, 64, 32))
+    with pytest.raises(RuntimeError, match="fit"):
+        LengthPredictor().predict(["hello"])
