@@ -1,0 +1,107 @@
+"""A model's profile: its latency-vs-rate curve, max rate under the SLA, role and memory figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from serving.costmodel.model import CostModel
+from serving.profiler.config import LatencySLA, ProfilingError, WorkloadSpec
+from serving.profiler.probe import BurstResult, ProbeResult
+
+Role = Literal["producer", "consumer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """The profiler's result for one model.
+
+    Attributes:
+        model: Model name.
+        sla: The SLA searched against.
+        workload: The workload replayed.
+        curve: Every probe, sorted by rate.
+        max_rps: Highest probed rate meeting the SLA.
+        capped: True if max_rps is the configured ceiling (the real maximum may be higher).
+        role: "producer" if free KV memory at max_rps >= producer_threshold x capacity, else
+            "consumer".
+        kv_capacity_bytes: KV capacity of the engine.
+        free_kv_bytes: KV memory unused at max_rps (capacity - peak use).
+        lendable_bytes: free - safety margin for a producer; 0 for a consumer.
+        bursts: For a consumer, the KV demand at each burst level (empty for a producer).
+        cost_model: A CostModel fitted to the probes' iteration samples, when they provided enough.
+        fit_error: Why no cost model was fitted, when samples were provided but did not suffice.
+    """
+
+    model: str
+    sla: LatencySLA
+    workload: WorkloadSpec
+    curve: tuple[ProbeResult, ...]
+    max_rps: float
+    capped: bool
+    role: Role
+    kv_capacity_bytes: int
+    free_kv_bytes: int
+    lendable_bytes: int
+    bursts: tuple[BurstResult, ...]
+    cost_model: CostModel | None = None
+    fit_error: str | None = None
+
+    @property
+    def swap_needed_bytes(self) -> dict[float, int]:
+        """Burst factor -> bytes a consumer must swap out at that burst."""
+        return {b.factor: b.swap_needed_bytes for b in self.bursts}
+
+    def to_model_profile(self, tp: int = 1, burst_level: float = 4.0) -> Any:
+        """The placer's view of this model (a serving.placement.ModelProfile).
+
+        Args:
+            tp: GPUs the model runs on.
+            burst_level: Which burst level's swap need a consumer is placed for.
+
+        Raises:
+            ProfilingError: burst_level was not profiled, or the consumer needs no swap space there.
+        """
+        from serving.placement import ModelProfile
+
+        if self.role == "producer":
+            return ModelProfile(
+                self.model, "producer", tp, lendable_bytes=self.lendable_bytes, max_rps=self.max_rps
+            )
+        needs = self.swap_needed_bytes
+        if burst_level not in needs:
+            raise ProfilingError(f"burst level {burst_level} was not profiled (have {sorted(needs)})")
+        if needs[burst_level] <= 0:
+            raise ProfilingError(
+                f"consumer {self.model!r} needs no swap space at {burst_level}x its max rate; "
+                "place it for a higher burst level"
+            )
+        return ModelProfile(self.model, "consumer", tp, needed_bytes=needs[burst_level], max_rps=self.max_rps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (plain dicts, lists, numbers, strings, null)."""
+        cost = None
+        if self.cost_model is not None:
+            cm = self.cost_model
+            cost = {
+                "name": cm.name,
+                "prefill": {"a": cm.prefill.a, "b": cm.prefill.b, "c": cm.prefill.c},
+                "decode": {"a": cm.decode.a, "b": cm.decode.b, "c": cm.decode.c},
+                "kv_bytes_per_token": cm.kv_bytes_per_token,
+            }
+        return {
+            "model": self.model,
+            "sla": self.sla.to_dict(),
+            "workload": self.workload.to_dict(),
+            "curve": [p.to_dict() for p in self.curve],
+            "max_rps": self.max_rps,
+            "capped": self.capped,
+            "role": self.role,
+            "kv_capacity_bytes": self.kv_capacity_bytes,
+            "free_kv_bytes": self.free_kv_bytes,
+            "lendable_bytes": self.lendable_bytes,
+            "swap_needed_bytes": {f"{b.factor:g}x": b.swap_needed_bytes for b in self.bursts},
+            "bursts": [b.to_dict() for b in self.bursts],
+            "cost_model": cost,
+            "fit_error": self.fit_error,
+        }

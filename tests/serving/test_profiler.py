@@ -1,0 +1,172 @@
+"""The Aqua profiler: rate search on the simulator, roles, burst sizing, fitting, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from serving.costmodel import CostModel, PhaseCoeffs, get_preset, kv_capacity_tokens
+from serving.placement import ModelProfile
+from serving.profiler import (
+    BurstResult,
+    LatencySLA,
+    ProbeResult,
+    ProfilerConfig,
+    ProfilingCancelled,
+    ProfilingError,
+    RateProbe,
+    SimulatorProbe,
+    WorkloadSpec,
+    profile_model,
+)
+from serving.profiler.sim_probe import tail_percentile
+from serving.sim.config import EngineConfig
+
+COST = get_preset("llama-3-8b", "h100")
+FULL_BLOCKS = kv_capacity_tokens("llama-3-8b", "h100") // 16
+SLA = LatencySLA(ttft_p99_s=0.2, tbt_p99_s=0.05)
+WORKLOAD = WorkloadSpec(num_requests=150, burst_duration_s=2.0, seed=3)
+
+
+def make_probe(num_kv_blocks: int = FULL_BLOCKS) -> SimulatorProbe:
+    return SimulatorProbe(COST, EngineConfig(num_kv_blocks=num_kv_blocks), WORKLOAD)
+
+
+class CountingProbe(RateProbe):
+    """Unit-test stand-in: meets the SLA exactly up to `threshold` req/s; optional samples."""
+
+    def __init__(self, threshold: float, samples_from: CostModel | None = None, free: int = 0) -> None:
+        self.threshold = threshold
+        self.samples_from = samples_from
+        self.free = free
+        self.rates: list[float] = []
+        self.rng = random.Random(0)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 1024
+
+    def measure(self, rate: float) -> ProbeResult:
+        self.rates.append(rate)
+        ttft = 0.1 if rate <= self.threshold else 1.0
+        prefill, decode = (), ()
+        if self.samples_from is not None:
+            prefill, decode = self._samples(self.samples_from)
+        return ProbeResult(rate, ttft, 0.01, ttft, 0.01, 100, 100, 1000, 1000 - self.free, prefill, decode)
+
+    def measure_burst(self, rate: float, factor: float) -> BurstResult:
+        return BurstResult(rate, factor, int(1000 + 100 * factor), 1000)
+
+    def _samples(self, cost: CostModel) -> tuple[tuple, tuple]:
+        noise = lambda: 1 + self.rng.uniform(-0.01, 0.01)  # noqa: E731
+        prefill = []
+        decode = []
+        for _ in range(20):
+            chunks = tuple(self.rng.randint(16, 2048) for _ in range(self.rng.randint(1, 4)))
+            prefill.append((chunks, cost.prefill_time(chunks) * noise()))
+            ctx = tuple(self.rng.randint(100, 4000) for _ in range(self.rng.randint(1, 64)))
+            decode.append((ctx, cost.decode_time(ctx) * noise()))
+        return tuple(prefill), tuple(decode)
+
+
+def test_it_finds_the_max_rate_within_5_percent_of_a_fine_sweep() -> None:
+    profile = profile_model("llama-3-8b", make_probe(), SLA, WORKLOAD, ProfilerConfig(initial_rate=4.0))
+    # sweep a 1.5%-step grid around the answer with a fresh probe; the sweep's max rate is the
+    # last grid rate before the first one that misses the SLA
+    sweep_probe = make_probe()
+    grid = [profile.max_rps * 0.7 * 1.015**k for k in range(int(math.log(1.3 / 0.7) / math.log(1.015)) + 1)]
+    meets = [sweep_probe.measure(r).meets(SLA) for r in grid]
+    assert meets[0] and not meets[-1], "the grid must straddle the max rate"
+    sweep_max = grid[meets.index(False) - 1]
+    assert abs(profile.max_rps - sweep_max) / sweep_max <= 0.05
+    # the curve holds every probed point, in rate order, and the max rate is one of them
+    rates = [p.rate for p in profile.curve]
+    assert rates == sorted(set(rates)) and profile.max_rps in rates
+    assert all(p.meets(SLA) for p in profile.curve if p.rate <= profile.max_rps)
+
+
+def test_it_classifies_a_roomy_engine_as_producer_with_lendable_memory() -> None:
+    profile = profile_model("roomy", make_probe(), SLA, WORKLOAD, ProfilerConfig(initial_rate=4.0))
+    at_max = next(p for p in profile.curve if p.rate == profile.max_rps)
+    assert profile.role == "producer"
+    assert 0 < at_max.peak_kv_used_bytes < at_max.kv_capacity_bytes
+    assert profile.free_kv_bytes == at_max.kv_capacity_bytes - at_max.peak_kv_used_bytes
+    assert profile.lendable_bytes == profile.free_kv_bytes - int(0.1 * at_max.kv_capacity_bytes)
+    assert profile.bursts == () and profile.cost_model is None
+
+
+def test_it_classifies_a_tight_engine_as_consumer_and_sizes_swap_per_burst_level() -> None:
+    sla = LatencySLA(ttft_p99_s=0.1, tbt_p99_s=0.03)  # a lower max rate keeps the bursts small
+    profile = profile_model("tight", make_probe(1200), sla, WORKLOAD, ProfilerConfig(initial_rate=4.0))
+    assert profile.role == "consumer" and profile.lendable_bytes == 0
+    needs = profile.swap_needed_bytes
+    assert list(needs) == [2.0, 4.0, 8.0]
+    assert 0 < needs[2.0] <= needs[4.0] <= needs[8.0]
+    for burst in profile.bursts:
+        assert burst.rate == profile.max_rps
+        assert burst.swap_needed_bytes == burst.peak_kv_demand_bytes - profile.kv_capacity_bytes
+    placed = profile.to_model_profile(tp=1, burst_level=4.0)
+    assert placed == ModelProfile("tight", "consumer", 1, needed_bytes=needs[4.0], max_rps=profile.max_rps)
+
+
+def test_it_rejects_a_bad_sla() -> None:
+    for ttft, tbt in [(0, 0.05), (-1.0, 0.05), (0.2, 0.0), (math.nan, 0.05), (0.2, math.inf)]:
+        with pytest.raises(ValueError, match="must be a positive finite number"):
+            LatencySLA(ttft, tbt)
+
+
+def test_it_reports_an_sla_missed_even_at_the_lowest_rate() -> None:
+    probe = CountingProbe(threshold=0.0)
+    with pytest.raises(ProfilingError, match=r"missed even at 0\.01 req/s"):
+        profile_model("m", probe, SLA, WORKLOAD, ProfilerConfig(initial_rate=1.0, min_rate=0.01))
+    assert min(probe.rates) == 0.01
+
+
+def test_it_bisects_to_the_threshold_with_few_probes_and_reports_progress_to_one() -> None:
+    probe = CountingProbe(threshold=37.3)
+    seen: list[float] = []
+    profile = profile_model(
+        "m", probe, SLA, WORKLOAD, ProfilerConfig(rel_tol=0.01), progress=lambda f, _m: seen.append(f)
+    )
+    assert 37.3 * 0.99 <= profile.max_rps <= 37.3
+    # 7 probes double 1 -> 64, then 7 bisections shrink [32, 64] below 1% of the failing rate
+    assert len(probe.rates) == len(set(probe.rates)) == 7 + 7
+    assert seen[0] == 0.0 and seen[-1] == 1.0 and seen == sorted(seen)
+
+
+def test_it_stops_early_when_cancelled() -> None:
+    probe = CountingProbe(threshold=37.3)
+    polls = iter(range(100))
+    with pytest.raises(ProfilingCancelled, match="cancelled after 3 probes"):
+        profile_model("m", probe, SLA, WORKLOAD, should_cancel=lambda: next(polls) >= 3)
+    assert len(probe.rates) == 3
+
+
+def test_it_fits_a_cost_model_from_probe_samples() -> None:
+    truth = CostModel(PhaseCoeffs(0.004, 3e-5, 6e-10), PhaseCoeffs(0.004, 5e-8, 3e-5), 1024, "truth")
+    probe = CountingProbe(threshold=10.0, samples_from=truth, free=900)
+    profile = profile_model("m", probe, SLA, WORKLOAD)
+    fitted = profile.cost_model
+    assert fitted is not None and profile.fit_error is None
+    assert fitted.kv_bytes_per_token == 1024
+    for chunks in ([128], [512, 512], [2048]):
+        assert fitted.prefill_time(chunks) == pytest.approx(truth.prefill_time(chunks), rel=0.03)
+    for ctx in ([1000] * 8, [3000] * 32):
+        assert fitted.decode_time(ctx) == pytest.approx(truth.decode_time(ctx), rel=0.03)
+    # a producer (90% of the KV cache free): lendable = free - 10% margin
+    assert profile.role == "producer" and profile.lendable_bytes == 900 - 100
+    data = json.loads(json.dumps(profile.to_dict()))
+    assert data["cost_model"]["decode"]["c"] == pytest.approx(fitted.decode.c)
+    assert [p["rate"] for p in data["curve"]] == sorted(probe.rates)
+    assert data["max_rps"] == profile.max_rps and data["role"] == "producer"
+
+
+def test_tail_percentile_counts_missing_values_as_infinitely_late() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert tail_percentile(values, 0, 50.0) == pytest.approx(50.5)
+    assert tail_percentile(values[:99], 1, 50.0) == pytest.approx(50.5)  # same position, finite
+    assert tail_percentile(values[:98], 2, 99.0) == math.inf
+    assert tail_percentile([], 0, 99.0) == math.inf
