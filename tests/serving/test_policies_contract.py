@@ -60,6 +60,8 @@ def test_it_returns_permutations_subsets_and_a_cap_in_range(name: str, seed: int
     assert same_objects(r, running) and len(r) == len(running)
     rot = policy.select_rotations(r, w, ctx)
     assert len({id(x) for x in rot}) == len(rot) and {id(x) for x in rot} <= {id(x) for x in running}
+    limit = policy.admission_limit(r, w, ctx)
+    assert limit is None or (isinstance(limit, int) and limit >= 0)
     for num_decodes in (0, len(running)):
         cap = policy.prefill_token_cap(ctx, num_decodes)
         assert isinstance(cap, int) and 0 <= cap <= ctx.token_budget
@@ -69,10 +71,12 @@ def test_it_returns_permutations_subsets_and_a_cap_in_range(name: str, seed: int
 @pytest.mark.parametrize("name", POLICIES)
 @pytest.mark.parametrize("mode", ["recompute", "offload_dram"])
 def test_it_runs_a_simulation_to_completion(name: str, mode: str) -> None:
-    # A small KV cache forces preemptions, so every policy decision is exercised.
+    # A small KV cache forces preemptions, so every policy decision is exercised. Policies must
+    # cope without length predictions (recompute run) and with them (offload run).
     engine = make_engine(name, num_kv_blocks=400, max_num_seqs=32, preemption_mode=mode)
     reqs = make_requests(150, rate=40, seed=7)
-    recs = engine.run(reqs)
+    predictions = {r.req_id: r.output_tokens for r in reqs} if mode == "offload_dram" else None
+    recs = engine.run(reqs, predictions=predictions)
     assert engine.stats.preemptions > 0
     for req, rec in zip(reqs, recs, strict=True):
         assert rec.finished and len(rec.token_times) == req.output_tokens
@@ -88,6 +92,7 @@ def test_fcfs_admits_in_arrival_order_and_serves_in_admission_order() -> None:
     )
     assert policy.order_waiting(waiting[::-1], ctx) == waiting
     assert policy.select_rotations(running, waiting, ctx) == []
+    assert policy.admission_limit(running, waiting, ctx) is None
     assert policy.prefill_token_cap(ctx, 3) == ctx.token_budget
 
 
