@@ -124,6 +124,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+if TESTING:
+    # Test users are created per test; the production hasher's work factor would dominate the run.
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/api/docs/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -135,6 +138,7 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing root
 # Serve app static files straight from their apps (no collectstatic step for `make run`).
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
@@ -194,6 +198,8 @@ else:
         "processed_folder": str(BROKER_DIR / "processed"),
         "store_processed": False,
     }
+    for _folder in ("queue", "control", "processed"):
+        (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_RESULT_BACKEND = None
     CELERY_TASK_IGNORE_RESULT = True
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -89,10 +89,12 @@ class _RowContext(JobContext):
 
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
+        self.latest = 0.0  # the last fraction reported, written or not
         self._last_write = 0.0
 
     def progress(self, fraction: float) -> None:
         fraction = min(max(float(fraction), 0.0), 1.0)
+        self.latest = fraction
         now = time.monotonic()
         if now - self._last_write < PROGRESS_WRITE_INTERVAL_S and fraction < 1.0:
             self.check_cancelled()
@@ -121,8 +123,9 @@ def execute_job(job_id: int, *, retrying: bool = False) -> JobStatus | None:
         logger.info("job %s is not queued (cancelled, finished or missing); skipping", job_id)
         return None
     job = Job.objects.get(pk=job_id)
+    ctx = _RowContext(job_id)
     try:
-        result = get_kind(job.kind).run(job.params, _RowContext(job_id))
+        result = get_kind(job.kind).run(job.params, ctx)
     except JobCancelled:
         logger.info("job %s cancelled; stopped", job_id)
         return JobStatus.CANCELLED
@@ -130,7 +133,7 @@ def execute_job(job_id: int, *, retrying: bool = False) -> JobStatus | None:
         raise
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"[:ERROR_TEXT_LIMIT]
-        return _finish(job_id, status=JobStatus.FAILED, error=text)
+        return _finish(job_id, status=JobStatus.FAILED, error=text, progress=ctx.latest)
     return _finish(job_id, status=JobStatus.SUCCEEDED, progress=1.0, result=result)
 
 

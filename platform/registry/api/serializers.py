@@ -4,12 +4,13 @@ from rest_framework import serializers
 
 from core.serializers import StrictModelSerializer
 from registry.models import ServedModel
+from registry.validators import validate_engine_options
 
 
 class ServedModelSerializer(StrictModelSerializer):
     """A served model. Unknown fields, non-power-of-two TP sizes and non-positive SLOs are 400s."""
 
-    engine_options = serializers.JSONField(required=False)
+    engine_options = serializers.JSONField(required=False, validators=[validate_engine_options])
 
     class Meta:
         model = ServedModel

@@ -1,0 +1,221 @@
+#!/usr/bin/env python
+"""`make run`: the whole platform on one machine, as a small process supervisor.
+
+Prepares the database (migrate, first admin user), then starts every process in ``process_specs``
+(the ASGI server and a Celery worker on the embedded filesystem broker; later a local GPU agent)
+and watches them. Ctrl-C (SIGINT) or SIGTERM stops them all: each child runs in its own process
+group, gets SIGTERM, and whatever is left after a grace period gets SIGKILL. If one child dies on
+its own, the others are stopped too and the exit status is non-zero.
+
+Environment: HOST / PORT (default 127.0.0.1:8000), CELERY_CONCURRENCY (default 2), plus every
+setting config/settings.py reads (DATABASE_URL, REDIS_URL, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+ROOT = Path(__file__).resolve().parents[1]
+GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One supervised process: ``name`` prefixes its output lines."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    host: str
+    port: int
+    worker_concurrency: int
+
+
+def base_env() -> dict[str, str]:
+    """The environment every child gets: platform/ and the repo root importable, our settings."""
+    env = dict(os.environ)
+    paths = [str(ROOT / "platform"), str(ROOT)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def process_specs(config: RunConfig) -> list[ProcessSpec]:
+    """The processes `make run` starts, in start order. Add new long-running processes here."""
+    python = sys.executable
+    return [
+        ProcessSpec(
+            "web",
+            [python, "-m", "daphne", "-b", config.host, "-p", str(config.port), "config.asgi:application"],
+        ),
+        ProcessSpec(
+            "worker",
+            [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "config.celery",
+                "worker",
+                "--loglevel=INFO",
+                f"--concurrency={config.worker_concurrency}",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+        ),
+    ]
+
+
+def prepare(env: dict[str, str]) -> None:
+    """Apply migrations and create the first admin user (its password is printed once)."""
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "--noinput"], cwd=ROOT, env=env, check=True)
+    subprocess.run([*manage, "bootstrap_admin"], cwd=ROOT, env=env, check=True)
+
+
+class Supervisor:
+    """Starts processes, relays their output, stops all of them when one stops or on a signal."""
+
+    def __init__(self, specs: Sequence[ProcessSpec], env: dict[str, str]) -> None:
+        self.specs = list(specs)
+        self.env = env
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        for spec in self.specs:
+            child = subprocess.Popen(
+                spec.argv,
+                cwd=ROOT,
+                env={**self.env, **spec.env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: we decide when and how it stops
+            )
+            self.children[spec.name] = child
+            threading.Thread(target=self._relay, args=(spec.name, child), daemon=True).start()
+            print(f"[run] started {spec.name} (pid {child.pid})", flush=True)
+
+    def _relay(self, name: str, child: subprocess.Popen[bytes]) -> None:
+        assert child.stdout is not None
+        for raw in iter(child.stdout.readline, b""):
+            sys.stdout.write(f"{name:>7} | {raw.decode(errors='replace')}")
+            sys.stdout.flush()
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        self._stop.set()
+
+    @property
+    def running(self) -> bool:
+        """No stop was requested and every child is alive."""
+        return not self._stop.is_set() and all(c.poll() is None for c in self.children.values())
+
+    def wait(self) -> int:
+        """Block until a signal or a child's exit; then stop everything. Returns the exit status."""
+        status = 0
+        while not self._stop.is_set():
+            for name, child in self.children.items():
+                code = child.poll()
+                if code is not None:
+                    print(f"[run] {name} exited with status {code}; stopping the rest", flush=True)
+                    status = code or 1
+                    self._stop.set()
+                    break
+            self._stop.wait(0.5)
+        self.stop_all()
+        return status
+
+    def stop_all(self) -> None:
+        for name, child in reversed(list(self.children.items())):
+            if child.poll() is None:
+                print(f"[run] stopping {name}", flush=True)
+                # The leader only: it shuts its own children down (Celery's pool) in order.
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        for child in self.children.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for name, child in self.children.items():
+            # Kill the whole group even if the leader exited: pool workers may linger.
+            if child.poll() is None:
+                print(f"[run] {name} ignored SIGTERM for {GRACE_S:.0f}s; killing", flush=True)
+            _signal_group(child, signal.SIGKILL)
+            child.wait()
+        print("[run] all processes stopped", flush=True)
+
+
+def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signum)
+
+
+def wait_healthy(url: str, timeout_s: float, supervisor: Supervisor) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and supervisor.running:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    parser.add_argument(
+        "--worker-concurrency", type=int, default=int(os.environ.get("CELERY_CONCURRENCY", "2"))
+    )
+    args = parser.parse_args(argv)
+    if not 0 < args.port < 65536:
+        parser.error(f"--port {args.port} is not a TCP port")
+    if args.worker_concurrency < 1:
+        parser.error(f"--worker-concurrency {args.worker_concurrency} must be >= 1")
+    return RunConfig(host=args.host, port=args.port, worker_concurrency=args.worker_concurrency)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    env = base_env()
+    prepare(env)
+    supervisor = Supervisor(process_specs(config), env)
+    signal.signal(signal.SIGINT, supervisor.request_stop)
+    signal.signal(signal.SIGTERM, supervisor.request_stop)
+    supervisor.start()
+    base = f"http://{config.host}:{config.port}"
+    if wait_healthy(f"{base}/api/health/", 60.0, supervisor):
+        print(
+            f"[run] ready: API {base}/api/v1/  Swagger UI {base}/api/docs/  login {base}/accounts/login/\n"
+            f"[run] token: curl -X POST {base}/api/v1/auth/token/ -H 'Content-Type: application/json' "
+            '-d \'{"username": "admin", "password": "..."}\'\n'
+            "[run] Ctrl-C stops everything.",
+            flush=True,
+        )
+    return supervisor.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""End-user API keys: shown once, stored hashed, owned; outsiders get 404, quotas are admin-only."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from accounts.models import ApiKey, User
+from accounts.services import authenticate_api_key
+from rest_framework.test import APIClient
+
+URL = "/api/v1/api-keys/"
+pytestmark = pytest.mark.django_db
+
+
+def test_it_shows_the_secret_once_and_stores_only_its_digest(viewer_client: APIClient, bob: User) -> None:
+    created = viewer_client.post(URL, {"name": "laptop"}, format="json")
+    assert created.status_code == 201, created.data
+    secret = created.data["secret"]
+    key = ApiKey.objects.get(pk=created.data["id"])
+    assert key.owner == bob
+    assert key.digest == hashlib.sha256(secret.encode()).hexdigest()
+    assert secret not in {key.digest, key.prefix, key.name}
+    assert secret.startswith(key.prefix)
+
+    listed = viewer_client.get(URL)
+    assert [row["id"] for row in listed.data["results"]] == [key.pk]
+    assert "secret" not in listed.data["results"][0]
+    assert "secret" not in viewer_client.get(f"{URL}{key.pk}/").data
+    assert authenticate_api_key(secret) == key
+
+
+def test_it_hides_keys_from_outsiders(
+    viewer_client: APIClient, outsider_client: APIClient, admin_client: APIClient
+) -> None:
+    key_id = viewer_client.post(URL, {"name": "bob's"}, format="json").data["id"]
+
+    assert outsider_client.get(f"{URL}{key_id}/").status_code == 404
+    assert outsider_client.post(f"{URL}{key_id}/revoke/").status_code == 404
+    assert outsider_client.patch(f"{URL}{key_id}/", {"name": "mine"}, format="json").status_code == 404
+    assert outsider_client.get(URL).data["results"] == []
+    key = ApiKey.objects.get(pk=key_id)
+    assert (key.name, key.revoked) == ("bob's", False)
+
+    # Admins see (and may revoke) every key.
+    assert [row["id"] for row in admin_client.get(URL).data["results"]] == [key_id]
+
+
+def test_it_revokes_a_key(viewer_client: APIClient) -> None:
+    created = viewer_client.post(URL, {"name": "ci"}, format="json").data
+    response = viewer_client.post(f"{URL}{created['id']}/revoke/")
+    assert response.status_code == 200
+    assert response.data["revoked"] is True
+    assert ApiKey.objects.get(pk=created["id"]).revoked
+    assert authenticate_api_key(created["secret"]) is None
+
+
+def test_it_lets_only_admins_set_quotas(viewer_client: APIClient, admin_client: APIClient, bob: User) -> None:
+    denied = viewer_client.post(URL, {"name": "big", "requests_per_minute": 10_000}, format="json")
+    assert denied.status_code == 400
+    assert "requests_per_minute" in denied.data
+    assert ApiKey.objects.count() == 0
+
+    key_id = viewer_client.post(URL, {"name": "std"}, format="json").data["id"]
+    assert viewer_client.patch(f"{URL}{key_id}/", {"tokens_per_day": 1}, format="json").status_code == 400
+    granted = admin_client.patch(f"{URL}{key_id}/", {"requests_per_minute": 600}, format="json")
+    assert granted.status_code == 200
+    key = ApiKey.objects.get(pk=key_id)
+    assert key.requests_per_minute == 600
+    assert key.owner == bob
+
+
+def test_it_rejects_unknown_and_read_only_fields(viewer_client: APIClient) -> None:
+    response = viewer_client.post(URL, {"name": "x", "revoked": True, "scope": "all"}, format="json")
+    assert response.status_code == 400
+    assert set(response.data) == {"revoked", "scope"}
+    assert ApiKey.objects.count() == 0

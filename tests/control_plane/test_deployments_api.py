@@ -1,0 +1,90 @@
+"""Deployments: a model on the right number of free devices of one host."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from deployments.models import Deployment
+from inventory.models import Device, Host
+from registry.models import ServedModel
+from rest_framework.test import APIClient
+
+URL = "/api/v1/deployments/"
+pytestmark = pytest.mark.django_db
+
+
+def _host(name: str, gpus: int) -> list[Device]:
+    host = Host.objects.create(name=name)
+    return [
+        Device.objects.create(host=host, index=i, uuid=f"{name}-{i}", name="L4", memory_total_bytes=24 << 30)
+        for i in range(gpus)
+    ]
+
+
+@pytest.fixture
+def setup(model_payload: dict[str, Any]) -> dict[str, Any]:
+    model = ServedModel.objects.create(**model_payload)  # tensor_parallel_size=2
+    return {"model": model, "a": _host("host-a", 4), "b": _host("host-b", 2)}
+
+
+def test_it_deploys_and_changes_desired_state(admin_client: APIClient, setup: dict[str, Any]) -> None:
+    a = setup["a"]
+    body = {"model": "llama-3-8b", "host": "host-a", "devices": [a[0].pk, a[1].pk]}
+    created = admin_client.post(URL, body, format="json")
+    assert created.status_code == 201, created.data
+    deployment = Deployment.objects.get(pk=created.data["id"])
+    assert sorted(d.index for d in deployment.devices.all()) == [0, 1]
+    assert (deployment.desired_state, deployment.observed_state) == ("running", "pending")
+    assert created.data["converged"] is False
+
+    stopped = admin_client.patch(f"{URL}{deployment.pk}/", {"desired_state": "stopped"}, format="json")
+    assert stopped.status_code == 200, stopped.data
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "stopped"
+
+
+@pytest.mark.parametrize("case", ["too_few", "other_host", "duplicate"])
+def test_it_rejects_devices_that_cannot_hold_the_model(
+    admin_client: APIClient, setup: dict[str, Any], case: str
+) -> None:
+    a, b = setup["a"], setup["b"]
+    devices = {
+        "too_few": [a[0].pk],
+        "other_host": [a[0].pk, b[0].pk],
+        "duplicate": [a[0].pk, a[0].pk],
+    }[case]
+    response = admin_client.post(
+        URL, {"model": "llama-3-8b", "host": "host-a", "devices": devices}, format="json"
+    )
+    assert response.status_code == 400
+    assert "devices" in response.data
+    assert Deployment.objects.count() == 0
+
+
+def test_it_refuses_devices_another_running_deployment_uses(
+    admin_client: APIClient, setup: dict[str, Any]
+) -> None:
+    a = setup["a"]
+    first = {"model": "llama-3-8b", "host": "host-a", "devices": [a[0].pk, a[1].pk]}
+    assert admin_client.post(URL, first, format="json").status_code == 201
+    clash = admin_client.post(URL, {**first, "devices": [a[1].pk, a[2].pk]}, format="json")
+    assert clash.status_code == 400
+    assert Deployment.objects.count() == 1
+
+
+def test_it_keeps_model_and_host_fixed(admin_client: APIClient, setup: dict[str, Any]) -> None:
+    a = setup["a"]
+    created = admin_client.post(
+        URL, {"model": "llama-3-8b", "host": "host-a", "devices": [a[0].pk, a[1].pk]}, format="json"
+    )
+    response = admin_client.patch(f"{URL}{created.data['id']}/", {"host": "host-b"}, format="json")
+    assert response.status_code == 400
+    assert Deployment.objects.get().host.name == "host-a"
+
+
+def test_it_forbids_viewers_to_deploy(viewer_client: APIClient, setup: dict[str, Any]) -> None:
+    a = setup["a"]
+    body = {"model": "llama-3-8b", "host": "host-a", "devices": [a[0].pk, a[1].pk]}
+    assert viewer_client.post(URL, body, format="json").status_code == 403
+    assert Deployment.objects.count() == 0

@@ -1,0 +1,175 @@
+"""Jobs over the API and the job service, with the task function called in-process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import OperationalError
+from jobs import services
+from jobs.models import Job, JobStatus
+from jobs.registry import JobKind, kind_names, register
+from jobs.tasks import run_job
+from rest_framework.test import APIClient
+
+URL = "/api/v1/jobs/"
+pytestmark = pytest.mark.django_db
+
+
+def test_it_enqueues_a_job_after_commit(
+    admin_client: APIClient, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(run_job, "apply_async", lambda args, task_id: sent.append((args, task_id)))
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        response = admin_client.post(URL, {"kind": "noop", "params": {"steps": 3}}, format="json")
+    assert response.status_code == 201, response.data
+    job = Job.objects.get(pk=response.data["id"])
+    assert (job.status, job.params) == (JobStatus.QUEUED, {"steps": 3, "delay_s": 0.1})
+    assert job.created_by is not None and job.created_by.username == "alice"
+    assert len(callbacks) == 1
+    assert sent == [((job.pk,), job.celery_id)]
+
+
+def test_it_marks_a_job_failed_when_the_broker_refuses_it(
+    admin_client: APIClient, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(run_job, "apply_async", refuse)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(URL, {"kind": "noop"}, format="json")
+    job = Job.objects.get(pk=response.data["id"])
+    assert job.status == JobStatus.FAILED
+    assert "broker down" in job.error
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"kind": "nope"}, "kind"),
+        ({"kind": "noop", "params": {"steps": 0}}, "params"),
+        ({"kind": "noop", "params": {"stepz": 3}}, "params"),
+        ({"kind": "noop", "params": [1]}, "params"),
+        ({"kind": "noop", "status": "succeeded"}, "status"),
+        ({"kind": "noop", "priority": 1}, "priority"),
+    ],
+)
+def test_it_rejects_bad_jobs(admin_client: APIClient, body: dict[str, Any], field: str) -> None:
+    response = admin_client.post(URL, body, format="json")
+    assert response.status_code == 400
+    assert field in response.data
+    assert Job.objects.count() == 0
+
+
+def test_it_runs_a_job_through_the_task_function() -> None:
+    job = services.create_job("noop", {"steps": 4, "delay_s": 0.0}, None)
+    run_job(job.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+    assert job.progress == 1.0
+    assert job.result == {"steps_done": 4}
+    assert job.started_at is not None and job.finished_at is not None
+    assert job.started_at <= job.finished_at
+
+
+def test_it_records_a_failing_job_with_its_error() -> None:
+    job = services.create_job("noop", {"steps": 5, "delay_s": 0.0, "fail_at_step": 3}, None)
+    run_job(job.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert "noop failed at step 3" in job.error
+    assert job.progress == pytest.approx(0.4)
+    assert job.result is None
+
+
+def test_it_does_not_run_a_job_cancelled_while_queued(admin_client: APIClient) -> None:
+    job = services.create_job("noop", {"steps": 2, "delay_s": 0.0}, None)
+    response = admin_client.post(f"{URL}{job.pk}/cancel/")
+    assert response.status_code == 200
+    assert response.data["status"] == "cancelled"
+    run_job(job.pk)
+    job.refresh_from_db()
+    assert (job.status, job.progress, job.started_at) == (JobStatus.CANCELLED, 0.0, None)
+
+
+def test_it_refuses_to_cancel_a_finished_job(admin_client: APIClient, viewer_client: APIClient) -> None:
+    job = services.create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
+    assert viewer_client.post(f"{URL}{job.pk}/cancel/").status_code == 403
+    run_job(job.pk)
+    response = admin_client.post(f"{URL}{job.pk}/cancel/")
+    assert response.status_code == 409
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+
+
+def test_it_stops_a_running_job_at_its_next_step_when_cancelled() -> None:
+    """A runner that cancels its own job mid-way stands in for a cancel arriving from the API."""
+    name = "test-self-cancel"
+    steps_run: list[int] = []
+
+    def run(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        for step in range(10):
+            steps_run.append(step)
+            if step == 3:
+                services.cancel_job(Job.objects.get(pk=params["job"]))
+            ctx.progress((step + 1) / 10)
+        return {"done": True}
+
+    if name not in kind_names():
+        register(JobKind(name=name, params_serializer=services_params(), run=run))
+    job = Job.objects.create(kind=name, params={})
+    job.params = {"job": job.pk}
+    job.save()
+    run_job(job.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED
+    assert steps_run == [0, 1, 2, 3]
+    assert job.result is None
+
+
+def test_it_retries_transient_database_errors_and_reclaims_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    job = services.create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
+    real_get_kind = services.get_kind
+    calls = {"n": 0}
+
+    def flaky(name: str) -> JobKind:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OperationalError("database is locked")
+        return real_get_kind(name)
+
+    monkeypatch.setattr(services, "get_kind", flaky)
+    with pytest.raises(OperationalError):
+        services.execute_job(job.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING  # left for the retry, not marked failed
+    assert services.execute_job(job.pk) is None  # a fresh delivery does not run it twice
+    assert services.execute_job(job.pk, retrying=True) == JobStatus.SUCCEEDED
+    assert run_job.autoretry_for == services.TRANSIENT_DB_ERRORS
+    assert run_job.max_retries == 5
+
+
+def test_it_refuses_duplicate_job_kinds() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register(JobKind(name="noop", params_serializer=services_params(), run=lambda p, c: {}))
+
+
+def test_it_filters_jobs_by_status(viewer_client: APIClient) -> None:
+    done = services.create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
+    run_job(done.pk)
+    queued = services.create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
+    ids = [row["id"] for row in viewer_client.get(URL, {"status": "queued"}).data["results"]]
+    assert ids == [queued.pk]
+    ids = [row["id"] for row in viewer_client.get(URL).data["results"]]
+    assert ids == [queued.pk, done.pk]  # newest first
+
+
+def services_params() -> Any:
+    from jobs.kinds.params import StrictParams
+
+    class AnyParams(StrictParams):
+        pass
+
+    return AnyParams

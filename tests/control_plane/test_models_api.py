@@ -1,0 +1,112 @@
+"""Served models over the REST API: CRUD and strict validation (400 and nothing stored)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from registry.models import ServedModel
+from rest_framework.test import APIClient
+
+URL = "/api/v1/models/"
+pytestmark = pytest.mark.django_db
+
+
+def test_it_creates_lists_updates_and_deletes_a_model(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    created = admin_client.post(URL, model_payload, format="json")
+    assert created.status_code == 201, created.data
+    model = ServedModel.objects.get(name="llama-3-8b")
+    assert model.tensor_parallel_size == 2
+    assert model.engine_options == {"gpu_memory_utilization": 0.9}
+    assert created.data["id"] == model.pk
+
+    listed = admin_client.get(URL)
+    assert listed.status_code == 200
+    assert [row["name"] for row in listed.data["results"]] == ["llama-3-8b"]
+
+    patched = admin_client.patch(f"{URL}{model.pk}/", {"slo_ttft_p99_ms": 250}, format="json")
+    assert patched.status_code == 200, patched.data
+    model.refresh_from_db()
+    assert model.slo_ttft_p99_ms == 250
+
+    replaced = admin_client.put(
+        f"{URL}{model.pk}/", {**model_payload, "tensor_parallel_size": 4}, format="json"
+    )
+    assert replaced.status_code == 200, replaced.data
+    model.refresh_from_db()
+    assert model.tensor_parallel_size == 4
+
+    deleted = admin_client.delete(f"{URL}{model.pk}/")
+    assert deleted.status_code == 204
+    assert not ServedModel.objects.filter(pk=model.pk).exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"tensor_paralel_size": 2}, "tensor_paralel_size"),  # unknown (typo) field
+        ({"id": 99}, "id"),  # read-only field
+        ({"tensor_parallel_size": 3}, "tensor_parallel_size"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"tensor_parallel_size": 6}, "tensor_parallel_size"),
+        ({"slo_ttft_p99_ms": 0}, "slo_ttft_p99_ms"),
+        ({"slo_tbt_p99_ms": -5}, "slo_tbt_p99_ms"),
+        ({"slo_attainment_pct": 0}, "slo_attainment_pct"),
+        ({"slo_attainment_pct": 101}, "slo_attainment_pct"),
+        ({"max_context_length": 0}, "max_context_length"),
+        ({"name": "not a slug!"}, "name"),
+        ({"source": "   "}, "source"),
+        ({"dtype": "int3"}, "dtype"),
+        ({"engine_options": [1, 2]}, "engine_options"),
+    ],
+)
+def test_it_rejects_invalid_models_with_field_errors_and_stores_nothing(
+    admin_client: APIClient, model_payload: dict[str, Any], change: dict[str, Any], field: str
+) -> None:
+    response = admin_client.post(URL, {**model_payload, **change}, format="json")
+    assert response.status_code == 400
+    assert field in response.data
+    assert ServedModel.objects.count() == 0
+
+
+def test_it_reports_every_unknown_field_next_to_other_errors(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    payload = {**model_payload, "colour": "red", "tensor_parallel_size": 3}
+    response = admin_client.post(URL, payload, format="json")
+    assert response.status_code == 400
+    assert set(response.data) == {"colour", "tensor_parallel_size"}
+    assert ServedModel.objects.count() == 0
+
+
+def test_it_rejects_a_duplicate_name(admin_client: APIClient, model_payload: dict[str, Any]) -> None:
+    assert admin_client.post(URL, model_payload, format="json").status_code == 201
+    again = admin_client.post(URL, {**model_payload, "source": "/models/other"}, format="json")
+    assert again.status_code == 400
+    assert "name" in again.data
+    assert ServedModel.objects.count() == 1
+    assert ServedModel.objects.get().source == model_payload["source"]
+
+
+def test_it_leaves_a_model_unchanged_when_an_update_is_invalid(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    model_id = admin_client.post(URL, model_payload, format="json").data["id"]
+    response = admin_client.patch(
+        f"{URL}{model_id}/", {"slo_ttft_p99_ms": 100, "tensor_parallel_size": 5}, format="json"
+    )
+    assert response.status_code == 400
+    model = ServedModel.objects.get(pk=model_id)
+    assert model.slo_ttft_p99_ms == 500.0
+    assert model.tensor_parallel_size == 2
+
+
+def test_it_accepts_every_power_of_two_tp_size(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    for index, size in enumerate([1, 2, 4, 8, 16]):
+        payload = {**model_payload, "name": f"m{index}", "tensor_parallel_size": size}
+        assert admin_client.post(URL, payload, format="json").status_code == 201
+    assert sorted(ServedModel.objects.values_list("tensor_parallel_size", flat=True)) == [1, 2, 4, 8, 16]
