@@ -1,0 +1,129 @@
+"""Move a request's KV blocks between vLLM's paged caches and one contiguous buffer.
+
+Save: for every layer, `index_select` the request's blocks along the block dimension into one
+slice of a single staging tensor shaped [num_layers, *layer_shape with num_blocks -> n], then move
+that tensor in ONE copy to its destination (Aqua's "Aqua tensor": one large transfer instead of
+num_layers x n small ones). On a CPU host the gather writes straight into the destination, which
+is already host memory. On CUDA the gather runs on the device into a staging tensor and the one
+copy goes to pinned DRAM or a peer GPU's buffer, on a side stream that the compute stream waits
+for, so a freed block cannot be overwritten before it has been read.
+
+Load is the reverse: one copy into staging (CUDA) and an `index_copy_` per layer into the blocks
+the scheduler allocated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+class PagedKV:
+    """The engine's per-layer paged KV tensors, seen as one [num_layers] x blocks array.
+
+    Args:
+        caches: One tensor per layer, all the same shape and dtype, in layer order.
+        num_blocks: Number of KV blocks; the block dimension is the first dim of that size.
+    """
+
+    def __init__(self, caches: Sequence[torch.Tensor], num_blocks: int) -> None:
+        if not caches:
+            raise ValueError("no KV cache tensors")
+        shape, dtype = caches[0].shape, caches[0].dtype
+        for c in caches:
+            if c.shape != shape or c.dtype != dtype:
+                raise ValueError(f"KV layers differ: {tuple(c.shape)} {c.dtype} vs {tuple(shape)} {dtype}")
+        dims = [d for d, size in enumerate(shape) if size == num_blocks]
+        if not dims:
+            raise ValueError(f"no dimension of {tuple(shape)} has {num_blocks=}")
+        self.caches = list(caches)
+        self.block_dim = dims[0]
+        self.dtype = dtype
+        self.device = caches[0].device
+        self.num_blocks = num_blocks
+        self.layer_block_elems = math.prod(shape) // num_blocks
+        self.block_bytes = self.layer_block_elems * caches[0].element_size() * len(self.caches)
+        self._side: torch.cuda.Stream | None = None
+        self._staging: torch.Tensor | None = None
+        if self.device.type == "cuda":
+            self._side = torch.cuda.Stream(device=self.device)
+
+    def nbytes(self, num_blocks: int) -> int:
+        """Bytes of the aggregated buffer holding `num_blocks` blocks of every layer."""
+        return num_blocks * self.block_bytes
+
+    def _layer_shape(self, n: int) -> list[int]:
+        shape = list(self.caches[0].shape)
+        shape[self.block_dim] = n
+        return shape
+
+    def as_blocks(self, flat: torch.Tensor, n: int) -> torch.Tensor:
+        """View a flat uint8 buffer as [num_layers, *layer shape with n blocks] of the cache dtype."""
+        return flat[: self.nbytes(n)].view(self.dtype).view(len(self.caches), *self._layer_shape(n))
+
+    def _staging_for(self, nbytes: int) -> torch.Tensor:
+        if self._staging is None or self._staging.numel() < nbytes:
+            self._staging = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._staging[:nbytes]
+
+    def gather(self, block_ids: Sequence[int], dest: torch.Tensor) -> None:
+        """Copy blocks `block_ids` of every layer into `dest` (flat uint8, >= nbytes(len) bytes)."""
+        n = len(block_ids)
+        if self._side is None and dest.device == self.device:
+            idx = torch.tensor(list(block_ids), dtype=torch.long)
+            out = self.as_blocks(dest, n)
+            for layer, cache in enumerate(self.caches):
+                torch.index_select(cache, self.block_dim, idx, out=out[layer])
+            return
+        self._gather_cuda(block_ids, dest)
+
+    def scatter(self, block_ids: Sequence[int], src: torch.Tensor, src_blocks: int, first: int = 0) -> None:
+        """Copy blocks [first, first + len(block_ids)) of `src` (holding `src_blocks`) into `block_ids`."""
+        k = len(block_ids)
+        if first < 0 or first + k > src_blocks:
+            raise IndexError(f"blocks [{first}, {first + k}) outside a buffer of {src_blocks} blocks")
+        if self._side is None and src.device == self.device:
+            idx = torch.tensor(list(block_ids), dtype=torch.long)
+            view = self.as_blocks(src, src_blocks)
+            for layer, cache in enumerate(self.caches):
+                cache.index_copy_(self.block_dim, idx, view[layer].narrow(self.block_dim, first, k))
+            return
+        self._scatter_cuda(block_ids, src, src_blocks, first)
+
+    def synchronize(self) -> None:
+        """Wait for the side stream (before a source buffer is released)."""
+        if self._side is not None:
+            self._side.synchronize()
+
+    def _gather_cuda(self, block_ids: Sequence[int], dest: torch.Tensor) -> None:
+        assert self._side is not None
+        n = len(block_ids)
+        side = self._side
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+            staging = self._staging_for(self.nbytes(n))
+            out = self.as_blocks(staging, n)
+            for layer, cache in enumerate(self.caches):
+                torch.index_select(cache, self.block_dim, idx, out=out[layer])
+            # The one aggregated transfer: to pinned DRAM or a peer GPU's lent buffer.
+            dest[: staging.numel()].copy_(staging, non_blocking=True)
+        # The forward pass must not overwrite the freed blocks before they have been read.
+        torch.cuda.current_stream(self.device).wait_stream(side)
+
+    def _scatter_cuda(self, block_ids: Sequence[int], src: torch.Tensor, src_blocks: int, first: int) -> None:
+        assert self._side is not None
+        k = len(block_ids)
+        side = self._side
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            idx = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+            staging = self._staging_for(self.nbytes(src_blocks))
+            # One aggregated transfer in (the buffer is layer-major, so it is copied whole).
+            staging.copy_(src[: self.nbytes(src_blocks)], non_blocking=True)
+            view = self.as_blocks(staging, src_blocks)
+            for layer, cache in enumerate(self.caches):
+                cache.index_copy_(self.block_dim, idx, view[layer].narrow(self.block_dim, first, k))
+        torch.cuda.current_stream(self.device).wait_stream(side)

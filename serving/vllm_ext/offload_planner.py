@@ -1,0 +1,130 @@
+"""Scheduler side of the Aqua connector: decide which KV to offload and what to restore.
+
+Bookkeeping (all keyed by request id):
+  _live:       for every request scheduled in the last step it ran, its block ids and the number of
+               tokens whose KV those blocks hold once that step has run (computed + scheduled).
+               A request found here after vLLM preempted it is turned into a SaveJob.
+  _offloaded:  requests with a saved buffer and its token count. Optimistic: the worker reports
+               saves it could not keep (`lost`), and a load that finds nothing reports its
+               blocks as invalid, so vLLM recomputes them. Never wrong tokens, at worst recompute.
+
+Preemption is seen at two moments: in `get_num_new_matched_tokens` when a preempted request is
+re-admitted in the same step (vLLM asks only for requests with no computed tokens), and in
+`build_connector_meta` through `scheduler_output.preempted_req_ids`. The worker runs the step's
+saves (handle_preemptions) before its loads (start_load_kv), both before the forward pass that
+could overwrite freed blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+from serving.vllm_ext.offload_meta import AquaConnectorMetadata, AquaWorkerMetadata, LoadJob, SaveJob
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+class OffloadPlanner:
+    """Plans saves on preemption and loads on re-admission (one KV cache group)."""
+
+    def __init__(self, block_size: int) -> None:
+        if block_size <= 0:
+            raise ValueError(f"{block_size=} must be positive")
+        self.block_size = block_size
+        self._live: dict[str, tuple[list[int], int]] = {}
+        self._offloaded: dict[str, int] = {}
+        self._local_hit: dict[str, int] = {}
+        self._meta = AquaConnectorMetadata()
+        self.counters: dict[str, int] = {
+            "saves_planned": 0,
+            "tokens_offloaded": 0,
+            "loads_planned": 0,
+            "tokens_matched": 0,
+            "offloads_lost": 0,
+            "offloads_dropped": 0,
+        }
+
+    # -- preemption -------------------------------------------------------------------------
+    def _capture(self, req_id: str) -> None:
+        live = self._live.pop(req_id, None)
+        if live is None:
+            return
+        block_ids, num_tokens = live
+        n_blocks = math.ceil(num_tokens / self.block_size)
+        if num_tokens <= 0 or n_blocks > len(block_ids):
+            return
+        self._meta.saves.append(SaveJob(req_id, list(block_ids[:n_blocks]), num_tokens))
+        self._offloaded[req_id] = num_tokens
+        self.counters["saves_planned"] += 1
+        self.counters["tokens_offloaded"] += num_tokens
+
+    # -- vLLM hooks ---------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        """Tokens restorable beyond `num_computed_tokens` (loaded synchronously)."""
+        req_id = request.request_id
+        self._capture(req_id)  # preempted since the last build_connector_meta
+        saved = self._offloaded.get(req_id, 0)
+        # The last token is always computed by the engine: it produces the next logits.
+        usable = min(saved, request.num_tokens - 1)
+        if usable <= num_computed_tokens:
+            return 0, False
+        self._local_hit[req_id] = num_computed_tokens
+        return usable - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external: int) -> None:
+        """Plan the load of `num_external` tokens into the blocks just allocated."""
+        req_id = request.request_id
+        local = self._local_hit.pop(req_id, 0)
+        if num_external <= 0:
+            return
+        saved = self._offloaded.pop(req_id, 0)
+        if saved < local + num_external:
+            raise RuntimeError(f"{req_id}: load of {local}+{num_external} tokens but {saved} saved")
+        block_ids = blocks.get_block_ids()[0]
+        first = local // self.block_size
+        last = math.ceil((local + num_external) / self.block_size)
+        self._meta.loads.append(
+            LoadJob(req_id, list(block_ids[first:last]), first, math.ceil(saved / self.block_size))
+        )
+        self.counters["loads_planned"] += 1
+        self.counters["tokens_matched"] += num_external
+
+    def build_connector_meta(self, so: SchedulerOutput) -> AquaConnectorMetadata:
+        """This step's jobs; also records the extent of every scheduled request's KV."""
+        for req_id in sorted(so.preempted_req_ids or ()):
+            self._capture(req_id)
+        computed: dict[str, int] = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
+        cached = so.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        state = so.kv_connector_block_state
+        for req_id, n_sched in so.num_scheduled_tokens.items():
+            groups = state.get_block_ids(req_id) if state is not None else None
+            if groups is None or req_id not in computed:
+                self._live.pop(req_id, None)
+                continue
+            self._live[req_id] = (list(groups[0]), computed[req_id] + n_sched)
+        meta, self._meta = self._meta, AquaConnectorMetadata()
+        return meta
+
+    def update_connector_output(self, worker_meta: Any) -> None:
+        """Forget offloads the worker could not keep; their requests will recompute."""
+        if not isinstance(worker_meta, AquaWorkerMetadata):
+            return
+        for req_id in sorted(worker_meta.lost):
+            if self._offloaded.pop(req_id, None) is not None:
+                self.counters["offloads_lost"] += 1
+
+    def request_finished(self, req_id: str) -> None:
+        """Drop all state of a finished (or aborted) request and free its offloaded buffer."""
+        self._live.pop(req_id, None)
+        self._local_hit.pop(req_id, None)
+        if self._offloaded.pop(req_id, None) is not None:
+            self._meta.drops.append(req_id)
+            self.counters["offloads_dropped"] += 1
