@@ -191,15 +191,20 @@ class CpSatPlacer(Placer):
         worker = threading.Thread(target=work, name="cp-sat", daemon=True)
         worker.start()
         cancelled = False
-        while worker.is_alive():
-            worker.join(_POLL_S)
-            if not cancelled and should_cancel():
-                cancelled = True
-                solver.stop_search()
-            elapsed = time.perf_counter() - started
-            frac = min(0.99, elapsed / self.config.time_limit_s)
-            best = "none yet" if incumbent.objective is None else f"{incumbent.objective:.0f}"
-            progress(frac, f"CP-SAT searching: best objective {best}, {incumbent.solutions} solutions")
+        try:
+            while worker.is_alive():
+                worker.join(_POLL_S)
+                if not cancelled and should_cancel():
+                    cancelled = True
+                    solver.stop_search()
+                elapsed = time.perf_counter() - started
+                frac = min(0.99, elapsed / self.config.time_limit_s)
+                best = "none yet" if incumbent.objective is None else f"{incumbent.objective:.0f}"
+                progress(frac, f"CP-SAT searching: best objective {best}, {incumbent.solutions} solutions")
+        except BaseException:
+            solver.stop_search()  # a callback raised: do not leave the search running
+            worker.join()
+            raise
         if cancelled:
             return "cancelled"
         return result["status"]

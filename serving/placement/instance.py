@@ -79,11 +79,13 @@ class PlacementInstance:
         """Validate the inputs; raises PlacementError naming the first problem found."""
         if not servers:
             raise PlacementError("no servers to place on")
-        _no_duplicates([m.name for m in models], "model")
-        _no_duplicates([s.name for s in servers], "server")
         for m in models:
+            if m is None:
+                raise PlacementError("a model has no profile (profile it before placing)")
             if not isinstance(m, ModelProfile):
                 raise PlacementError(f"expected a ModelProfile, got {m!r}")
+        _no_duplicates([m.name for m in models], "model")
+        _no_duplicates([s.name for s in servers], "server")
         largest = max(s.num_gpus for s in servers)
         too_big = sorted(m.name for m in models if m.tp > largest)
         if too_big:

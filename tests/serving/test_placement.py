@@ -266,3 +266,9 @@ def test_it_beats_greedy_where_greedy_is_known_to_fail() -> None:
     assert ilp.max_memory_imbalance_bytes == 6 * GIB and ilp.status == "optimal"
     assert greedy.max_memory_imbalance_bytes == 7 * GIB
     assert greedy.objective - ilp.objective == 1024  # one GiB, in MiB balance units
+
+
+def test_it_rejects_a_model_without_a_profile() -> None:
+    models = [ModelProfile("a", "producer", 1, lendable_bytes=GIB), None]
+    with pytest.raises(PlacementError, match="no profile"):
+        get_placer("cp-sat").place(models, make_servers(1, 2))  # type: ignore[arg-type]

@@ -170,3 +170,16 @@ def test_tail_percentile_counts_missing_values_as_infinitely_late() -> None:
     assert tail_percentile(values[:99], 1, 50.0) == pytest.approx(50.5)  # same position, finite
     assert tail_percentile(values[:98], 2, 99.0) == math.inf
     assert tail_percentile([], 0, 99.0) == math.inf
+
+
+def test_a_simulator_calibrated_from_engine_samples_finds_the_engines_max_rate() -> None:
+    # the "engine" is the llama-3-8b@h100 preset; its samples (1% timing noise) calibrate a new
+    # cost model, and the simulator with that model must agree with the one with the true model
+    engine_like = CountingProbe(threshold=10.0, samples_from=COST)
+    fitted = profile_model("m", engine_like, SLA, WORKLOAD).cost_model
+    assert fitted is not None
+    engine = EngineConfig(num_kv_blocks=FULL_BLOCKS)
+    config = ProfilerConfig(initial_rate=4.0)
+    calibrated = profile_model("m", SimulatorProbe(fitted, engine, WORKLOAD), SLA, WORKLOAD, config)
+    reference = profile_model("m", make_probe(), SLA, WORKLOAD, config)
+    assert calibrated.max_rps == pytest.approx(reference.max_rps, rel=0.05)
