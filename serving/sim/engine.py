@@ -12,7 +12,8 @@ An iteration (one forward pass), at time `now`:
      until the allocation fits; a request that is itself last preempts itself and scheduling of
      running requests stops (vLLM V1).
   4. If no allocation failed, waiting requests are admitted in the policy's order while budget,
-     blocks and sequence slots last; the first that does not fit stops admission.
+     blocks and sequence slots last (and at most `policy.admission_limit(...)` of them); the first
+     that does not fit stops admission (vLLM V1: no admission in a step that preempted).
   5. The iteration lasts `CostModel.iteration_time(chunks, decode contexts)` plus the transfer
      time of any KV saved or restored in it; every request whose sequence is then fully computed
      emits a token at the iteration's end.
