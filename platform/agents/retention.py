@@ -1,0 +1,195 @@
+"""Bounded telemetry retention: raw per-second samples, then per-minute aggregates, then nothing.
+
+``downsample_and_prune(now)`` folds every raw sample older than the raw window (cut at a minute
+boundary, so a minute is always folded whole) into ``DeviceMinute`` / ``EngineMinute`` rows,
+deletes those raw rows, and deletes minute rows older than the history window. A sample that
+arrives late for a minute already folded (an agent flushing its buffer after a reconnect) is
+merged into the existing minute row, weighted by sample counts.
+
+It runs every ``TELEMETRY_DOWNSAMPLE_INTERVAL_S`` in the ASGI process's sweeper (agents/sweeper.py) and
+as the Celery task ``agents.downsample_telemetry`` (beat schedule in settings) where beat runs.
+
+Aggregation rules per field (``Rule``): MEAN (of non-null values, weighted by sample counts), MAX,
+SUM, LAST (the newest sample's value) and WMEAN (mean weighted by a count field, e.g. a window's
+p50 TTFT weighted by its request count).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from agents.models import DeviceMinute, DeviceSample, EngineMinute, EngineSample
+
+log = logging.getLogger(__name__)
+
+
+class Rule(Enum):
+    MEAN = "mean"
+    MAX = "max"
+    SUM = "sum"
+    LAST = "last"
+    WMEAN = "wmean"
+
+
+# field -> (rule, source field in a raw sample, weight field for WMEAN)
+Spec = dict[str, tuple[Rule, str, str | None]]
+DEVICE_SPEC: Spec = {
+    "memory_used_bytes": (Rule.MEAN, "memory_used_bytes", None),
+    "memory_used_max_bytes": (Rule.MAX, "memory_used_bytes", None),
+    "memory_free_bytes": (Rule.MEAN, "memory_free_bytes", None),
+    "utilization_pct": (Rule.MEAN, "utilization_pct", None),
+    "temperature_c": (Rule.MEAN, "temperature_c", None),
+    "power_w": (Rule.MEAN, "power_w", None),
+    "aqua_role": (Rule.LAST, "aqua_role", None),
+    "lent_bytes": (Rule.MAX, "lent_bytes", None),
+    "borrowed_bytes": (Rule.MAX, "borrowed_bytes", None),
+}
+ENGINE_SPEC: Spec = {
+    "state": (Rule.LAST, "state", None),
+    "ttft_p50": (Rule.WMEAN, "ttft_p50", "ttft_count"),
+    "ttft_p99": (Rule.MAX, "ttft_p99", None),
+    "ttft_count": (Rule.SUM, "ttft_count", None),
+    "itl_p50": (Rule.WMEAN, "itl_p50", "itl_count"),
+    "itl_p99": (Rule.MAX, "itl_p99", None),
+    "itl_count": (Rule.SUM, "itl_count", None),
+    "kv_cache_usage": (Rule.MEAN, "kv_cache_usage", None),
+    "running": (Rule.MEAN, "running", None),
+    "waiting": (Rule.MEAN, "waiting", None),
+    "preemptions_total": (Rule.MAX, "preemptions_total", None),
+    "bytes_offloaded": (Rule.MAX, "bytes_offloaded", None),
+}
+# Stored as integers in the minute tables (means are rounded).
+INTEGER_FIELDS = {"memory_used_bytes", "memory_free_bytes"}
+
+Key = tuple[int, datetime]  # (device or deployment pk, minute start)
+
+
+def minute_of(ts: datetime) -> datetime:
+    return ts.replace(second=0, microsecond=0)
+
+
+def _mean(a: Any, wa: float, b: Any, wb: float) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return (a * wa + b * wb) / (wa + wb)
+
+
+def merge(spec: Spec, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Combine two aggregates of the same key; ``b`` is the newer. Each has "samples"."""
+    na, nb = a["samples"], b["samples"]
+    out: dict[str, Any] = {"samples": na + nb}
+    for name, (rule, _, weight) in spec.items():
+        x, y = a[name], b[name]
+        if rule is Rule.MEAN:
+            out[name] = _mean(x, na, y, nb)
+        elif rule is Rule.MAX:
+            out[name] = y if x is None else x if y is None else max(x, y)
+        elif rule is Rule.SUM:
+            out[name] = x + y
+        elif rule is Rule.LAST:
+            out[name] = y
+        else:
+            assert weight is not None
+            wa, wb = a[weight], b[weight]
+            out[name] = _mean(x if wa else None, wa, y if wb else None, wb)
+    return out
+
+
+def fold(spec: Spec, key_field: str, rows: Iterable[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    """Aggregate raw sample rows (dicts with ``key_field``, "ts" and the spec's sources) per minute.
+
+    Rows must come in ``ts`` order per key so that LAST picks the newest value.
+    """
+    out: dict[Key, dict[str, Any]] = {}
+    for row in rows:
+        one = {name: row[source] for name, (_, source, _) in spec.items()}
+        one["samples"] = 1
+        key = (row[key_field], minute_of(row["ts"]))
+        prev = out.get(key)
+        out[key] = one if prev is None else merge(spec, prev, one)
+    return out
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    device_minutes: int  # minute rows written (created or merged)
+    engine_minutes: int
+    raw_deleted: int
+    minutes_deleted: int
+
+
+def raw_cutoff(now: datetime) -> datetime:
+    """Raw samples before this instant are folded into minutes (a minute boundary)."""
+    return minute_of(now - timedelta(seconds=settings.TELEMETRY_RAW_RETENTION_S))
+
+
+def downsample_and_prune(now: datetime | None = None) -> RetentionReport:
+    """Fold raw samples past the raw window into minutes; drop minutes past the history window."""
+    now = now or timezone.now()
+    cutoff = raw_cutoff(now)
+    with transaction.atomic():
+        dev_n, dev_del = _downsample(DeviceSample, DeviceMinute, "device_id", DEVICE_SPEC, cutoff)
+        eng_n, eng_del = _downsample(EngineSample, EngineMinute, "deployment_id", ENGINE_SPEC, cutoff)
+        history_start = now - timedelta(seconds=settings.TELEMETRY_HISTORY_RETENTION_S)
+        old_dev, _ = DeviceMinute.objects.filter(minute__lt=history_start).delete()
+        old_eng, _ = EngineMinute.objects.filter(minute__lt=history_start).delete()
+    report = RetentionReport(dev_n, eng_n, dev_del + eng_del, old_dev + old_eng)
+    if report.raw_deleted or report.minutes_deleted:
+        log.info("Telemetry retention: %s", report)
+    return report
+
+
+def _downsample(
+    raw_model: Any, minute_model: Any, key_field: str, spec: Spec, cutoff: datetime
+) -> tuple[int, int]:
+    old = raw_model.objects.filter(ts__lt=cutoff)
+    sources = sorted({source for _, source, _ in spec.values()} | {key_field, "ts", "pk"})
+    max_pk = 0
+
+    def rows() -> Iterable[dict[str, Any]]:
+        nonlocal max_pk
+        for row in old.order_by(key_field, "ts", "pk").values(*sources).iterator(2000):
+            max_pk = max(max_pk, row["pk"])
+            yield row
+
+    folded = fold(spec, key_field, rows())
+    if not folded:
+        return 0, 0
+    fk = key_field.removesuffix("_id")
+    existing = {
+        (getattr(m, key_field), m.minute): m
+        for m in minute_model.objects.select_for_update().filter(
+            **{f"{key_field}__in": {k for k, _ in folded}, "minute__in": {m for _, m in folded}}
+        )
+    }
+    create, update = [], []
+    for key in sorted(folded):
+        agg = folded[key]
+        row = existing.get(key)
+        if row is not None:
+            agg = merge(spec, {"samples": row.samples, **{f: getattr(row, f) for f in spec}}, agg)
+        values = {f: (round(v) if f in INTEGER_FIELDS and v is not None else v) for f, v in agg.items()}
+        if row is None:
+            create.append(minute_model(**{key_field: key[0], "minute": key[1]}, **values))
+        else:
+            for name, value in values.items():
+                setattr(row, name, value)
+            update.append(row)
+    minute_model.objects.bulk_create(create, batch_size=1000)
+    if update:
+        minute_model.objects.bulk_update(update, ["samples", *spec], batch_size=1000)
+    # Only the rows folded above: a late row another process inserted meanwhile waits for next time.
+    deleted, _ = old.filter(pk__lte=max_pk).delete()
+    log.debug("Folded %d raw %s rows into %d minute rows.", deleted, fk, len(folded))
+    return len(folded), deleted
