@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "inventory",
     "deployments",
     "jobs",
+    "agents",
 ]
 
 MIDDLEWARE = [
@@ -209,6 +210,22 @@ HOST_STALE_AFTER_S = env_float("HOST_STALE_AFTER_S", 15.0, minimum=1.0)
 HOST_OFFLINE_AFTER_S = env_float("HOST_OFFLINE_AFTER_S", 60.0, minimum=1.0)
 if HOST_OFFLINE_AFTER_S < HOST_STALE_AFTER_S:
     raise ImproperlyConfigured(f"{HOST_OFFLINE_AFTER_S=} must be >= {HOST_STALE_AFTER_S=}")
+
+# Agent telemetry (platform/agents): raw per-second samples kept TELEMETRY_RAW_RETENTION_S, then folded
+# into per-minute rows kept TELEMETRY_HISTORY_RETENTION_S. The ASGI process sweeps liveness every
+# AGENTS_SWEEP_INTERVAL_S and retention every TELEMETRY_DOWNSAMPLE_INTERVAL_S (AGENTS_SWEEP_IN_ASGI);
+# Celery beat runs the same sweeps where it is started. Agent links re-read their host's desired
+# deployments every AGENTS_DESIRED_POLL_S (changes made in other processes).
+TELEMETRY_RAW_RETENTION_S = env_float("TELEMETRY_RAW_RETENTION_S", 600.0, minimum=60.0)
+TELEMETRY_HISTORY_RETENTION_S = env_float("TELEMETRY_HISTORY_RETENTION_S", 24 * 3600.0, minimum=3600.0)
+AGENTS_SWEEP_IN_ASGI = env_bool("AGENTS_SWEEP_IN_ASGI", True)
+AGENTS_SWEEP_INTERVAL_S = env_float("AGENTS_SWEEP_INTERVAL_S", 1.0, minimum=0.1)
+TELEMETRY_DOWNSAMPLE_INTERVAL_S = env_float("TELEMETRY_DOWNSAMPLE_INTERVAL_S", 60.0, minimum=1.0)
+AGENTS_DESIRED_POLL_S = env_float("AGENTS_DESIRED_POLL_S", 2.0, minimum=0.1)
+CELERY_BEAT_SCHEDULE = {
+    "agents-liveness": {"task": "agents.sweep_liveness", "schedule": 5.0},
+    "agents-retention": {"task": "agents.downsample_telemetry", "schedule": TELEMETRY_DOWNSAMPLE_INTERVAL_S},
+}
 
 # Default quotas of a new end-user API key (an admin may change them per key).
 API_KEY_DEFAULT_REQUESTS_PER_MINUTE = env_int("API_KEY_DEFAULT_REQUESTS_PER_MINUTE", 60, minimum=1)
