@@ -21,3 +21,10 @@ AGENT_PATH_PREFIX = "/ws/agent/"
 
 browser_websocket_urlpatterns: list[URLPattern | URLResolver] = []
 agent_websocket_urlpatterns: list[URLPattern | URLResolver] = []
+
+# agents: the GPU agents' link (agents/consumers.py). Imported here, after Django's set-up in asgi.py.
+from django.urls import path  # noqa: E402
+
+from agents.consumers import AgentConsumer  # noqa: E402
+
+agent_websocket_urlpatterns.append(path("ws/agent/", AgentConsumer.as_asgi()))
