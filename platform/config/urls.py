@@ -12,6 +12,7 @@ api_v1 = [
     path("", include("inventory.api.urls")),
     path("", include("deployments.api.urls")),
     path("", include("jobs.api.urls")),
+    path("", include("agents.api.urls")),
 ]
 
 urlpatterns = [
