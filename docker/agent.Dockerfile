@@ -1,0 +1,38 @@
+# GPU agent image for NVIDIA hosts: the agent daemon plus vLLM's CUDA build
+# (requirements-vllm-gpu.txt, vllm==0.32.0). Run with the NVIDIA container toolkit (`gpus: all`).
+# Build from the repository root:
+#   docker build -f docker/agent.Dockerfile -t llm-platform/agent .
+FROM ghcr.io/astral-sh/uv:0.8.0 AS uv
+
+FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+
+# uv installs a standalone CPython 3.11 into /opt/python and the venv into /opt/venv, so the CUDA
+# image needs no distribution Python packages.
+COPY --from=uv /uv /usr/local/bin/uv
+ENV UV_PYTHON_INSTALL_DIR=/opt/python \
+    UV_LINK_MODE=copy \
+    UV_NO_CACHE=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONPATH=/app
+
+WORKDIR /app
+
+COPY requirements.txt requirements-vllm-gpu.txt ./
+RUN uv venv --python 3.11 /opt/venv \
+    && uv pip install --python /opt/venv/bin/python -r requirements.txt -r requirements-vllm-gpu.txt
+
+COPY serving/ serving/
+COPY gpu_agent/ gpu_agent/
+
+RUN groupadd --system --gid 10001 agent \
+    && useradd --system --uid 10001 --gid agent --create-home --home-dir /home/agent agent \
+    && mkdir -p /app/var/agent \
+    && chown -R 10001:10001 /app/var
+USER 10001:10001
+
+# Control plane URL and token come from the environment (GPU_AGENT_TOKEN) or flags.
+ENTRYPOINT ["python", "-m", "gpu_agent"]
+CMD ["--help"]

@@ -1,0 +1,80 @@
+"""docker/compose.yaml wires the production-shaped deployment together (Docker does not run here;
+the Dockerfiles are linted by hadolint in `make lint`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_it_defines_the_five_services(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {"postgres", "redis", "web", "worker", "agent"}
+
+
+def test_it_builds_the_control_plane_and_agent_from_existing_dockerfiles(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    expected = {
+        "web": "control-plane.Dockerfile",
+        "worker": "control-plane.Dockerfile",
+        "agent": "agent.Dockerfile",
+    }
+    for name, dockerfile in expected.items():
+        build = services[name]["build"]
+        assert build["dockerfile"] == f"docker/{dockerfile}"
+        context = (DOCKER / build["context"]).resolve()
+        assert (context / build["dockerfile"]).is_file()
+        assert (context / "requirements.txt").is_file()
+    assert services["web"]["image"] == services["worker"]["image"]
+    assert services["postgres"]["image"].startswith("postgres:")
+    assert services["redis"]["image"].startswith("redis:")
+
+
+def test_it_points_web_and_worker_at_postgres_and_redis(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    postgres_env = services["postgres"]["environment"]
+    for name in ("web", "worker"):
+        env = services[name]["environment"]
+        user, password, db = (
+            postgres_env["POSTGRES_USER"],
+            postgres_env["POSTGRES_PASSWORD"],
+            postgres_env["POSTGRES_DB"],
+        )
+        assert env["DATABASE_URL"] == f"postgres://{user}:{password}@postgres:5432/{db}"
+        assert env["REDIS_URL"].startswith("redis://redis:6379/")
+        assert env["SECRET_KEY"].startswith("${SECRET_KEY:?")  # required, never a default
+        assert env["DEBUG"] == "false"
+        depends = services[name]["depends_on"]
+        assert depends["postgres"]["condition"] == "service_healthy"
+        assert depends["redis"]["condition"] == "service_healthy"
+    assert "migrate" in " ".join(services["web"]["command"])
+    assert services["worker"]["command"][:4] == ["celery", "-A", "config.celery", "worker"]
+
+
+def test_it_gives_the_agent_gpus_and_the_control_plane_url(compose: dict[str, Any]) -> None:
+    agent = compose["services"]["agent"]
+    devices = agent["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    command = agent["command"]
+    assert command[command.index("--control-plane") + 1] == "http://web:8000"
+    assert "GPU_AGENT_TOKEN" in agent["environment"]
+    assert agent["depends_on"]["web"]["condition"] == "service_healthy"
+
+
+def test_it_installs_the_pinned_cuda_vllm_in_the_agent_image() -> None:
+    dockerfile = (DOCKER / "agent.Dockerfile").read_text()
+    assert "FROM nvidia/cuda:" in dockerfile
+    assert "requirements-vllm-gpu.txt" in dockerfile
+    pins = (DOCKER.parent / "requirements-vllm-gpu.txt").read_text().split()
+    assert "vllm==0.32.0" in pins

@@ -1,0 +1,118 @@
+"""Settings: typed env helpers, the local secret key, and the production switches."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+
+from config.env import env_bool, env_float, env_int, env_list, env_url
+from config.local_secret import load_or_create_secret_key
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_it_parses_typed_values_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("X_BOOL", "Yes")
+    monkeypatch.setenv("X_INT", "7")
+    monkeypatch.setenv("X_FLOAT", "2.5")
+    monkeypatch.setenv("X_LIST", "a, b,,c")
+    monkeypatch.setenv("X_EMPTY", "  ")
+    assert env_bool("X_BOOL") is True
+    assert env_int("X_INT", 1) == 7
+    assert env_float("X_FLOAT", 0.0) == 2.5
+    assert env_list("X_LIST", []) == ["a", "b", "c"]
+    assert env_int("X_EMPTY", 3) == 3
+    assert env_bool("X_UNSET_ANYWHERE", False) is False
+
+
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [
+        ("maybe", lambda: env_bool("X")),
+        ("seven", lambda: env_int("X", 1)),
+        ("0", lambda: env_int("X", 1, minimum=1)),
+        ("fast", lambda: env_float("X", 1.0)),
+        ("mysql://db", lambda: env_url("X", ("postgres",))),
+    ],
+)
+def test_it_raises_improperly_configured_on_bad_values(
+    monkeypatch: pytest.MonkeyPatch, value: str, read: object
+) -> None:
+    monkeypatch.setenv("X", value)
+    with pytest.raises(ImproperlyConfigured, match=f"X={value!r}|X=0"):
+        read()  # type: ignore[operator]
+
+
+def test_it_creates_the_secret_key_once_and_privately(tmp_path: Path) -> None:
+    path = tmp_path / "var" / "secret_key"
+    first = load_or_create_secret_key(path)
+    assert len(first) >= 50
+    assert load_or_create_secret_key(path) == first
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def _settings_in_subprocess(env: dict[str, str], tmp_path: Path) -> dict[str, object]:
+    code = (
+        "import json; from django.conf import settings as s; "
+        "print(json.dumps({'engine': s.DATABASES['default']['ENGINE'], 'broker': s.CELERY_BROKER_URL, "
+        "'layer': s.CHANNEL_LAYERS['default']['BACKEND'], 'debug': s.DEBUG, 'secret': s.SECRET_KEY}))"
+    )
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG")
+    }
+    full_env = {
+        **base,
+        "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "VAR_DIR": str(tmp_path),
+        **env,
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    if out.returncode != 0:
+        return {"error": out.stderr}
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_it_defaults_to_the_embedded_backends(tmp_path: Path) -> None:
+    local = _settings_in_subprocess({}, tmp_path)
+    assert local["engine"] == "django.db.backends.sqlite3"
+    assert local["broker"] == "filesystem://"
+    assert local["layer"] == "channels.layers.InMemoryChannelLayer"
+    assert local["debug"] is False
+    assert local["secret"] == (tmp_path / "secret_key").read_text().strip()
+
+
+def test_it_switches_to_postgres_and_redis(tmp_path: Path) -> None:
+    prod = _settings_in_subprocess(
+        {
+            "DATABASE_URL": "postgres://u:p@db:5432/platform",
+            "REDIS_URL": "redis://cache:6379/1",
+            "SECRET_KEY": "k" * 60,
+        },
+        tmp_path,
+    )
+    assert prod["engine"] == "django.db.backends.postgresql"
+    assert prod["broker"] == "redis://cache:6379/1"
+    assert prod["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert prod["secret"] == "k" * 60
+
+
+def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path) -> None:
+    bad = _settings_in_subprocess({"DEBUG": "perhaps"}, tmp_path)
+    assert "ImproperlyConfigured" in str(bad["error"]) and "DEBUG='perhaps'" in str(bad["error"])
+
+
+@pytest.mark.django_db
+def test_it_has_no_missing_migrations() -> None:
+    call_command("makemigrations", "--check", "--dry-run", verbosity=0)
