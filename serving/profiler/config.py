@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.workload import make_workload
+from serving.workload import get_length_dist, make_workload
 from serving.workload.request import Request
 
 
@@ -77,6 +77,7 @@ class WorkloadSpec:
             raise ValueError(f"{self.num_requests=} must be positive")
         _positive_finite("burstiness", self.burstiness)
         _positive_finite("burst_duration_s", self.burst_duration_s)
+        get_length_dist(self.dataset)  # an unknown dataset fails here, listing the known ones
 
     def requests(self, rate: float) -> list[Request]:
         """The workload at `rate` requests/s."""

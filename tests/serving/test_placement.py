@@ -106,6 +106,23 @@ def test_it_finds_the_brute_force_optimum(seed: int) -> None:
     check_plan_is_valid(plan, models, servers)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_it_finds_the_brute_force_optimum_on_mixed_server_kinds(seed: int) -> None:
+    # two interchangeable 4-GPU servers, a 2-GPU one and a 4-GPU one without NVLink: symmetry
+    # breaking may only permute servers of the same kind
+    servers = [
+        ServerSpec("a", 4, 80 * GIB),
+        ServerSpec("b", 2, 80 * GIB),
+        ServerSpec("c", 4, 80 * GIB),
+        ServerSpec("d", 4, 80 * GIB, nvlink=False),
+    ]
+    models = make_models(200 + seed, 6, max_tp=4, gpu_budget=12)
+    plan = get_placer("cp-sat").place(models, servers)
+    assert plan.objective == brute_force_optimum(models, servers, plan.role_weight)
+    assert plan.status == "optimal"
+    check_plan_is_valid(plan, models, servers)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_it_never_lets_greedy_beat_the_ilp(seed: int) -> None:
     servers = make_servers(3, 4)

@@ -118,6 +118,17 @@ def test_it_rejects_a_bad_sla() -> None:
             LatencySLA(ttft, tbt)
 
 
+def test_it_rejects_a_bad_workload_or_config_up_front() -> None:
+    with pytest.raises(ValueError, match="nosuchdata"):
+        WorkloadSpec(dataset="nosuchdata")
+    with pytest.raises(ValueError, match="num_requests"):
+        WorkloadSpec(num_requests=0)
+    with pytest.raises(ValueError, match="initial_rate"):
+        ProfilerConfig(initial_rate=0.0)
+    with pytest.raises(ValueError, match="safety_margin"):
+        ProfilerConfig(producer_threshold=0.1, safety_margin=0.2)
+
+
 def test_it_reports_an_sla_missed_even_at_the_lowest_rate() -> None:
     probe = CountingProbe(threshold=0.0)
     with pytest.raises(ProfilingError, match=r"missed even at 0\.01 req/s"):
