@@ -129,6 +129,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         for index in stored.unknown_devices:
             await self.reject_once(f"device:{index}", "devices", f"device index {index} was not registered")
         for dep in stored.unknown_deployments:
+            if not dep.isdigit():
+                # Engines the control plane did not place (a simulated host's built-in "sim:<device>"
+                # engines) have no deployment to store under; nothing is wrong.
+                continue
             await self.reject_once(
                 f"deployment:{dep}", "engines", f"deployment {dep!r} is not on host {linked.name}"
             )

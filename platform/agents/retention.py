@@ -85,6 +85,12 @@ def _mean(a: Any, wa: float, b: Any, wb: float) -> Any:
     return (a * wa + b * wb) / (wa + wb)
 
 
+def _count(agg: dict[str, Any], name: str) -> int:
+    """How many samples a MEAN field's value stands for: those that reported it. Aggregates read
+    back from a minute row lack the count; all their samples are assumed to have reported it."""
+    return agg.get(name + "#n", agg["samples"] if agg[name] is not None else 0)
+
+
 def merge(spec: Spec, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Combine two aggregates of the same key; ``b`` is the newer. Each has "samples"."""
     na, nb = a["samples"], b["samples"]
@@ -92,7 +98,9 @@ def merge(spec: Spec, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for name, (rule, _, weight) in spec.items():
         x, y = a[name], b[name]
         if rule is Rule.MEAN:
-            out[name] = _mean(x, na, y, nb)
+            ca, cb = _count(a, name), _count(b, name)
+            out[name] = _mean(x, ca, y, cb)
+            out[name + "#n"] = ca + cb
         elif rule is Rule.MAX:
             out[name] = y if x is None else x if y is None else max(x, y)
         elif rule is Rule.SUM:
@@ -115,6 +123,9 @@ def fold(spec: Spec, key_field: str, rows: Iterable[dict[str, Any]]) -> dict[Key
     for row in rows:
         one = {name: row[source] for name, (_, source, _) in spec.items()}
         one["samples"] = 1
+        for name, (rule, _, _) in spec.items():
+            if rule is Rule.MEAN:
+                one[name + "#n"] = int(one[name] is not None)
         key = (row[key_field], minute_of(row["ts"]))
         prev = out.get(key)
         out[key] = one if prev is None else merge(spec, prev, one)
@@ -179,7 +190,11 @@ def _downsample(
         row = existing.get(key)
         if row is not None:
             agg = merge(spec, {"samples": row.samples, **{f: getattr(row, f) for f in spec}}, agg)
-        values = {f: (round(v) if f in INTEGER_FIELDS and v is not None else v) for f, v in agg.items()}
+        values = {
+            f: (round(v) if f in INTEGER_FIELDS and v is not None else v)
+            for f, v in agg.items()
+            if "#" not in f
+        }
         if row is None:
             create.append(minute_model(**{key_field: key[0], "minute": key[1]}, **values))
         else:

@@ -1,0 +1,76 @@
+"""Host liveness: heartbeats keep a host online; silence makes it stale, then offline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import pytest
+from agents import sweeper
+from agents.tasks import sweep_liveness
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import override_settings
+from django.utils import timezone
+from inventory.models import Host, HostStatus
+
+from config.asgi import application
+
+from .conftest import AgentHost, register_frame
+
+FAST = override_settings(
+    AGENTS_SWEEP_IN_ASGI=True,
+    AGENTS_SWEEP_INTERVAL_S=0.1,
+    AGENTS_DESIRED_POLL_S=60.0,
+    HOST_STALE_AFTER_S=1.0,
+    HOST_OFFLINE_AFTER_S=2.0,
+)
+
+
+@pytest.mark.django_db
+@override_settings(HOST_STALE_AFTER_S=2.5, HOST_OFFLINE_AFTER_S=6.0)
+def test_it_sweeps_statuses_from_the_last_heartbeat() -> None:
+    now = timezone.now()
+    for name, silent_s in (("quiet", 3.0), ("gone", 7.0), ("fine", 1.0)):
+        Host.objects.create(
+            name=name, status=HostStatus.ONLINE, last_seen_at=now - timedelta(seconds=silent_s)
+        )
+    assert sweep_liveness() == 2  # the Celery task, called as the worker would
+    statuses = dict(Host.objects.values_list("name", "status"))
+    assert statuses == {"quiet": HostStatus.STALE, "gone": HostStatus.OFFLINE, "fine": HostStatus.ONLINE}
+
+
+async def wait_status(host_id: int, status: str, timeout_s: float) -> float:
+    start = time.monotonic()
+    while True:
+        host = await database_sync_to_async(Host.objects.get)(pk=host_id)
+        if host.status == status:
+            return time.monotonic() - start
+        assert time.monotonic() - start < timeout_s, f"host still {host.status}, expected {status}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_the_asgi_process_marks_a_silent_host_stale_then_offline(agent_host: AgentHost) -> None:
+    with FAST:
+        comm = WebsocketCommunicator(
+            application, "/ws/agent/", headers=[(b"authorization", f"Bearer {agent_host.token}".encode())]
+        )
+        try:
+            assert (await comm.connect())[0]
+            await comm.send_json_to(register_frame())
+            await comm.receive_json_from(timeout=5)
+            host_id = agent_host.host.pk
+            assert (await database_sync_to_async(Host.objects.get)(pk=host_id)).status == HostStatus.ONLINE
+            for _ in range(3):  # heartbeats hold it online past the stale threshold
+                await comm.send_json_to({"v": 1, "type": "heartbeat", "ts": time.time()})
+                await asyncio.sleep(0.5)
+            assert (await database_sync_to_async(Host.objects.get)(pk=host_id)).status == HostStatus.ONLINE
+            await comm.disconnect()  # silence from here on
+            stale_after = await wait_status(host_id, HostStatus.STALE, 5.0)
+            offline_after = stale_after + await wait_status(host_id, HostStatus.OFFLINE, 5.0)
+            assert 0.5 < stale_after < offline_after
+        finally:
+            await sweeper.stop()
