@@ -50,7 +50,9 @@ def make_host(cfg: AgentConfig) -> Host:
     if cfg.simulate is not None:
         from gpu_agent.simulated import SimulatedHost
 
-        return SimulatedHost(cfg.simulate, model=cfg.sim_model, rate=cfg.sim_rate, seed=cfg.sim_seed)
+        return SimulatedHost(
+            cfg.simulate, model=cfg.sim_model, rate=cfg.sim_rate, seed=cfg.sim_seed, name=cfg.name
+        )
     from gpu_agent.host import LocalHost
     from gpu_agent.inventory import detect_inventory
 
@@ -77,7 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    host = make_host(cfg)
+    try:
+        host = make_host(cfg)
+    except ValueError as exc:
+        print(f"python -m gpu_agent: error: {exc}", file=sys.stderr)
+        return 2
     agent = Agent(
         host,
         cfg.control_plane,
