@@ -36,7 +36,8 @@ from serving.placement.local_search import improve, spread_greedy
 from serving.placement.plan import Plan
 from serving.placement.registry import register_placer
 
-_POLL_S = 0.05
+_POLL_S = 0.05  # how often cancellation is polled
+_PROGRESS_EVERY_S = 0.5  # how often progress is reported while searching
 _LOCAL_SEARCH_SHARE = 0.5  # of the time limit, at most, spent on the hint's local search
 
 
@@ -191,6 +192,7 @@ class CpSatPlacer(Placer):
         worker = threading.Thread(target=work, name="cp-sat", daemon=True)
         worker.start()
         cancelled = False
+        reported = -_PROGRESS_EVERY_S
         try:
             while worker.is_alive():
                 worker.join(_POLL_S)
@@ -198,6 +200,9 @@ class CpSatPlacer(Placer):
                     cancelled = True
                     solver.stop_search()
                 elapsed = time.perf_counter() - started
+                if elapsed - reported < _PROGRESS_EVERY_S:
+                    continue
+                reported = elapsed
                 frac = min(0.99, elapsed / self.config.time_limit_s)
                 best = "none yet" if incumbent.objective is None else f"{incumbent.objective:.0f}"
                 progress(frac, f"CP-SAT searching: best objective {best}, {incumbent.solutions} solutions")
