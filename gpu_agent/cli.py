@@ -59,7 +59,7 @@ def make_host(cfg: AgentConfig) -> Host:
     return LocalHost(
         detect_inventory(),
         cfg.state_dir,
-        engine_bind=cfg.engine_bind,
+        engine_bind=cfg.engine_bind or "127.0.0.1",
         health_timeout_s=cfg.health_timeout_s,
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 import socket
 from dataclasses import dataclass, field
@@ -30,6 +31,14 @@ def sim_gpu_kinds() -> dict[str, int]:
     from serving.costmodel.gpus import GPU_SPECS
 
     return {name.upper(): spec.memory_bytes for name, spec in sorted(GPU_SPECS.items())}
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_simulate_spec(spec: str) -> tuple[int, str]:
@@ -64,11 +73,16 @@ class AgentConfig:
     sim_seed: int = field(default=0, metadata={"help": "seed of the simulated workloads"})
     telemetry_interval_s: float = field(default=1.0, metadata={"help": "seconds between telemetry frames"})
     buffer_size: int = field(default=300, metadata={"help": "telemetry frames kept while disconnected"})
-    engine_bind: str = field(default="127.0.0.1", metadata={"help": "address engines listen on"})
+    engine_bind: str | None = field(
+        default=None,
+        metadata={"help": "address engines listen on (default: --address if it is an IP, else 0.0.0.0)"},
+    )
     health_timeout_s: float = field(default=600.0, metadata={"help": "engine start-up limit"})
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
+        if self.engine_bind is None:
+            self.engine_bind = self.address if _is_ip(self.address) else "0.0.0.0"
         if not self.control_plane:
             raise ValueError("control_plane is required (--control-plane URL)")
         agent_ws_url(self.control_plane)  # raises ValueError naming a bad URL

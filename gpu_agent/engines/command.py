@@ -26,6 +26,7 @@ class LaunchSpec:
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    probe_host: str = "127.0.0.1"  # where the agent reaches the engine's /health and /metrics
 
     def __str__(self) -> str:
         return shlex.join(self.argv)
@@ -93,7 +94,8 @@ class VllmLauncher:
         env["AQUA_DEVICE"] = str(spec.devices[0])
         if self.stats_dir is not None:
             env["AQUA_STATS_DIR"] = os.path.join(self.stats_dir, safe_name(spec.id))
-        return LaunchSpec(argv, env)
+        probe = "127.0.0.1" if self.bind in ("", "0.0.0.0", "::") else self.bind
+        return LaunchSpec(argv, env, probe_host=probe)
 
 
 def safe_name(deployment_id: str) -> str:

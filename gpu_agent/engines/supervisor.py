@@ -185,7 +185,8 @@ class EngineSupervisor:
                 return f"engine could not be started: {exc}"
         proc = self._proc
         self._set_state("starting", error=None)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as http:
+        base_url = f"http://{_url_host(launch.probe_host)}:{port}"
+        async with httpx.AsyncClient(base_url=base_url, timeout=5.0) as http:
             healthy = await self._wait_healthy(proc, http)
             if healthy:
                 self._ran_stable_since = time.monotonic()
@@ -267,6 +268,10 @@ class EngineSupervisor:
             log.warning("Engine %s ignored SIGTERM for %.0f s; killing it.", self.spec.id, self._grace_s)
             _signal_group(proc.pid, signal.SIGKILL)
             await proc.wait()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

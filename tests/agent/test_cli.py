@@ -88,3 +88,10 @@ async def test_it_runs_as_a_process_and_stops_on_sigterm(tmp_path: Path) -> None
         await server.stop()
     assert proc.returncode == 0, out.decode()
     assert b"No NVIDIA driver" in out
+
+
+def test_it_binds_engines_where_the_control_plane_will_reach_them() -> None:
+    base = ["--control-plane", "http://cp", "--token", "t"]
+    assert make_config([*base, "--address", "10.1.2.3"]).engine_bind == "10.1.2.3"
+    assert make_config([*base, "--address", "agent"]).engine_bind == "0.0.0.0"
+    assert make_config([*base, "--address", "agent", "--engine-bind", "127.0.0.1"]).engine_bind == "127.0.0.1"

@@ -240,6 +240,11 @@ def test_it_builds_the_vllm_command_for_a_cpu_host_without_aqua() -> None:
     assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert "CUDA_VISIBLE_DEVICES" not in launch.env
     assert launch.env["PYTHONPATH"] == REPO_ROOT
+    assert launch.argv[launch.argv.index("--host") + 1] == "127.0.0.1" and launch.probe_host == "127.0.0.1"
+    everywhere = VllmLauncher("cpu", bind="0.0.0.0", base_env={})(s, 9000)
+    assert everywhere.argv[everywhere.argv.index("--host") + 1] == "0.0.0.0"
+    assert everywhere.probe_host == "127.0.0.1"
+    assert VllmLauncher("cpu", bind="10.0.0.7", base_env={})(s, 9000).probe_host == "10.0.0.7"
 
 
 def test_it_interpolates_quantiles_inside_buckets_like_prometheus() -> None:
