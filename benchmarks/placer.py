@@ -77,7 +77,8 @@ def run_instance(
     ratio = greedy.objective / ilp.objective if ilp.objective else float("inf")
     print(
         f"[{label}] {len(models)} models on {len(servers)} servers: ILP {ilp.objective} "
-        f"({ilp.status}, bound {ilp.best_bound}, gap {ilp.gap:.4f}) in {solve_seconds:.2f}s; "
+        f"({ilp.status}, bound {ilp.best_bound}, gap {ilp.gap:.4f}, hint {ilp.hint_objective}) "
+        f"in {solve_seconds:.2f}s; "
         f"greedy {greedy.objective} in {greedy_seconds:.3f}s; greedy/ILP = {ratio:.3f}; "
         f"DRAM fallbacks ILP {len(ilp.dram_fallbacks)} vs greedy {len(greedy.dram_fallbacks)}"
     )
@@ -92,6 +93,7 @@ def run_instance(
         "status": ilp.status,
         "ilp_objective": ilp.objective,
         "best_bound": ilp.best_bound,
+        "hint_objective": ilp.hint_objective,
         "greedy_objective": greedy.objective,
         "greedy_seconds": greedy_seconds,
         "greedy_over_ilp": ratio,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 from ortools.sat.python import cp_model
 
@@ -109,7 +110,7 @@ class CpSatPlacer(Placer):
             assignment = [next(s for s, var in row.items() if solver.boolean_value(var)) for row in x]
             bound = max(instance.lower_bound(), int(-(-solver.best_objective_bound // 1)))
         objective = instance.objective(assignment)
-        return assemble_plan(
+        plan = assemble_plan(
             instance,
             assignment,
             best_bound=min(bound, objective),
@@ -117,6 +118,7 @@ class CpSatPlacer(Placer):
             solver=self.name,
             solve_seconds=time.perf_counter() - started,
         )
+        return replace(plan, hint_objective=None if hint is None else instance.objective(hint))
 
     def _build(
         self, instance: PlacementInstance, should_cancel: CancelFn

@@ -114,6 +114,8 @@ class Plan:
         solve_seconds: Wall time of the solve.
         unit_bytes: Bytes per balance unit.
         role_weight: Weight of the role term, in balance units.
+        hint_objective: Objective of the starting solution handed to the solver (CP-SAT only), to
+            show how much the search itself improved on it.
     """
 
     assignments: dict[str, Assignment]
@@ -128,6 +130,7 @@ class Plan:
     solve_seconds: float
     unit_bytes: int
     role_weight: int
+    hint_objective: int | None = None
 
     @property
     def gap(self) -> float:
@@ -158,6 +161,7 @@ class Plan:
             "solve_seconds": self.solve_seconds,
             "unit_bytes": self.unit_bytes,
             "role_weight": self.role_weight,
+            "hint_objective": self.hint_objective,
             "max_memory_imbalance_bytes": self.max_memory_imbalance_bytes,
             "max_role_imbalance": self.max_role_imbalance,
             "assignments": [self.assignments[k].to_dict() for k in sorted(self.assignments)],
