@@ -17,6 +17,8 @@ AQUA_KV_TRANSFER = {
     "kv_connector_module_path": "serving.vllm_ext.connector",
     "kv_role": "kv_both",
 }
+# Written by serving.vllm_ext's offload worker into $AQUA_STATS_DIR (serving/aqua/offload/stats.py).
+OFFLOAD_STATS_FILE = "offload-worker.json"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -27,6 +29,8 @@ class LaunchSpec:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     probe_host: str = "127.0.0.1"  # where the agent reaches the engine's /health and /metrics
+    # The Aqua connector's worker counters (JSON with "bytes_offloaded"), if the engine writes one.
+    offload_stats: str | None = None
 
     def __str__(self) -> str:
         return shlex.join(self.argv)
@@ -92,10 +96,12 @@ class VllmLauncher:
             env["AQUA_COORDINATOR_SOCKET"] = self.aqua_socket
         env["AQUA_ENGINE_ID"] = spec.id
         env["AQUA_DEVICE"] = str(spec.devices[0])
+        offload_stats = None
         if self.stats_dir is not None:
             env["AQUA_STATS_DIR"] = os.path.join(self.stats_dir, safe_name(spec.id))
+            offload_stats = os.path.join(env["AQUA_STATS_DIR"], OFFLOAD_STATS_FILE)
         probe = "127.0.0.1" if self.bind in ("", "0.0.0.0", "::") else self.bind
-        return LaunchSpec(argv, env, probe_host=probe)
+        return LaunchSpec(argv, env, probe_host=probe, offload_stats=offload_stats)
 
 
 def safe_name(deployment_id: str) -> str:

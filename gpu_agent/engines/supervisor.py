@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -84,6 +85,7 @@ class EngineSupervisor:
         self._restart_requested = False
         self._kick = asyncio.Event()
         self._ran_stable_since: float | None = None
+        self._offload_stats: str | None = None
         self._metrics: EngineMetrics | None = None
         self._window: EngineSample | None = None
 
@@ -166,6 +168,11 @@ class EngineSupervisor:
         """Start the engine and supervise it until it exits; returns the error to report."""
         port = free_port()
         launch = self._launcher(self.spec, port)
+        self._offload_stats = launch.offload_stats
+        if launch.offload_stats is not None:
+            # Counters are "since the engine started": drop the previous process's file.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(launch.offload_stats)
         self.port, self._metrics, self._window = port, None, None
         self._ran_stable_since = None
         with open(self.log_path, "ab") as logf:
@@ -254,8 +261,19 @@ class EngineSupervisor:
             running=current.running,
             waiting=current.waiting,
             preemptions_total=current.preemptions_total,
-            bytes_offloaded=current.bytes_offloaded,
+            bytes_offloaded=max(current.bytes_offloaded, self._connector_offloaded_bytes()),
         )
+
+    def _connector_offloaded_bytes(self) -> int:
+        """Bytes the Aqua connector's worker reports offloaded (0 without its counters file)."""
+        if self._offload_stats is None:
+            return 0
+        try:
+            with open(self._offload_stats, encoding="utf-8") as f:
+                value = json.load(f).get("bytes_offloaded", 0)
+        except (OSError, ValueError, AttributeError):
+            return 0
+        return value if isinstance(value, int) and value >= 0 else 0
 
     async def _terminate(self) -> None:
         proc = self._proc

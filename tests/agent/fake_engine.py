@@ -3,12 +3,14 @@
     python fake_engine.py --port P [--fail-at-start MSG] [--ignore-sigterm] [--start-delay S]
 
 Every /metrics request adds observations (TTFT 0.05 s x2 and 0.3 s x1 per scrape; ITL 0.02 s x10),
-so each scrape window is non-empty. Writes its pid to $FAKE_ENGINE_PIDFILE when set.
+so each scrape window is non-empty. Writes its pid to $FAKE_ENGINE_PIDFILE when set, and (like the
+Aqua connector) {"bytes_offloaded": 4096 * scrapes} to $AQUA_STATS_DIR/offload-worker.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -67,6 +69,13 @@ class Handler(BaseHTTPRequestHandler):
             with State.lock:
                 State.scrapes += 1
                 body = metrics_text(State.scrapes).encode()
+                stats_dir = os.environ.get("AQUA_STATS_DIR")
+                if stats_dir:  # like serving.vllm_ext's offload worker: counters as JSON
+                    os.makedirs(stats_dir, exist_ok=True)
+                    tmp = os.path.join(stats_dir, ".offload-worker.json.tmp")
+                    with open(tmp, "w") as f:
+                        json.dump({"bytes_offloaded": 4096 * State.scrapes}, f)
+                    os.replace(tmp, os.path.join(stats_dir, "offload-worker.json"))
         else:
             self.send_error(404)
             return

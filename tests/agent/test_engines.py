@@ -16,7 +16,7 @@ import pytest_asyncio
 
 from gpu_agent.backoff import Backoff
 from gpu_agent.engines import EngineManager, LaunchSpec, VllmLauncher
-from gpu_agent.engines.command import AQUA_SCHEDULER, REPO_ROOT
+from gpu_agent.engines.command import AQUA_SCHEDULER, OFFLOAD_STATS_FILE, REPO_ROOT
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.metrics import Histogram, histogram_quantile, parse_metrics, summarize
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
@@ -35,7 +35,12 @@ def fake_launcher(pidfile: Path) -> VllmLauncher:
     def launch(s: DeploymentSpec, port: int) -> LaunchSpec:
         extra = [str(a) for a in s.model.engine_options.get("fake_args", [])]
         env = {**os.environ, "FAKE_ENGINE_PIDFILE": str(pidfile)}
-        return LaunchSpec([sys.executable, FAKE_ENGINE, "--port", str(port), *extra], env)
+        stats = None
+        if s.model.engine_options.get("stats"):
+            env["AQUA_STATS_DIR"] = str(pidfile.parent / "stats" / s.id)
+            stats = os.path.join(env["AQUA_STATS_DIR"], OFFLOAD_STATS_FILE)
+        argv = [sys.executable, FAKE_ENGINE, "--port", str(port), *extra]
+        return LaunchSpec(argv, env, offload_stats=stats)
 
     return launch  # type: ignore[return-value]
 
@@ -101,6 +106,17 @@ async def test_it_starts_an_engine_waits_for_health_and_scrapes_metrics(env: Env
     assert s.ttft.p50 == pytest.approx(0.0775) and s.ttft.p99 == pytest.approx(0.1 + 0.4 * 0.97)
     assert s.itl is not None and s.itl.count == 10 and 0.01 < (s.itl.p50 or 0) <= 0.025
     assert (s.kv_cache_usage, s.running, s.waiting, s.state) == (0.25, 3, 2, "running")
+
+
+@pytest.mark.asyncio
+async def test_it_reads_bytes_offloaded_from_the_aqua_connector_counters(env: Env) -> None:
+    stale = env.pidfile.parent / "stats" / "d1" / OFFLOAD_STATS_FILE
+    stale.parent.mkdir(parents=True)
+    stale.write_text('{"bytes_offloaded": 999999999}')  # a previous process's counters
+    await env.manager.apply([spec(stats=True)])
+    await wait_for(lambda: env.manager.samples()[0].bytes_offloaded > 0)
+    offloaded = env.manager.samples()[0].bytes_offloaded
+    assert offloaded % 4096 == 0 and offloaded < 999999999
 
 
 @pytest.mark.asyncio
@@ -210,7 +226,10 @@ def test_it_builds_the_vllm_command_for_a_gpu_host_with_aqua() -> None:
         ModelSpec("llama", "meta/llama", "bfloat16", 2, 4096, {"aqua": True, "extra_args": ["--x", 1]}),
         [2, 3],
     )
-    launch = VllmLauncher("gpu", aqua_socket="/run/aqua.sock", base_env={"PYTHONPATH": "/x"})(s, 8123)
+    launcher = VllmLauncher(
+        "gpu", aqua_socket="/run/aqua.sock", stats_dir="/var/st", base_env={"PYTHONPATH": "/x"}
+    )
+    launch = launcher(s, 8123)
     argv = launch.argv
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--model") + 1] == "meta/llama"
@@ -228,6 +247,9 @@ def test_it_builds_the_vllm_command_for_a_gpu_host_with_aqua() -> None:
     assert launch.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert launch.env["PYTHONPATH"] == f"{REPO_ROOT}{os.pathsep}/x"
     assert launch.env["AQUA_COORDINATOR_SOCKET"] == "/run/aqua.sock"
+    assert (launch.env["AQUA_ENGINE_ID"], launch.env["AQUA_DEVICE"]) == ("dep-1", "2")
+    assert launch.env["AQUA_STATS_DIR"] == "/var/st/dep-1"
+    assert launch.offload_stats == "/var/st/dep-1/offload-worker.json"
     assert "VLLM_CPU_KVCACHE_SPACE" not in launch.env
 
 
