@@ -77,7 +77,7 @@ class VllmLauncher:
             argv += ["--gpu-memory-utilization", str(float(opts["gpu_memory_utilization"]))]
         if opts.get("aqua"):
             argv += ["--scheduler-cls", AQUA_SCHEDULER]
-            argv += ["--kv-transfer-config", json.dumps(AQUA_KV_TRANSFER)]
+            argv += ["--kv-transfer-config", json.dumps(self._kv_transfer(spec))]
         argv += [str(a) for a in opts.get("extra_args", [])]
 
         env = dict(os.environ if self.base_env is None else self.base_env)
@@ -102,6 +102,16 @@ class VllmLauncher:
             offload_stats = os.path.join(env["AQUA_STATS_DIR"], OFFLOAD_STATS_FILE)
         probe = "127.0.0.1" if self.bind in ("", "0.0.0.0", "::") else self.bind
         return LaunchSpec(argv, env, probe_host=probe, offload_stats=offload_stats)
+
+    def _kv_transfer(self, spec: DeploymentSpec) -> dict[str, Any]:
+        """The Aqua connector's config: the coordinator socket and this deployment's id as its
+        consumer id (how the agent maps lending back to devices), plus engine_options["aqua_options"]
+        (e.g. dram_bytes, lent_bytes; see serving/vllm_ext/offload_config.py)."""
+        extra: dict[str, Any] = dict(spec.model.engine_options.get("aqua_options", {}))
+        if self.aqua_socket is not None:
+            extra.setdefault("coordinator", self.aqua_socket)
+        extra.setdefault("consumer_id", spec.id)
+        return {**AQUA_KV_TRANSFER, "kv_connector_extra_config": extra}
 
 
 def safe_name(deployment_id: str) -> str:

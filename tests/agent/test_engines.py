@@ -223,7 +223,14 @@ async def test_it_keeps_a_log_file_per_engine_with_a_tail(env: Env) -> None:
 def test_it_builds_the_vllm_command_for_a_gpu_host_with_aqua() -> None:
     s = DeploymentSpec(
         "dep-1",
-        ModelSpec("llama", "meta/llama", "bfloat16", 2, 4096, {"aqua": True, "extra_args": ["--x", 1]}),
+        ModelSpec(
+            "llama",
+            "meta/llama",
+            "bfloat16",
+            2,
+            4096,
+            {"aqua": True, "extra_args": ["--x", 1], "aqua_options": {"lent_bytes": 1 << 20}},
+        ),
         [2, 3],
     )
     launcher = VllmLauncher(
@@ -242,6 +249,11 @@ def test_it_builds_the_vllm_command_for_a_gpu_host_with_aqua() -> None:
         "kv_connector": "AquaConnector",
         "kv_connector_module_path": "serving.vllm_ext.connector",
         "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "coordinator": "/run/aqua.sock",
+            "consumer_id": "dep-1",
+            "lent_bytes": 1 << 20,
+        },
     }
     assert argv[-2:] == ["--x", "1"]
     assert launch.env["CUDA_VISIBLE_DEVICES"] == "2,3"
