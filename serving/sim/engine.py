@@ -126,6 +126,13 @@ class EngineSim:
                     break
                 self.now = max(now, next_t)
                 continue
+            if self._fast_forward and not self.waiting and not self._pending_xfer:
+                # Nobody waits: if every running request decodes, the policy cannot change
+                # anything (decode_invariant) and its round can be skipped; decode_run checks.
+                k = decode_run(self, min(next_t, horizon))
+                if k:
+                    self.stats.fast_forwarded_iterations += k
+                    continue
             progressed, plain_decode = self._step()
             if not progressed:
                 if next_t == inf:

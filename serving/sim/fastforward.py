@@ -1,9 +1,10 @@
 """Runs of identical decode-only iterations, computed in one go.
 
-After a decode-only iteration in which nothing but token counts changed (no prefill, admission,
-preemption, rotation, finish or transfer) under a policy whose decisions are invariant while only
-time and output counts advance, the next iterations are the same batch decoding one more token
-each, until one of these happens:
+Under a policy whose decisions are invariant while only time and output counts advance
+(`decode_invariant`), when every running request is decoding and either nobody waits or the last
+iteration was decode-only and changed nothing but token counts (no prefill, admission, preemption,
+rotation, finish or transfer, so whoever waits stays blocked), the next iterations are the same
+batch decoding one more token each, until one of these happens:
   - a request finishes (its last token ends the run: the stepped path handles that iteration);
   - the next timed change or arrival is due (an iteration starts at or after it);
   - the KV blocks the batch must allocate exceed the free blocks (that iteration would preempt).
@@ -37,7 +38,7 @@ def decode_run(engine: EngineSim, stop_time: float) -> int:
     """
     running = engine.running
     n = len(running)
-    if not n:
+    if not n or engine.now >= stop_time:
         return 0
     bs = engine.kv.block_size
     limit = min(r.target_output_tokens - r.num_output_tokens for r in running) - 1
@@ -47,6 +48,8 @@ def decode_run(engine: EngineSim, stop_time: float) -> int:
     total_ctx = 0
     for r in running:
         seq = r.num_prompt_tokens + r.num_output_tokens
+        if r.computed != seq - 1 or not r.num_output_tokens:
+            return 0  # mid-prefill: not a decode-only batch
         total_ctx += seq
         allocs[r.blocks * bs - seq + 1] += 1
     d = engine.cost.decode

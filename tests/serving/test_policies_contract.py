@@ -71,13 +71,15 @@ def test_it_returns_permutations_subsets_and_a_cap_in_range(name: str, seed: int
 @pytest.mark.parametrize("name", POLICIES)
 @pytest.mark.parametrize("mode", ["recompute", "offload_dram"])
 def test_it_runs_a_simulation_to_completion(name: str, mode: str) -> None:
-    # A small KV cache forces preemptions, so every policy decision is exercised. Policies must
-    # cope without length predictions (recompute run) and with them (offload run).
+    # A small KV cache makes FCFS preempt (checked below), so every engine path is exercised; a
+    # policy may avoid preempting. Policies must cope without length predictions (recompute run)
+    # and with them (offload run).
     engine = make_engine(name, num_kv_blocks=400, max_num_seqs=32, preemption_mode=mode)
     reqs = make_requests(150, rate=40, seed=7)
     predictions = {r.req_id: r.output_tokens for r in reqs} if mode == "offload_dram" else None
     recs = engine.run(reqs, predictions=predictions)
-    assert engine.stats.preemptions > 0
+    if name == "fcfs":
+        assert engine.stats.preemptions > 0
     for req, rec in zip(reqs, recs, strict=True):
         assert rec.finished and len(rec.token_times) == req.output_tokens
         assert rec.token_times[0] > req.arrival
