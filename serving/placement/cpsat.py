@@ -17,6 +17,11 @@ only sit on the first m + 1 servers of each kind: x[m, s_i] = 0 for i > m.
 Hint: the naive greedy (greedy.py) and a spread-minimising greedy are built, the better one is
 improved by local search (local_search.py, at most half the time limit), relabelled as above and
 given to CP-SAT as a solution hint. The time limit covers the whole solve.
+
+Reproducibility: the hint is deterministic (unless its local search hits its deadline); when the
+search does not beat it, the hint is the plan. With num_workers > 1 an improvement found within a
+wall-clock limit can differ between runs (CP-SAT's parallel search); use num_workers=1 for plans
+that repeat exactly.
 """
 
 from __future__ import annotations
@@ -109,6 +114,10 @@ class CpSatPlacer(Placer):
         else:
             assignment = [next(s for s, var in row.items() if solver.boolean_value(var)) for row in x]
             bound = max(instance.lower_bound(), int(-(-solver.best_objective_bound // 1)))
+            if hint is not None and instance.objective(hint) <= instance.objective(assignment):
+                # Multi-threaded CP-SAT may return a different solution of the same objective on
+                # each run; the hint is reproducible, so prefer it unless the search beat it.
+                assignment = hint
         objective = instance.objective(assignment)
         plan = assemble_plan(
             instance,

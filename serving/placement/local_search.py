@@ -50,46 +50,41 @@ class _State:
         return float(obj), float(spread)
 
     def best_move_from(self, s: int) -> tuple[tuple[float, float], int, int] | None:
-        """Best (key, model a on s, partner) where partner >= 0 is a model to swap with and
-        partner < 0 encodes a move of a to server -partner - 1."""
-        best: tuple[tuple[float, float], int, int] | None = None
+        """Best (key, model a on s, partner) over every model a on s, where partner >= 0 is a
+        model of equal tp on another server to swap with, and partner < 0 encodes a move of a to
+        server -partner - 1 (which has room). All candidates are evaluated in one vectorised pass."""
         on_s = np.flatnonzero(self.where == s)
-        abs_mem, abs_role = np.abs(self.mem), np.abs(self.role)
-        servers = np.arange(len(self.mem))
-        for a in on_s.tolist():
-            # swaps with equal-tp models elsewhere
-            bs = np.flatnonzero((self.where != s) & (self.tp == self.tp[a]))
-            ts = self.where[bs]
-            cand = self._evaluate(s, ts, self.w[bs] - self.w[a], self.r[bs] - self.r[a], abs_mem, abs_role)
-            # moves to servers with room
-            room = servers[(servers != s) & (self.used + self.tp[a] <= self.cap)]
-            cand_m = self._evaluate(
-                s, room, np.full(len(room), -self.w[a]), np.full(len(room), -self.r[a]), abs_mem, abs_role
-            )
-            for keys, partners in ((cand, bs), (cand_m, -room - 1)):
-                if len(partners) == 0:
-                    continue
-                i = int(np.lexsort((keys[1], keys[0]))[0])
-                k = (float(keys[0][i]), float(keys[1][i]))
-                if best is None or k < best[0]:
-                    best = (k, a, int(partners[i]))
-        return best
+        if len(on_s) == 0:
+            return None
+        n_servers = len(self.mem)
+        # swaps: (a on s, b elsewhere with the same tp)
+        same_tp = (self.tp[on_s][:, None] == self.tp[None, :]) & (self.where != s)[None, :]
+        sa, sb = np.nonzero(same_tp)
+        # moves: (a on s, server t != s with room for a)
+        room = (self.used[None, :] + self.tp[on_s][:, None] <= self.cap[None, :]) & (
+            np.arange(n_servers) != s
+        )[None, :]
+        ma, mt = np.nonzero(room)
+        a_idx = np.concatenate([on_s[sa], on_s[ma]])
+        if len(a_idx) == 0:
+            return None
+        ts = np.concatenate([self.where[sb], mt])
+        dw = np.concatenate([self.w[sb], np.zeros(len(ma))]) - self.w[a_idx]
+        dr = np.concatenate([self.r[sb], np.zeros(len(ma))]) - self.r[a_idx]
+        partners = np.concatenate([sb, -mt - 1])
+        obj, spread = self._evaluate(s, ts, dw, dr)
+        i = int(np.lexsort((spread, obj))[0])
+        return (float(obj[i]), float(spread[i])), int(a_idx[i]), int(partners[i])
 
     def _evaluate(
-        self,
-        s: int,
-        ts: np.ndarray,
-        dw: np.ndarray,
-        dr: np.ndarray,
-        abs_mem: np.ndarray,
-        abs_role: np.ndarray,
+        self, s: int, ts: np.ndarray, dw: np.ndarray, dr: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Keys after server s gains (dw, dr) and servers ts lose them (vectorised over ts)."""
         new_ms, new_mt = self.mem[s] + dw, self.mem[ts] - dw
         new_rs, new_rt = self.role[s] + dr, self.role[ts] - dr
-        obj = np.maximum(np.maximum(np.abs(new_ms), np.abs(new_mt)), _max_excluding(abs_mem, s, ts))
+        obj = np.maximum(np.maximum(np.abs(new_ms), np.abs(new_mt)), _max_excluding(np.abs(self.mem), s, ts))
         obj += self.rw * np.maximum(
-            np.maximum(np.abs(new_rs), np.abs(new_rt)), _max_excluding(abs_role, s, ts)
+            np.maximum(np.abs(new_rs), np.abs(new_rt)), _max_excluding(np.abs(self.role), s, ts)
         )
         mm, rm, rw2 = self.mem_mean, self.role_mean, self.rw**2
         spread = (
@@ -100,8 +95,7 @@ class _State:
             + rw2
             * ((new_rs - rm) ** 2 - (self.role[s] - rm) ** 2 + (new_rt - rm) ** 2 - (self.role[ts] - rm) ** 2)
         )
-        base_spread = self.key()[1]
-        return obj, base_spread + spread
+        return obj, self.key()[1] + spread
 
     def apply(self, a: int, partner: int) -> None:
         s = int(self.where[a])
@@ -178,10 +172,17 @@ def improve(
     deadline: float,
     should_cancel: Callable[[], bool] | None = None,
 ) -> list[int]:
-    """Local search from `assignment` until a local optimum or `time.perf_counter() >= deadline`."""
+    """Local search from `assignment` until a local optimum, `patience` moves in a row that do not
+    lower the objective (they only narrow the spread), or `time.perf_counter() >= deadline`.
+
+    The first two stops are deterministic; the deadline is a safety cap that a run normally does
+    not reach (patience = 2 x servers + models bounds the plateau walk).
+    """
     state = _State(instance, assignment)
     current = state.key()
-    while time.perf_counter() < deadline:
+    patience = 2 * instance.num_servers + instance.num_models
+    stale = 0
+    while stale < patience and time.perf_counter() < deadline:
         if should_cancel is not None and should_cancel():
             raise PlacementCancelled("placement cancelled during local search")
         deviation = np.abs(state.mem - state.mem_mean) + state.rw * np.abs(state.role - state.role_mean)
@@ -190,6 +191,7 @@ def improve(
             found = state.best_move_from(s)
             if found is not None and _better(found[0], current):
                 state.apply(found[1], found[2])
+                stale = 0 if found[0][0] < current[0] else stale + 1
                 current = state.key()
                 moved = True
                 break

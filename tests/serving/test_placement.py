@@ -289,3 +289,32 @@ def test_it_rejects_a_model_without_a_profile() -> None:
     models = [ModelProfile("a", "producer", 1, lendable_bytes=GIB), None]
     with pytest.raises(PlacementError, match="no profile"):
         get_placer("cp-sat").place(models, make_servers(1, 2))  # type: ignore[arg-type]
+
+
+def test_its_plans_repeat_exactly_with_one_worker() -> None:
+    servers = make_servers(6, 4)
+    models = make_models(11, 16, max_tp=4, gpu_budget=22)
+
+    def run() -> dict:
+        data = (
+            get_placer("cp-sat", PlacerConfig(num_workers=1, time_limit_s=5)).place(models, servers).to_dict()
+        )
+        data.pop("solve_seconds")
+        return data
+
+    assert run() == run()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_its_local_search_hint_never_worsens_its_start(seed: int) -> None:
+    from serving.placement.greedy import greedy_assignment
+    from serving.placement.instance import PlacementInstance
+    from serving.placement.local_search import improve, spread_greedy
+
+    servers = make_servers(8, 8)
+    models = make_models(300 + seed, 40, max_tp=4, gpu_budget=64)
+    instance = PlacementInstance.build(models, servers, PlacerConfig())
+    for start in (greedy_assignment(instance), spread_greedy(instance)):
+        better = improve(instance, start, deadline=float("inf"))
+        assert instance.fits(better)
+        assert instance.lower_bound() <= instance.objective(better) <= instance.objective(start)
