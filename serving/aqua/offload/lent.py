@@ -1,0 +1,185 @@
+"""KV store in a region lent by a paired producer, leased through the aqua coordinator.
+
+Protocol (aqua-lib, consumer side):
+  * allocate `lent_bytes` all-or-nothing from the coordinator, attach the region through the
+    allocation's handle, and carve per-request buffers out of it (first fit);
+  * every engine step `poll()` asks the coordinator for `pending_reclaims`; once the allocation is
+    listed, no new buffer is handed out and every held key is returned for evacuation (the worker
+    copies each to DRAM, then discards it here);
+  * when the last key is discarded the region is detached and the allocation freed, which lets the
+    producer's reclaim finish. After that nothing is read from the region: `get` returns None.
+A background thread frees an allocation that is being reclaimed while holding no key, so an idle
+engine does not keep a producer waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from serving.aqua.offload.store import KVStore
+
+if TYPE_CHECKING:
+    import torch
+
+    from serving.aqua.coordinator.records import Allocation
+    from serving.aqua.memory.base import Region
+
+logger = logging.getLogger(__name__)
+
+ALIGN = 256
+
+
+class LentRegionStore(KVStore):
+    """Buffers inside one allocation of a lent region.
+
+    Args:
+        socket_path: The coordinator's Unix socket.
+        consumer_id: This engine's consumer id.
+        nbytes: Size of the allocation to request.
+        retry_seconds: Minimum time between allocation attempts after a refusal.
+    """
+
+    tier = "lent"
+
+    def __init__(self, socket_path: str, consumer_id: str, nbytes: int, retry_seconds: float = 1.0) -> None:
+        from serving.aqua.coordinator import AquaClient
+
+        self.consumer_id = consumer_id
+        self.nbytes = nbytes
+        self.retry_seconds = retry_seconds
+        self.client = AquaClient(socket_path, name=f"{consumer_id}/kv-offload")
+        self._lock = threading.RLock()
+        self._alloc: Allocation | None = None
+        self._region: Region | None = None
+        self._base: torch.Tensor | None = None
+        self._entries: dict[str, tuple[int, int]] = {}  # key -> (offset, nbytes) in the allocation
+        self._reclaiming = False
+        self._next_try = 0.0
+        self.allocations = 0
+        self.releases = 0
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="aqua-lent-watch", daemon=True)
+        self._watcher.start()
+
+    # -- allocation lifecycle -----------------------------------------------------------------------
+    def _ensure_allocation(self) -> bool:
+        if self._alloc is not None:
+            return not self._reclaiming
+        now = time.monotonic()
+        if now < self._next_try:
+            return False
+        self._next_try = now + self.retry_seconds
+        try:
+            alloc = self.client.allocate(self.consumer_id, self.nbytes)
+        except Exception as exc:  # coordinator gone: DRAM fallback
+            logger.warning("aqua: coordinator allocate failed: %s", exc)
+            return False
+        if alloc is None:
+            return False
+        from serving.aqua.memory.registry import open_region
+
+        try:
+            region = open_region(alloc.handle)
+        except Exception as exc:
+            logger.warning("aqua: cannot attach lent region %s: %s", alloc.region_id, exc)
+            self.client.free(alloc.alloc_id, self.consumer_id)
+            return False
+        self._alloc, self._region = alloc, region
+        self._base = region.tensor(alloc.offset, alloc.nbytes)
+        self._reclaiming = False
+        self.allocations += 1
+        logger.info("aqua: allocated %d B of lent region %s", alloc.nbytes, alloc.region_id)
+        return True
+
+    def _release(self) -> None:
+        """Detach and free the allocation (no key may be held)."""
+        alloc, region = self._alloc, self._region
+        self._entries.clear()
+        self._alloc, self._region, self._base = None, None, None
+        self._reclaiming = False
+        if region is not None:
+            region.close()
+        if alloc is not None:
+            try:
+                self.client.free(alloc.alloc_id, self.consumer_id)
+            except Exception as exc:
+                logger.warning("aqua: free of %s failed: %s", alloc.alloc_id, exc)
+            self.releases += 1
+            logger.info("aqua: gave back lent region %s", alloc.region_id)
+
+    def _check_reclaim(self) -> None:
+        if self._alloc is None:
+            return
+        try:
+            pending = self.client.pending_reclaims(self.consumer_id)
+        except Exception as exc:
+            logger.warning("aqua: pending_reclaims failed (%s); treating the region as withdrawn", exc)
+            pending = [self._alloc]
+        if any(a.alloc_id == self._alloc.alloc_id for a in pending):
+            self._reclaiming = True
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.05):
+            with self._lock:
+                if self._alloc is None or self._entries:
+                    continue
+                self._check_reclaim()
+                if self._reclaiming:
+                    self._release()
+
+    # -- KVStore --------------------------------------------------------------------------------------
+    def reserve(self, key: str, nbytes: int) -> torch.Tensor | None:
+        with self._lock:
+            self.discard(key)
+            if not self._ensure_allocation() or self._base is None:
+                return None
+            offset = self._first_fit(nbytes)
+            if offset is None:
+                return None
+            self._entries[key] = (offset, nbytes)
+            return self._base[offset : offset + nbytes]
+
+    def _first_fit(self, nbytes: int) -> int | None:
+        assert self._alloc is not None
+        cursor = 0
+        for off, n in sorted(self._entries.values()):
+            if off - cursor >= nbytes:
+                return cursor
+            cursor = -(-(off + n) // ALIGN) * ALIGN
+        return cursor if self._alloc.nbytes - cursor >= nbytes else None
+
+    def get(self, key: str) -> torch.Tensor | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or self._base is None:
+                return None
+            off, n = entry
+            return self._base[off : off + n]
+
+    def discard(self, key: str) -> None:
+        with self._lock:
+            if self._entries.pop(key, None) is not None and self._reclaiming and not self._entries:
+                self._release()
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return sorted(self._entries)
+
+    def poll(self) -> list[str]:
+        with self._lock:
+            self._check_reclaim()
+            if not self._reclaiming:
+                return []
+            if not self._entries:
+                self._release()
+                return []
+            return sorted(self._entries)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._release()
+        self.client.close()

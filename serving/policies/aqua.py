@@ -1,0 +1,110 @@
+"""Aqua's completely fair scheduling (CFS) adapted to chunked prefill.
+
+Each request's service is the work done for it: prompt tokens processed plus tokens generated.
+Once a request has generated a token its whole prompt counts as served, even if a recompute
+preemption threw that KV away, so service never decreases.
+
+  * order_waiting: least service first (new requests before preempted ones that were served).
+  * order_running: least service first, so prefill chunks go to the prompts with the least
+    progress and decode slots to the requests with the fewest generated tokens; the most served
+    request is last, i.e. the first victim when a KV allocation fails.
+  * select_rotations: time slicing. A request admitted at least `slice_iters` iterations ago may
+    be preempted in favour of a waiting request that has `min_service_gap` fewer tokens of
+    service, when the waiting request cannot get its KV blocks or a running slot otherwise.
+    Most served victims go first; rotations are planned only when they let the waiting request in.
+  * prefill_token_cap: prefill chunks may use the budget left after one token for every decode,
+    so prefills never starve decodes.
+
+With the Aqua KV connector a rotation costs one KV copy out and back, not a recompute
+(Aqua, Vijaya Kumar et al., "Aqua: Network-Accelerated Memory Offloading for LLMs in Scale-Up
+GPU Domains", ASPLOS 2025).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from serving.policies.base import R, SchedContext, SchedRequest, SchedulingPolicy
+from serving.policies.registry import register_policy
+
+
+def service(r: SchedRequest) -> int:
+    """Tokens of work done for `r`: prompt processed (all of it once decoding began) + generated."""
+    prompt = r.num_prompt_tokens if r.num_output_tokens > 0 else r.num_computed_prompt_tokens
+    return prompt + r.num_output_tokens
+
+
+def _key(r: SchedRequest) -> tuple[int, float, str]:
+    return (service(r), r.arrival_time, str(r.req_id))
+
+
+@register_policy("aqua")
+class AquaFairPolicy(SchedulingPolicy):
+    """Completely fair: serve the least served first; rotate the most served out on a time slice.
+
+    Args:
+        slice_iters: Iterations a request keeps its slot after admission before it may be rotated.
+        min_service_gap: Minimum service lead (tokens) of a victim over the request it yields to.
+    """
+
+    def __init__(self, slice_iters: int = 4, min_service_gap: int = 16) -> None:
+        if slice_iters <= 0:
+            raise ValueError(f"{slice_iters=} must be positive")
+        if min_service_gap < 0:
+            raise ValueError(f"{min_service_gap=} must be >= 0")
+        self.slice_iters = slice_iters
+        self.min_service_gap = min_service_gap
+        # (req_id, admission_seq) -> iteration at which the policy first saw that admission running.
+        self._admitted_at: dict[tuple[Hashable, int], int] = {}
+
+    def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
+        return sorted(waiting, key=_key)
+
+    def order_running(self, running: Sequence[R], ctx: SchedContext) -> list[R]:
+        seen = {(r.req_id, r.admission_seq) for r in running}
+        for k in list(self._admitted_at):
+            if k not in seen:
+                del self._admitted_at[k]
+        for k in seen:
+            self._admitted_at.setdefault(k, ctx.iteration)
+        return sorted(running, key=_key)
+
+    def _blocks(self, tokens: int, ctx: SchedContext) -> int:
+        return -(-tokens // ctx.block_size)
+
+    def select_rotations(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> list[R]:
+        if not waiting or not running:
+            return []
+        # Candidates: most served first, only those past their time slice.
+        since = self._admitted_at
+        candidates = [
+            r
+            for r in reversed(running)
+            if ctx.iteration - since.get((r.req_id, r.admission_seq), ctx.iteration) >= self.slice_iters
+        ]
+        free = ctx.free_kv_blocks
+        slots = ctx.max_running - len(running)
+        victims: list[R] = []
+        for w in waiting:
+            need = self._blocks(w.num_prompt_tokens + w.num_output_tokens + 1, ctx)
+            if need > ctx.total_kv_blocks:
+                continue
+            planned: list[R] = []
+            gained_blocks = 0
+            gained_slots = 0
+            while free + gained_blocks < need or slots + gained_slots < 1:
+                if len(victims) + len(planned) >= len(candidates):
+                    return victims
+                v = candidates[len(victims) + len(planned)]
+                if service(v) - service(w) < self.min_service_gap:
+                    return victims
+                planned.append(v)
+                gained_blocks += self._blocks(v.num_computed_prompt_tokens + v.num_output_tokens, ctx)
+                gained_slots += 1
+            victims.extend(planned)
+            free += gained_blocks - need
+            slots += gained_slots - 1
+        return victims
+
+    def prefill_token_cap(self, ctx: SchedContext, num_decodes: int) -> int:
+        return max(0, ctx.token_budget - num_decodes)

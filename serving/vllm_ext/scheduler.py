@@ -1,0 +1,203 @@
+"""AquaScheduler: vLLM 0.32's V1 scheduler driven by a `SchedulingPolicy` (default `aqua`).
+
+Load it with `LLM(..., scheduler_cls="serving.vllm_ext.scheduler.AquaScheduler")` (the module must
+be importable in the engine process). Options, from `--additional-config` (JSON) or the
+environment:
+
+    aqua_policy          / AQUA_POLICY        policy name (default "aqua"; any registered policy)
+    aqua_slice_iters     / AQUA_SLICE_ITERS   the aqua policy's time slice, in iterations
+    aqua_policy_options                       extra policy constructor options (dict)
+    aqua_stats_dir       / AQUA_STATS_DIR     where scheduler.json (counters) is written
+
+Each step, before vLLM's own `schedule()`:
+  1. running and waiting requests are wrapped (VllmRequestView) and ordered by the policy;
+     `self.running` is rewritten in service order, so vLLM's victim on an allocation failure
+     (`self.running[-1]`) is the policy's, and `self.waiting` in admission order;
+  2. the policy's rotations are preempted through vLLM's own `_preempt_request` (after removing
+     them from `self.running`), which frees their blocks and reports their ids to the KV
+     connector; waiting is then re-ordered so they queue behind the requests they yield to;
+  3. `prefill_token_cap` is mapped onto vLLM's per-request `long_prefill_token_threshold`
+     (cap split evenly over the requests that may prefill this step), restored afterwards.
+Requires the FCFS request queue (`scheduling_policy="fcfs"`, vLLM's default).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+from vllm.v1.core.sched.request_queue import SchedulingPolicy as QueuePolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from serving.aqua.offload.stats import write_json_atomic
+from serving.policies.base import SchedContext, SchedulingPolicy
+from serving.policies.registry import get_policy
+from serving.vllm_ext.request_view import VllmRequestView
+
+logger = logging.getLogger(__name__)
+
+
+def policy_from_config(additional: dict[str, Any] | None) -> SchedulingPolicy:
+    """Build the policy named in vLLM's additional_config, else the environment, else `aqua`."""
+    extra = dict(additional or {})
+    name = str(extra.get("aqua_policy") or os.environ.get("AQUA_POLICY") or "aqua")
+    options = dict(extra.get("aqua_policy_options") or {})
+    slice_iters = extra.get("aqua_slice_iters", os.environ.get("AQUA_SLICE_ITERS"))
+    if slice_iters is not None and name == "aqua":
+        try:
+            options["slice_iters"] = int(slice_iters)
+        except ValueError:
+            raise ValueError(f"aqua_slice_iters must be an integer, got {slice_iters!r}") from None
+    return get_policy(name, **options)
+
+
+class AquaScheduler(Scheduler):
+    """vLLM scheduler whose ordering, rotations and prefill cap come from a SchedulingPolicy."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.policy != QueuePolicy.FCFS:
+            raise ValueError("AquaScheduler needs vLLM's fcfs request queue (scheduling_policy='fcfs')")
+        additional = self.vllm_config.additional_config
+        additional = additional if isinstance(additional, dict) else {}
+        self.aqua_policy = policy_from_config(additional)
+        stats_dir = additional.get("aqua_stats_dir") or os.environ.get("AQUA_STATS_DIR")
+        self._stats_path = Path(stats_dir) / "scheduler.json" if stats_dir else None
+        self._iteration = 0
+        self._next_seq = 0
+        self._admission: dict[str, int] = {}
+        self._high_water: dict[str, int] = {}  # tokens whose KV was ever computed, per request
+        self.counters: dict[str, int] = {
+            "steps": 0,
+            "preemptions": 0,
+            "rotations": 0,
+            "prefill_tokens": 0,
+            "recomputed_tokens": 0,
+            "resumed_requests": 0,
+        }
+        self._dirty = False
+        logger.info("AquaScheduler: policy %s", self.aqua_policy.name)
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _view(self, r: Request) -> VllmRequestView:
+        seq = self._admission.get(r.request_id)
+        if seq is None:
+            seq = self._admission[r.request_id] = self._next_seq
+            self._next_seq += 1
+        return VllmRequestView(r, seq)
+
+    def _context(self) -> SchedContext:
+        return SchedContext(
+            now=time.time(),
+            iteration=self._iteration,
+            token_budget=self.max_num_scheduled_tokens,
+            free_kv_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            total_kv_blocks=int(self.cache_config.num_gpu_blocks or 0),
+            block_size=self.block_size,
+            max_running=self.max_num_running_reqs,
+        )
+
+    def _order_waiting(self, ctx: SchedContext) -> list[VllmRequestView]:
+        views = [VllmRequestView(r, -1) for r in self.waiting]
+        ordered = self.aqua_policy.order_waiting(views, ctx)
+        queue = self.waiting
+        assert isinstance(queue, FCFSRequestQueue)  # a deque
+        queue.clear()
+        queue.extend(v.request for v in ordered)
+        return ordered
+
+    def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
+        self._admission.pop(request.request_id, None)
+        self.counters["preemptions"] += 1
+        self._dirty = True
+        super()._preempt_request(request, timestamp, drop_stale_output)
+
+    # -- the step ------------------------------------------------------------------------------------
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        ctx = self._context()
+        policy = self.aqua_policy
+        running = policy.order_running([self._view(r) for r in self.running], ctx)
+        self.running = [v.request for v in running]
+        waiting = self._order_waiting(ctx)
+        rotations = policy.select_rotations(running, waiting, ctx) if waiting else []
+        now = time.monotonic()
+        for v in rotations:
+            r = v.request
+            if r.status != RequestStatus.RUNNING or r not in self.running:
+                raise ValueError(f"policy {policy.name!r} rotated {r.request_id}, which is not running")
+            if not self._request_blocks_can_be_freed(r):
+                continue
+            self.running.remove(r)
+            self._preempt_request(r, now)
+            self.counters["rotations"] += 1
+        if rotations:
+            self._order_waiting(ctx)  # victims queue behind the requests they yield to
+        saved = self.scheduler_config.long_prefill_token_threshold
+        self._apply_prefill_cap(ctx)
+        try:
+            out = super().schedule(throttle_prefills)
+        finally:
+            self.scheduler_config.long_prefill_token_threshold = saved
+        self._account(out)
+        self._iteration += 1
+        return out
+
+    def _apply_prefill_cap(self, ctx: SchedContext) -> None:
+        decodes = sum(1 for r in self.running if r.num_tokens_with_spec - r.num_computed_tokens <= 1)
+        cap = self.aqua_policy.prefill_token_cap(ctx, decodes)
+        if cap >= ctx.token_budget:
+            return
+        slots = max(0, self.max_num_running_reqs - len(self.running))
+        prefills = len(self.running) - decodes + min(slots, len(self.waiting))
+        per_request = max(1, cap // max(1, prefills))
+        current = self.scheduler_config.long_prefill_token_threshold
+        if current <= 0 or per_request < current:
+            self.scheduler_config.long_prefill_token_threshold = per_request
+
+    def _account(self, out: SchedulerOutput) -> None:
+        """Count prefill tokens and those recomputed (KV that had been computed before)."""
+        c = self.counters
+        c["steps"] += 1
+        for nr in out.scheduled_new_reqs:
+            if self.requests[nr.req_id].num_preemptions > 0:
+                c["resumed_requests"] += 1
+        c["resumed_requests"] += len(out.scheduled_cached_reqs.resumed_req_ids)
+        for req_id, n in out.num_scheduled_tokens.items():
+            r = self.requests[req_id]
+            end = r.num_computed_tokens  # already advanced by this step
+            start = end - n
+            if n > 1 or end <= r.num_prompt_tokens:
+                c["prefill_tokens"] += n
+            hw = self._high_water.get(req_id, 0)
+            redo = max(0, min(hw, end) - start)
+            if redo:
+                c["recomputed_tokens"] += redo
+                self._dirty = True
+            self._high_water[req_id] = max(hw, end)
+        if c["steps"] % 256 == 0:
+            for req_id in [k for k in self._high_water if k not in self.requests]:
+                del self._high_water[req_id]
+            for req_id in [k for k in self._admission if k not in self.requests]:
+                del self._admission[req_id]
+        if self._dirty:
+            self.publish_stats()
+            self._dirty = False
+
+    def shutdown(self) -> None:
+        self.publish_stats()
+        super().shutdown()
+
+    def publish_stats(self) -> None:
+        """Write the counters (and the connector's, if it is the Aqua connector) to scheduler.json."""
+        if self._stats_path is not None:
+            data: dict[str, Any] = dict(self.counters)
+            planner = getattr(self.connector, "planner", None)
+            if planner is not None:
+                data["connector"] = dict(planner.counters)
+            write_json_atomic(self._stats_path, data)
