@@ -1,0 +1,213 @@
+"""EcoServe (arXiv 2411.06364) as a scheduling policy: PT/GT queues, length-aware KV reservation.
+
+Requests are prompt tasks (PTs: prompt not fully computed) or generation tasks (GTs: decoding). The
+policy's decisions map onto the shared interface as follows.
+
+order_waiting (the PT queue)
+    Preempted GTs first (they hold generated tokens and are already late), then requests that can
+    still meet their TTFT, grouped by the bucket of their predicted response length (short first,
+    so a batch admitted together finishes together: time-synced batching), least TTFT slack first
+    within a bucket, then larger prompts (more KV to fill) last; requests that can no longer meet
+    their TTFT go last, in arrival order (they keep their place but do not push feasible ones out).
+order_running (the GT queue, then running PTs)
+    GTs by KV held, most first, so the preemption victim (the last) is the GT whose recompute costs
+    least; then running PTs by TTFT slack.
+admission_limit (KV reservation with pipelining)
+    Each running request reserves KV for its prompt plus its predicted response, rounded up to the
+    top of its length bucket (a request that outlives its bucket moves to the next). With pipelining, reservations are
+    trajectories rather than totals: request i holds c_i tokens now, grows one token per iteration
+    for s_i more iterations and frees everything when it finishes, so a newcomer may use space that
+    others have reserved but will not fill before it is done. A waiting request is admitted only if
+    the peak of the summed trajectories stays within `kv_target` of the cache; without pipelining
+    the sum of full reservations must. The decode batch is also capped so that a decode-only
+    iteration stays within `decode_share` of the TPOT SLO.
+prefill_token_cap (time-synced batching)
+    Prefill tokens added to an iteration are capped so that the iteration, with its decodes, stays
+    within the TPOT SLO (from the cost model); with no decodes, the whole budget.
+
+Without a cost model the TTFT slack ignores prefill time and the TPOT-based caps are off. A request
+without a prediction is assumed to need `default_prediction` tokens; when that is None (the
+default) it reserves only the KV it holds; with no predictions at all there is no reservation: the
+policy allocates on demand like vLLM and relies on preemption (victims chosen as above).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from serving.costmodel.model import CostModel
+from serving.policies.base import R, SchedContext, SchedRequest, SchedulingPolicy
+from serving.policies.registry import register_policy
+from serving.predictor.model import DEFAULT_BUCKET_EDGES, bucket_of
+
+
+@register_policy("ecoserve")
+class EcoServePolicy(SchedulingPolicy):
+    """EcoServe's queues, ordering, time-synced batching and KV reservation with pipelining."""
+
+    decode_invariant = False  # orders depend on time (SLO slack)
+
+    def __init__(
+        self,
+        ttft_slo_s: float = 1.0,
+        tpot_slo_s: float = 0.1,
+        cost: CostModel | None = None,
+        bucket_edges: Sequence[int] = DEFAULT_BUCKET_EDGES,
+        reserve: bool = True,
+        pipelining: bool = True,
+        kv_target: float = 1.0,
+        decode_share: float = 0.8,
+        default_prediction: int | None = None,
+    ) -> None:
+        if not ttft_slo_s > 0 or not tpot_slo_s > 0:
+            raise ValueError(f"SLOs must be positive, got {ttft_slo_s=}, {tpot_slo_s=}")
+        if not 0 < kv_target <= 1 or not 0 < decode_share <= 1:
+            raise ValueError(f"{kv_target=} and {decode_share=} must be in (0, 1]")
+        if default_prediction is not None and default_prediction < 1:
+            raise ValueError(f"{default_prediction=} must be >= 1")
+        if not bucket_edges or list(bucket_edges) != sorted(set(bucket_edges)) or bucket_edges[0] != 0:
+            raise ValueError(f"{bucket_edges=} must be strictly increasing and start at 0")
+        self.ttft_slo_s = ttft_slo_s
+        self.tpot_slo_s = tpot_slo_s
+        self.cost = cost
+        self.bucket_edges = tuple(bucket_edges)
+        self.reserve = reserve
+        self.pipelining = pipelining
+        self.kv_target = kv_target
+        self.decode_share = decode_share
+        self.default_prediction = default_prediction
+        self._decode_ctx: list[int] = []  # context lengths of this iteration's GTs (order_running)
+
+    # -- request views -------------------------------------------------------------------------
+
+    def predicted_output(self, r: SchedRequest) -> int:
+        """Tokens reserved for the response: the upper edge of the predicted length's bucket.
+
+        A request that outlives its bucket moves to the next one (past the last edge, buckets keep
+        doubling). A request with no prediction (and no `default_prediction`) reads as finishing
+        with its next token: it reserves nothing beyond what it holds.
+        """
+        pred = r.predicted_output_tokens or self.default_prediction
+        out = r.num_output_tokens
+        if pred is None:
+            return out + 1
+        return self._bucket_top(max(pred, out + 1))
+
+    def _bucket_top(self, tokens: int) -> int:
+        edges = self.bucket_edges
+        k = bucket_of(tokens, edges)
+        if k + 1 < len(edges):
+            return edges[k + 1]
+        top = max(2 * edges[-1], 1)
+        while top <= tokens:
+            top *= 2
+        return top
+
+    def ttft_slack(self, r: SchedRequest, now: float) -> float:
+        """Seconds to spare before the TTFT deadline once the rest of the prompt is prefilled."""
+        left = r.num_prompt_tokens - r.num_computed_prompt_tokens
+        prefill = self.cost.prefill_time([left]) if self.cost is not None and left > 0 else 0.0
+        return r.arrival_time + self.ttft_slo_s - now - prefill
+
+    @staticmethod
+    def is_gt(r: SchedRequest) -> bool:
+        return r.num_output_tokens > 0 and r.num_computed_prompt_tokens == r.num_prompt_tokens
+
+    # -- interface -----------------------------------------------------------------------------
+
+    def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
+        now = ctx.now
+
+        def key(r: R) -> tuple[int, int, float, int, float, str]:
+            if r.num_output_tokens > 0:  # a preempted GT: TTFT is behind it, its TPOT is at stake
+                return (0, 0, 0.0, 0, r.arrival_time, str(r.req_id))
+            slack = self.ttft_slack(r, now)
+            if slack < 0:
+                return (2, 0, 0.0, 0, r.arrival_time, str(r.req_id))
+            bucket = bucket_of(self.predicted_output(r), self.bucket_edges)
+            return (1, bucket, slack, r.num_prompt_tokens, r.arrival_time, str(r.req_id))
+
+        return sorted(waiting, key=key)
+
+    def order_running(self, running: Sequence[R], ctx: SchedContext) -> list[R]:
+        gts = [r for r in running if r.num_output_tokens > 0]
+        pts = [r for r in running if r.num_output_tokens == 0]
+        gts.sort(key=lambda r: (-(r.num_prompt_tokens + r.num_output_tokens), r.admission_seq))
+        slack = {id(r): self.ttft_slack(r, ctx.now) for r in pts}
+        pts.sort(key=lambda r: (slack[id(r)] < 0, slack[id(r)], r.admission_seq))
+        self._decode_ctx = [r.num_prompt_tokens + r.num_output_tokens for r in gts]
+        return [*gts, *pts]
+
+    def prefill_token_cap(self, ctx: SchedContext, num_decodes: int) -> int:
+        if self.cost is None or num_decodes == 0 or not self._decode_ctx:
+            return ctx.token_budget
+        p = self.cost.prefill
+        spare = self.tpot_slo_s - self.cost.decode_time(self._decode_ctx) + min(p.a, self.cost.decode.a) - p.a
+        if spare <= 0:
+            return 0
+        # Largest x with b x + c x^2 <= spare.
+        x = spare / p.b if p.c == 0 else (-p.b + (p.b * p.b + 4 * p.c * spare) ** 0.5) / (2 * p.c)
+        return int(min(ctx.token_budget, max(0.0, x)))
+
+    def admission_limit(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> int | None:
+        if not running:
+            return None  # the engine must make progress; one admission at least
+        n_ok = len(waiting)
+        if self.cost is not None:
+            n_ok = min(n_ok, self._batch_room(running, waiting))
+        if self.reserve and self._has_predictions(running, waiting):
+            n_ok = min(n_ok, self._kv_room(running, waiting, ctx))
+        return max(0, n_ok)
+
+    # -- admission helpers ---------------------------------------------------------------------
+
+    def _has_predictions(self, running: Sequence[R], waiting: Sequence[R]) -> bool:
+        # Reservation needs predicted lengths; with none, allocate on demand like vLLM.
+        if self.default_prediction is not None:
+            return True
+        return any(r.predicted_output_tokens is not None for rs in (running, waiting) for r in rs)
+
+    def _batch_room(self, running: Sequence[R], waiting: Sequence[R]) -> int:
+        """How many of `waiting` can join before a decode-only iteration exceeds its TPOT share."""
+        assert self.cost is not None
+        d = self.cost.decode
+        limit = self.tpot_slo_s * self.decode_share
+        total = sum(r.num_prompt_tokens + r.num_output_tokens for r in running)
+        n = len(running)
+        for k, r in enumerate(waiting):
+            total += r.num_prompt_tokens + r.num_output_tokens
+            n += 1
+            if d.a + d.b * total + d.c * n > limit:
+                return k
+        return len(waiting)
+
+    def _kv_room(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> int:
+        """How many of `waiting` fit under the KV reservation (with pipelining if enabled)."""
+        cap = self.kv_target * ctx.total_kv_blocks * ctx.block_size
+        held = [r.num_prompt_tokens + r.num_output_tokens for r in running]
+        steps = [self.predicted_output(r) - r.num_output_tokens for r in running]
+        for k, r in enumerate(waiting):
+            held.append(r.num_prompt_tokens + r.num_output_tokens)
+            steps.append(self.predicted_output(r) - r.num_output_tokens)
+            if _peak_tokens(held, steps, self.pipelining) > cap:
+                return k
+        return len(waiting)
+
+
+def _peak_tokens(held: list[int], steps: list[int], pipelining: bool) -> float:
+    """Peak KV tokens of requests holding held[i] now and growing for steps[i] more iterations.
+
+    Without pipelining every reservation counts in full (held + steps). With it, occupancy at
+    iteration t is the sum over requests still running (t < steps[i]) of held[i] + t; it peaks just
+    before some request finishes, at t = steps[i] - 1, which are the only points evaluated.
+    """
+    h = np.asarray(held, dtype=float)
+    s = np.asarray(steps, dtype=float)
+    if not pipelining:
+        return float((h + s).sum())
+    t = np.unique(s - 1.0)
+    alive = s[None, :] > t[:, None]  # [time point, request]
+    occ = (alive * (h[None, :] + t[:, None])).sum(axis=1)
+    return float(occ.max())
