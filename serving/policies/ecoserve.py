@@ -14,13 +14,14 @@ order_running (the GT queue, then running PTs)
     least; then running PTs by TTFT slack.
 admission_limit (KV reservation with pipelining)
     Each running request reserves KV for its prompt plus its predicted response, rounded up to the
-    top of its length bucket (a request that outlives its bucket moves to the next). With pipelining, reservations are
-    trajectories rather than totals: request i holds c_i tokens now, grows one token per iteration
-    for s_i more iterations and frees everything when it finishes, so a newcomer may use space that
-    others have reserved but will not fill before it is done. A waiting request is admitted only if
-    the peak of the summed trajectories stays within `kv_target` of the cache; without pipelining
-    the sum of full reservations must. The decode batch is also capped so that a decode-only
-    iteration stays within `decode_share` of the TPOT SLO.
+    top of its length bucket (a request that outlives its bucket moves to the next). With
+    pipelining, reservations are trajectories rather than totals: request i holds c_i tokens now,
+    grows one token per iteration for s_i more iterations and frees everything when it finishes,
+    so a newcomer may use space that others have reserved but will not fill before it is done. A
+    waiting request is admitted only if the peak of the summed trajectories stays within
+    `kv_target` of the cache; without pipelining the sum of full reservations must. The decode
+    batch is also capped so that a decode-only iteration stays within `decode_share` of the TPOT
+    SLO.
 prefill_token_cap (time-synced batching)
     Prefill tokens added to an iteration are capped so that the iteration, with its decodes, stays
     within the TPOT SLO (from the cost model); with no decodes, the whole budget.
