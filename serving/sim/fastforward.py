@@ -5,7 +5,7 @@ Under a policy whose decisions are invariant while only time and output counts a
 iteration was decode-only and changed nothing but token counts (no prefill, admission, preemption,
 rotation, finish or transfer, so whoever waits stays blocked), the next iterations are the same
 batch decoding one more token each, until one of these happens:
-  - a request finishes (its last token ends the run: the stepped path handles that iteration);
+  - a request finishes (the run ends with that iteration; finished requests free their blocks);
   - the next timed change or arrival is due (an iteration starts at or after it);
   - the KV blocks the batch must allocate exceed the free blocks (that iteration would preempt).
 Waiting requests that could not be admitted stay blocked meanwhile: free blocks only shrink,
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from serving.sim.state import FINISHED, RUNNING
+
 if TYPE_CHECKING:
     from serving.sim.engine import EngineSim
 
@@ -30,7 +32,8 @@ def decode_run(engine: EngineSim, stop_time: float) -> int:
     """Advance `engine` by as many identical decode-only iterations as is exact.
 
     Args:
-        engine: An engine whose last iteration was a plain decode-only one.
+        engine: An engine whose running requests all decode, with nobody waiting or with the last
+            iteration a plain decode-only one (see the module docstring).
         stop_time: No iteration of the run may start at or after this time.
 
     Returns:
@@ -41,7 +44,8 @@ def decode_run(engine: EngineSim, stop_time: float) -> int:
     if not n or engine.now >= stop_time:
         return 0
     bs = engine.kv.block_size
-    limit = min(r.target_output_tokens - r.num_output_tokens for r in running) - 1
+    # The run may end with the iteration in which the first requests finish.
+    limit = min(r.target_output_tokens - r.num_output_tokens for r in running)
     if limit <= 0 or n > engine.config.max_num_batched_tokens:
         return 0
     allocs = [0] * bs  # allocs[(j - 1) % bs]: blocks the batch allocates at iteration j
@@ -73,11 +77,21 @@ def decode_run(engine: EngineSim, stop_time: float) -> int:
         j += 1
     if not j:
         return 0
+    finished = 0
     for r in running:
         r.computed += j
         r.num_output_tokens += j
-        r.blocks = -(-r.computed // bs)
         r.token_times.extend(times)
+        if r.num_output_tokens == r.target_output_tokens:
+            # As in the stepped path: the last iteration allocated, then the request frees all.
+            r.state = FINISHED
+            r.blocks = 0
+            free += -(-r.computed // bs)
+            finished += 1
+        else:
+            r.blocks = -(-r.computed // bs)
+    if finished:
+        engine.running = [r for r in running if r.state == RUNNING]
     engine.kv.free = free
     engine.now = t
     engine.stats.iterations += j
