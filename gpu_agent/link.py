@@ -106,6 +106,7 @@ class AgentLink:
         self._stable_after_s = stable_after_s
         self._open_timeout_s = open_timeout_s
         self._ws: ClientConnection | None = None
+        self._held: list[Frame] | None = None  # frames sent during the handshake
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self.stats = LinkStats()
@@ -126,9 +127,13 @@ class AgentLink:
         self._wake.set()
 
     async def send(self, frame: Frame) -> bool:
-        """Send a non-telemetry frame now; False (not queued) when disconnected."""
+        """Send a non-telemetry frame now (or right after the hello if a connection is being set
+        up); False, and nothing is queued, when disconnected."""
         ws = self._ws
         if ws is None:
+            if self._held is not None:
+                self._held.append(frame)
+                return True
             return False
         try:
             await ws.send(dumps(frame))
@@ -180,8 +185,14 @@ class AgentLink:
             self.url, additional_headers=headers, open_timeout=self._open_timeout_s, max_size=2**22
         ) as ws:
             try:
+                # Frames sent while the hello is on its way are held and follow it, so a status
+                # change during the handshake is neither lost nor sent before `register`.
+                self._held = []
                 for frame in self._hello():
                     await ws.send(dumps(frame))
+                while self._held:
+                    await ws.send(dumps(self._held.pop(0)))
+                self._held = None
                 self._ws = ws
                 self.stats.connects += 1
                 log.info("Connected to the control plane at %s.", self.url)
@@ -195,6 +206,7 @@ class AgentLink:
                 raise
             finally:
                 self._ws = None
+                self._held = None
 
     async def _serve(self, ws: ClientConnection) -> None:
         tasks = [

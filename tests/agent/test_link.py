@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from websockets.asyncio.client import ClientConnection
 
 from gpu_agent.backoff import Backoff
 from gpu_agent.link import AgentLink, agent_ws_url
 from gpu_agent.protocol import (
     Command,
+    DeploymentStatus,
     DeviceInfo,
     DeviceSample,
     Frame,
@@ -173,3 +175,32 @@ async def test_it_treats_an_auth_close_code_as_a_refused_token(caplog: pytest.Lo
     finally:
         await srv.stop()
     assert any("close code 4403" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.asyncio
+async def test_it_sends_frames_raised_during_the_handshake_after_register(
+    server: ControlPlaneStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sends that wait (as under network backpressure) let other tasks run mid-handshake.
+    original = ClientConnection.send
+
+    async def slow_send(self: ClientConnection, message: Any, text: bool | None = None) -> None:
+        await asyncio.sleep(0.01)
+        await original(self, message, text=text)
+
+    monkeypatch.setattr(ClientConnection, "send", slow_send)
+    sent: list[asyncio.Task[bool]] = []
+    h = Harness(server)
+
+    def hello() -> list[Frame]:
+        # A status change lands while the hello is being sent.
+        status = DeploymentStatus("d1", "running", 1.0)
+        sent.append(asyncio.get_running_loop().create_task(h.link.send(status)))
+        return [REGISTER]
+
+    h.link._hello = hello
+    async with h.running() as link:
+        await wait_for(lambda: len(server.of_type("deployment_status")) == 1)
+        assert link.connected
+    assert sent[0].result() is True
+    assert [f["type"] for _, f in server.frames][:2] == ["register", "deployment_status"]
