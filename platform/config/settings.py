@@ -12,6 +12,7 @@ var/broker, Channels' in-memory layer, a SECRET_KEY generated once into var/. Pr
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,10 @@ SPECTACULAR_SETTINGS = {
 
 # --- Celery + Channels ------------------------------------------------------------------------
 REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
-BROKER_DIR = env_path("CELERY_BROKER_DIR", VAR_DIR / ("test-broker" if TESTING else "broker"))
+# Each test run gets its own throwaway broker folder (tests/control_plane/conftest.py removes it):
+# workers started by tests leave fanout bindings behind that would otherwise pile up across runs.
+_TEST_BROKER_DIR = Path(tempfile.gettempdir()) / "platform-test-broker" / str(os.getpid())
+BROKER_DIR = env_path("CELERY_BROKER_DIR", _TEST_BROKER_DIR if TESTING else VAR_DIR / "broker")
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", f"test-{os.getpid()}" if TESTING else "celery")
 CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

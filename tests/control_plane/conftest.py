@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from accounts.models import Role, User
 from accounts.services import issue_api_token
+from django.conf import settings
 from rest_framework.test import APIClient
 
 from .worker import CeleryWorker
@@ -15,6 +18,15 @@ from .worker import CeleryWorker
 
 def _make_user(username: str, role: Role) -> User:
     return User.objects.create_user(username=username, password=f"{username}-pw-9f2k", role=role)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_test_broker_folder() -> Iterator[None]:
+    """Delete this run's filesystem-broker folder at the end (see BROKER_DIR in settings)."""
+    yield
+    folder = Path(settings.BROKER_DIR)
+    if "platform-test-broker" in folder.parts:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
