@@ -150,6 +150,61 @@ class Plan:
     def server_of(self, model: str) -> str:
         return self.assignments[model].server
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """Rebuild a plan stored with `to_dict` (derived fields such as gap are recomputed).
+
+        Raises:
+            ValueError: A field is missing or has the wrong shape.
+        """
+        try:
+            servers = tuple(
+                ServerSpec(s["name"], s["num_gpus"], s["gpu_memory_bytes"], s["nvlink"])
+                for s in data["servers"]
+            )
+            assignments = {
+                a["model"]: Assignment(a["model"], a["server"], tuple(a["gpus"])) for a in data["assignments"]
+            }
+            pairings = tuple(
+                Pairing(
+                    p["server"],
+                    p["lender"],
+                    tuple(p["lender_gpus"]),
+                    p["borrower"],
+                    tuple(p["borrower_gpus"]),
+                    p["bytes"],
+                    p["lendable_bytes"],
+                )
+                for p in data["pairings"]
+            )
+            fallbacks = tuple(
+                DramFallback(f["model"], f["server"], tuple(f["gpus"]), f["needed_bytes"], f["reason"])
+                for f in data["dram_fallbacks"]
+            )
+            summaries = tuple(
+                ServerSummary(
+                    s["server"], s["gpus_used"], s["num_gpus"], s["memory_balance_bytes"], s["role_balance"]
+                )
+                for s in data["server_summaries"]
+            )
+            return cls(
+                assignments=assignments,
+                pairings=pairings,
+                dram_fallbacks=fallbacks,
+                servers=servers,
+                server_summaries=summaries,
+                objective=data["objective"],
+                best_bound=data["best_bound"],
+                status=data["status"],
+                solver=data["solver"],
+                solve_seconds=data["solve_seconds"],
+                unit_bytes=data["unit_bytes"],
+                role_weight=data["role_weight"],
+                hint_objective=data.get("hint_objective"),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a stored plan: {exc!r}") from exc
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (plain dicts, lists, ints, floats and strings)."""
         return {

@@ -14,7 +14,7 @@ from serving.profiler.config import (
 )
 from serving.profiler.engine_probe import EngineProbe
 from serving.profiler.probe import BurstResult, ProbeResult, RateProbe
-from serving.profiler.profile import Profile
+from serving.profiler.profile import Profile, model_profile_from_dict
 from serving.profiler.profiler import profile_model
 from serving.profiler.search import RateSearch, SearchResult
 from serving.profiler.sim_probe import SimulatorProbe
@@ -33,5 +33,6 @@ __all__ = [
     "SearchResult",
     "SimulatorProbe",
     "WorkloadSpec",
+    "model_profile_from_dict",
     "profile_model",
 ]

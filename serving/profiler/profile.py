@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,30 +54,8 @@ class Profile:
         return {b.factor: b.swap_needed_bytes for b in self.bursts}
 
     def to_model_profile(self, tp: int = 1, burst_level: float = 4.0) -> Any:
-        """The placer's view of this model (a serving.placement.ModelProfile).
-
-        Args:
-            tp: GPUs the model runs on.
-            burst_level: Which burst level's swap need a consumer is placed for.
-
-        Raises:
-            ProfilingError: burst_level was not profiled, or the consumer needs no swap space there.
-        """
-        from serving.placement import ModelProfile
-
-        if self.role == "producer":
-            return ModelProfile(
-                self.model, "producer", tp, lendable_bytes=self.lendable_bytes, max_rps=self.max_rps
-            )
-        needs = self.swap_needed_bytes
-        if burst_level not in needs:
-            raise ProfilingError(f"burst level {burst_level} was not profiled (have {sorted(needs)})")
-        if needs[burst_level] <= 0:
-            raise ProfilingError(
-                f"consumer {self.model!r} needs no swap space at {burst_level}x its max rate; "
-                "place it for a higher burst level"
-            )
-        return ModelProfile(self.model, "consumer", tp, needed_bytes=needs[burst_level], max_rps=self.max_rps)
+        """The placer's view of this model; see `model_profile_from_dict`."""
+        return model_profile_from_dict(self.to_dict(), tp, burst_level)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (plain dicts, lists, numbers, strings, null)."""
@@ -105,3 +84,34 @@ class Profile:
             "cost_model": cost,
             "fit_error": self.fit_error,
         }
+
+
+def model_profile_from_dict(data: Mapping[str, Any], tp: int = 1, burst_level: float = 4.0) -> Any:
+    """A serving.placement.ModelProfile from a stored `Profile.to_dict()`.
+
+    Args:
+        data: The stored profile.
+        tp: GPUs the model runs on.
+        burst_level: Which burst level's swap need a consumer is placed for.
+
+    Raises:
+        ProfilingError: A missing field, a burst level that was not profiled, or a consumer that
+            needs no swap space at that level.
+    """
+    from serving.placement import ModelProfile
+
+    try:
+        name, role, max_rps = data["model"], data["role"], data["max_rps"]
+        if role == "producer":
+            return ModelProfile(name, "producer", tp, lendable_bytes=data["lendable_bytes"], max_rps=max_rps)
+        needs: Mapping[str, int] = data["swap_needed_bytes"]
+    except KeyError as exc:
+        raise ProfilingError(f"stored profile lacks {exc}") from None
+    key = f"{burst_level:g}x"
+    if key not in needs:
+        raise ProfilingError(f"burst level {key} was not profiled (have {', '.join(needs) or 'none'})")
+    if needs[key] <= 0:
+        raise ProfilingError(
+            f"consumer {name!r} needs no swap space at {key} its max rate; place it for a higher burst level"
+        )
+    return ModelProfile(name, "consumer", tp, needed_bytes=needs[key], max_rps=max_rps)

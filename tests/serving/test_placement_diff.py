@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from serving.placement import ModelProfile, Move, ServerSpec, diff, fewest_moves, get_placer
+import json
+
+import pytest
+
+from serving.placement import ModelProfile, Move, Plan, ServerSpec, diff, fewest_moves, get_placer
 from serving.placement.gpus import allocate_gpus
 
 GIB = 1 << 30
@@ -88,3 +92,15 @@ def test_it_allocates_aligned_blocks_and_honours_valid_preferences() -> None:
     # "a" keeps GPU 1; "b" prefers taken/out-of-range GPUs and is reallocated
     got = allocate_gpus(4, [("a", 1), ("b", 2)], {"a": [1], "b": [1, 9]})
     assert got["a"] == (1,) and got["b"] == (2, 3)
+
+
+def test_a_stored_plan_round_trips_and_still_relabels() -> None:
+    models, servers = make_instance()
+    plan = get_placer("cp-sat").place(models, servers)
+    stored = json.loads(json.dumps(plan.to_dict()))
+    loaded = Plan.from_dict(stored)
+    assert loaded == plan
+    current = {m: (a.server, a.gpus) for m, a in plan.assignments.items()}
+    assert fewest_moves(current, loaded)[1] == []
+    with pytest.raises(ValueError, match="not a stored plan"):
+        Plan.from_dict({"servers": []})

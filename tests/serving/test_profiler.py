@@ -20,6 +20,7 @@ from serving.profiler import (
     RateProbe,
     SimulatorProbe,
     WorkloadSpec,
+    model_profile_from_dict,
     profile_model,
 )
 from serving.profiler.sim_probe import tail_percentile
@@ -96,6 +97,9 @@ def test_it_classifies_a_roomy_engine_as_producer_with_lendable_memory() -> None
     assert profile.free_kv_bytes == at_max.kv_capacity_bytes - at_max.peak_kv_used_bytes
     assert profile.lendable_bytes == profile.free_kv_bytes - int(0.1 * at_max.kv_capacity_bytes)
     assert profile.bursts == () and profile.cost_model is None
+    assert profile.to_model_profile(tp=2) == ModelProfile(
+        "roomy", "producer", 2, lendable_bytes=profile.lendable_bytes, max_rps=profile.max_rps
+    )
 
 
 def test_it_classifies_a_tight_engine_as_consumer_and_sizes_swap_per_burst_level() -> None:
@@ -110,6 +114,10 @@ def test_it_classifies_a_tight_engine_as_consumer_and_sizes_swap_per_burst_level
         assert burst.swap_needed_bytes == burst.peak_kv_demand_bytes - profile.kv_capacity_bytes
     placed = profile.to_model_profile(tp=1, burst_level=4.0)
     assert placed == ModelProfile("tight", "consumer", 1, needed_bytes=needs[4.0], max_rps=profile.max_rps)
+    stored = json.loads(json.dumps(profile.to_dict()))
+    assert model_profile_from_dict(stored, tp=2, burst_level=8.0).needed_bytes == needs[8.0]
+    with pytest.raises(ProfilingError, match="3x was not profiled"):
+        model_profile_from_dict(stored, burst_level=3.0)
 
 
 def test_it_rejects_a_bad_sla() -> None:
