@@ -105,6 +105,9 @@ class EngineSim:
         last_progress = -inf
         while True:
             now = self.now
+            if progress is not None and now - last_progress >= 1.0:
+                last_progress = now
+                progress(now)
             while ei < ne and evs[ei].time <= now:
                 self._apply(evs[ei])
                 cap_tokens = self.kv.total * self.kv.block_size
@@ -124,7 +127,7 @@ class EngineSim:
             if not self.running and not self.waiting:
                 if next_t == inf:
                     break
-                self.now = max(now, next_t)
+                self.now = max(now, min(next_t, horizon))
                 continue
             if self._fast_forward and not self.waiting and not self._pending_xfer:
                 # Nobody waits: if every running request decodes, the policy cannot change
@@ -144,9 +147,6 @@ class EngineSim:
             elif plain_decode and self._fast_forward:
                 k = decode_run(self, min(next_t, horizon))
                 self.stats.fast_forwarded_iterations += k
-            if progress is not None and self.now - last_progress >= 1.0:
-                last_progress = self.now
-                progress(self.now)
         self.stats.end_time = self.now
         return [r.record for r in sorted(reqs, key=lambda r: r.req_id)]
 

@@ -173,3 +173,18 @@ def test_it_reports_a_policy_that_starves_every_request() -> None:
     engine = make_engine(_NeverPrefills())
     with pytest.raises(RuntimeError, match="stalled"):
         engine.run([Request(0, 0.0, 10, 5)])
+
+
+def test_it_reports_progress_over_simulated_time() -> None:
+    seen: list[float] = []
+    engine = make_engine()
+    engine.run(make_requests(200, rate=20, seed=9), progress=seen.append)
+    assert seen == sorted(seen) and len(seen) > 5
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(seen))
+    assert seen[-1] > engine.stats.end_time - 5.0
+
+
+def test_an_idle_engine_stops_at_the_horizon() -> None:
+    engine = make_engine()
+    engine.run([Request(0, 0.0, 10, 2), Request(1, 50.0, 10, 2)], until=10.0)
+    assert engine.stats.end_time == 10.0
