@@ -80,3 +80,9 @@ def test_it_cancels_a_running_job(module_worker: CeleryWorker, admin_client: API
     assert job.status == JobStatus.CANCELLED
     assert job.progress == progress_at_cancel < 1.0
     assert job.result is None
+
+    # The revoke broadcast reached the worker through the broker's fanout exchange.
+    deadline = time.monotonic() + 15
+    while "revoked" not in module_worker.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert f"Tasks flagged as revoked: {job.celery_id}" in module_worker.log()
