@@ -88,13 +88,35 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+def aqua(lease: int | None, allocate: int | None) -> list[object]:
+    """Use the agent's coordinator the way an engine would, from the env the agent sets."""
+    if lease is None and allocate is None:
+        return []
+    from serving.aqua.coordinator import AquaClient
+
+    client = AquaClient(os.environ["AQUA_COORDINATOR_SOCKET"], name=os.environ["AQUA_ENGINE_ID"])
+    engine_id, device = os.environ["AQUA_ENGINE_ID"], f"cuda:{os.environ['AQUA_DEVICE']}"
+    if lease is not None:
+        client.lease(engine_id, device, lease, {"kind": "fake"})
+    if allocate is not None:
+        # The producer may still be starting: retry for a few seconds.
+        for _ in range(100):
+            if client.allocate(engine_id, allocate) is not None:
+                break
+            time.sleep(0.05)
+    return [client]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--fail-at-start")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--start-delay", type=float, default=0.0)
+    p.add_argument("--aqua-lease", type=int, help="lease this many bytes as a producer")
+    p.add_argument("--aqua-allocate", type=int, help="allocate this many bytes as a consumer")
     args = p.parse_args()
+    clients = aqua(args.aqua_lease, args.aqua_allocate)  # kept open: the session owns the memory
     if os.environ.get("FAKE_ENGINE_PIDFILE"):
         with open(os.environ["FAKE_ENGINE_PIDFILE"], "a") as f:
             f.write(f"{os.getpid()}\n")
@@ -109,6 +131,7 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     print("fake engine ready", flush=True)
     server.serve_forever()
+    del clients
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ against a real websocket server standing in for the control plane."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,10 +15,11 @@ import pytest_asyncio
 
 from gpu_agent.agent import Agent
 from gpu_agent.backoff import Backoff
+from gpu_agent.engines import LaunchSpec, VllmLauncher
 from gpu_agent.host import LocalHost
 from gpu_agent.inventory import CpuInventory
-from gpu_agent.protocol import Command, DesiredDeployments, dumps
-from tests.agent.test_engines import fake_launcher, spec
+from gpu_agent.protocol import Command, DeploymentSpec, DesiredDeployments, DeviceInfo, DeviceSample, dumps
+from tests.agent.test_engines import FAKE_ENGINE, fake_launcher, spec
 from tests.agent.ws_server import ControlPlaneStub, wait_for
 
 
@@ -122,3 +125,57 @@ async def test_it_resends_statuses_after_reconnecting(running: tuple[Agent, Cont
     await wait_for(lambda: len(server.of_type("deployment_status")) >= 1)
     assert server.frames[0][1]["type"] == "register"
     assert server.frames[1][1]["type"] == "deployment_status" and server.frames[1][1]["state"] == "running"
+
+
+class TwoGpus(CpuInventory):
+    """Unit-test stand-in: the CPU's figures reported as two GPUs, to host a producer/consumer pair."""
+
+    def describe(self) -> list[DeviceInfo]:
+        cpu = super().describe()[0]
+        return [DeviceInfo(i, f"GPU-{i}", "test gpu", "gpu", cpu.memory_total_bytes, [1 - i]) for i in (0, 1)]
+
+    def sample(self) -> list[DeviceSample]:
+        cpu = super().sample()[0]
+        return [dataclasses.replace(cpu, index=i) for i in (0, 1)]
+
+
+@pytest.mark.asyncio
+async def test_it_reports_lending_between_its_engines_through_the_coordinator(tmp_path: Path) -> None:
+    # The real env contract (VllmLauncher) with a fake engine that leases / allocates like Aqua does.
+    def launcher(s: DeploymentSpec, port: int) -> LaunchSpec:
+        real = VllmLauncher("gpu", aqua_socket=str(tmp_path / "aqua.sock"))(s, port)
+        extra = [str(a) for a in s.model.engine_options["fake_args"]]
+        return LaunchSpec([sys.executable, FAKE_ENGINE, "--port", str(port), *extra], real.env)
+
+    server = ControlPlaneStub()
+    await server.start()
+    host = LocalHost(TwoGpus(), str(tmp_path), launcher=launcher, grace_s=2)
+    agent = Agent(
+        host, server.url, "good-token", name="pair", address="127.0.0.1", backoff=Backoff(0.05, 0.2)
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        await wait_for(lambda: agent.link.connected)
+        producer = spec("prod", [0], fake_args=["--aqua-lease", 1 << 20])
+        consumer = spec("cons", [1], fake_args=["--aqua-allocate", 65536])
+        await server.push(dumps(DesiredDeployments([producer, consumer])))
+
+        def roles() -> list[tuple[str, int, int, int | None]]:
+            t = server.of_type("telemetry")
+            if not t:
+                return []
+            return [
+                (d["aqua_role"], d["lent_bytes"], d["borrowed_bytes"], d["paired_with"])
+                for d in t[-1]["devices"]
+            ]
+
+        await wait_for(
+            lambda: roles() == [("producer", 1 << 20, 0, 1), ("consumer", 0, 65536, 0)], timeout=20
+        )
+        # The consumer goes: its session closes, the coordinator frees its allocation.
+        await server.push(dumps(DesiredDeployments([producer])))
+        await wait_for(lambda: roles() == [("producer", 1 << 20, 0, None), ("none", 0, 0, None)], timeout=20)
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 15)
+        await server.stop()
