@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -12,19 +11,11 @@ from django.utils import timezone
 
 from accounts.models import ApiKey, ApiToken
 from accounts.roles import is_admin
-from core.secrets import digest_secret, issue_secret
+from core.secrets import Issued, digest_secret, issue_secret
 
 # last_used_at is a hint for operators; refreshing it at most once a minute keeps every
 # authenticated request from turning into a write.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
-
-
-@dataclass(frozen=True)
-class Issued:
-    """A stored credential and its plaintext, which exists only in this object."""
-
-    record: Any
-    plaintext: str
 
 
 def issue_api_token(user: Any, name: str) -> Issued:

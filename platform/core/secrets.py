@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 PREFIX_LENGTH = 12
 
@@ -22,6 +23,14 @@ class IssuedSecret:
     plaintext: str
     prefix: str
     digest: str
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A stored credential row and its plaintext, which exists only in this object."""
+
+    record: Any
+    plaintext: str
 
 
 def digest_secret(plaintext: str) -> str:

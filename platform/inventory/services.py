@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from accounts.services import Issued
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from core.secrets import digest_secret, issue_secret
+from core.secrets import Issued, digest_secret, issue_secret
 from inventory.models import AgentToken, Host, HostStatus
 
 

@@ -75,6 +75,7 @@ class ApiKeyViewSet(
     The secret is returned only by ``create``; revoke with ``POST .../revoke/``.
     """
 
+    queryset = ApiKey.objects.none()  # for the schema; requests use get_queryset()
     serializer_class = ApiKeySerializer
     permission_classes = [HasRole]
     http_method_names = ["get", "post", "patch", "head", "options"]
