@@ -1,0 +1,25 @@
+"""DistServe (OSDI'24): prefill/decode disaggregation in the simulator and its placement searches."""
+
+from serving.distserve.decode import DecodeLaneSim, Handoff
+from serving.distserve.disagg import DisaggDeployment, PhaseSpec, run_colocated, run_disaggregated
+from serving.distserve.parallel import IB_HDR, NVLINK3, LaneModel, Parallelism, feasible, lane_model
+from serving.distserve.search import PhaseOracle, Placement, high_affinity_search, low_affinity_search
+
+__all__ = [
+    "IB_HDR",
+    "NVLINK3",
+    "DecodeLaneSim",
+    "DisaggDeployment",
+    "Handoff",
+    "LaneModel",
+    "Parallelism",
+    "PhaseOracle",
+    "PhaseSpec",
+    "Placement",
+    "feasible",
+    "high_affinity_search",
+    "lane_model",
+    "low_affinity_search",
+    "run_colocated",
+    "run_disaggregated",
+]
