@@ -173,3 +173,17 @@ def services_params() -> Any:
         pass
 
     return AnyParams
+
+
+def test_it_lists_job_kinds_with_their_parameters(viewer_client: APIClient) -> None:
+    response = viewer_client.get(f"{URL}kinds/")
+    assert response.status_code == 200
+    noop = next(kind for kind in response.data if kind["name"] == "noop")
+    assert noop["params"]["steps"] == {
+        "type": "integer",
+        "required": False,
+        "default": 5,
+        "min_value": 1,
+        "max_value": 100_000,
+    }
+    assert noop["params"]["fail_at_step"]["required"] is False

@@ -58,3 +58,30 @@ class JobSerializer(StrictModelSerializer):
             raise serializers.ValidationError({"params": params.errors})
         attrs["params"] = dict(params.validated_data)
         return attrs
+
+
+class JobKindSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    params = serializers.JSONField()
+
+
+def describe_kinds() -> list[dict[str, Any]]:
+    """Each registered kind with its parameters, for clients that build job forms."""
+    described = []
+    for name in kind_names():
+        kind = get_kind(name)
+        params = {}
+        for field_name, field in kind.params_serializer().fields.items():
+            spec: dict[str, Any] = {"type": type(field).__name__.removesuffix("Field").lower()}
+            spec["required"] = field.required
+            if field.default is not serializers.empty:
+                spec["default"] = field.default
+            for bound in ("min_value", "max_value"):
+                if getattr(field, bound, None) is not None:
+                    spec[bound] = getattr(field, bound)
+            if field.help_text:
+                spec["help"] = str(field.help_text)
+            params[field_name] = spec
+        described.append({"name": name, "description": kind.description, "params": params})
+    return described

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs import services
-from jobs.api.serializers import JobSerializer
+from jobs.api.serializers import JobKindSerializer, JobSerializer, describe_kinds
 from jobs.models import Job
 
 
@@ -41,6 +41,12 @@ class JobViewSet(
     def perform_create(self, serializer: Any) -> None:
         data = serializer.validated_data
         serializer.instance = services.create_job(data["kind"], data["params"], self.request.user)
+
+    @extend_schema(responses=JobKindSerializer(many=True))
+    @action(detail=False, methods=["get"], pagination_class=None)
+    def kinds(self, request: Request) -> Response:
+        """The registered job kinds with their parameters (name, type, default, bounds)."""
+        return Response(JobKindSerializer(describe_kinds(), many=True).data)
 
     @extend_schema(request=None, responses={200: JobSerializer, 409: None})
     @action(detail=True, methods=["post"])
