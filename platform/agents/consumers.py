@@ -25,15 +25,17 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import IntegrityError
 from inventory.models import Host
+from planning.relay import relay_probes, store_probe_result
 
 from agents import services, sweeper
-from agents.ingest import store_telemetry
+from agents.ingest import rows_for, writer
 from gpu_agent.protocol import (
     DeploymentStatus,
     ErrorFrame,
     Frame,
     Heartbeat,
     LogTail,
+    ProbeReport,
     ProtocolError,
     Register,
     Telemetry,
@@ -55,6 +57,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         self._desired_sent: str | None = None
         self._poll: asyncio.Task[None] | None = None
+        self._probes: asyncio.Task[None] | None = None  # planning.relay: probes for this host's agent
         self._reported_unknown: set[str] = set()
         token = services.bearer_token(self.scope.get("headers", []))
         host = await database_sync_to_async(services.authenticate)(token)
@@ -73,6 +76,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         if self._poll is not None:
             self._poll.cancel()
+        if self._probes is not None:
+            self._probes.cancel()
         await self.channel_layer.group_discard(services.agent_group(self.host.pk), self.channel_name)
         await database_sync_to_async(services.disconnected)(self.host.pk)
         log.info("Agent of %s disconnected (code %s).", self.host.name, code)
@@ -98,6 +103,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.on_status(frame)
         elif isinstance(frame, LogTail):
             await self.on_log_tail(frame)
+        elif isinstance(frame, ProbeReport):
+            if not await database_sync_to_async(store_probe_result)(self._host().pk, frame):
+                log.warning("Agent of %s answered unknown probe %s", self._host().name, frame.probe_id)
         elif isinstance(frame, ErrorFrame):
             log.warning("Agent of %s reported: %s (%s)", self._host().name, frame.message, frame.code)
 
@@ -119,13 +127,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.push_desired(force=True)
         if self._poll is None:
             self._poll = asyncio.create_task(self._poll_desired())
+        if self._probes is None:
+            self._probes = asyncio.create_task(relay_probes(host.pk, self._send_json_frame))
 
     async def on_telemetry(self, frame: Telemetry) -> None:
         linked = self.linked
         if linked is None:
             await self.reject("type", "send `register` before telemetry", "not_registered")
             return
-        stored = await database_sync_to_async(store_telemetry)(linked, frame)
+        stored = rows_for(linked, frame)  # no database access: cheap enough for the event loop
+        await writer().submit(stored)
         for index in stored.unknown_devices:
             await self.reject_once(f"device:{index}", "devices", f"device index {index} was not registered")
         for dep in stored.unknown_deployments:
@@ -172,6 +183,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def send_frame(self, frame: Frame) -> None:
         await self.send(text_data=dumps(frame))
+
+    async def _send_json_frame(self, frame: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(frame))
 
     async def push_desired(self, force: bool = False) -> None:
         """Send `desired_deployments` if it differs from what this connection sent last."""

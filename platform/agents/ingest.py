@@ -1,18 +1,30 @@
-"""Storing `telemetry` frames: one transaction and one bulk insert per table per frame.
+"""Storing `telemetry` frames: rows built per frame, written in group commits.
+
+``rows_for(linked, frame)`` turns a frame into plain row tuples (no database access);
+``write_rows(batches)`` inserts any number of frames' rows with one ``executemany`` per table in
+one transaction. The consumer hands its batches to the process's ``TelemetryWriter``, which writes
+whatever accumulated while the previous write ran: one commit per write instead of one per frame,
+and no Django model instances on the hot path (see benchmarks/telemetry_ingest.py for the rates).
+A frame is stored within one write's time of its arrival; if the ASGI process dies, frames not yet
+written are lost, like frames in flight.
 
 Timestamps are the agent's (a frame buffered while the link was down keeps the time it was
-sampled), clamped to the server's clock so a fast agent clock cannot put samples in the future,
-where retention would never reach them.
+sampled), clamped to the server's clock so that a fast agent clock cannot put samples in the
+future, where retention would never reach them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-from django.db import transaction
+from channels.db import database_sync_to_async
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.models import AgentLink, DeviceSample, EngineSample
@@ -21,62 +33,85 @@ from gpu_agent.protocol import Telemetry
 
 log = logging.getLogger(__name__)
 
-# AgentLink.last_telemetry_at is a hint for operators: refresh it at most this often (seconds),
-# so that a frame costs inserts only, not an extra UPDATE.
+# AgentLink.last_telemetry_at is a hint for operators: refresh it at most this often (seconds).
 LINK_TOUCH_EVERY_S = 5.0
+# A writer holding this many unwritten rows makes submitters wait (back-pressure to the sockets).
+MAX_PENDING_ROWS = 20_000
+
+DEVICE_COLUMNS = [
+    "device_id",
+    "ts",
+    "memory_used_bytes",
+    "memory_free_bytes",
+    "utilization_pct",
+    "temperature_c",
+    "power_w",
+    "aqua_role",
+    "lent_bytes",
+    "borrowed_bytes",
+    "paired_with",
+]
+ENGINE_COLUMNS = [
+    "deployment_id",
+    "ts",
+    "state",
+    "ttft_count",
+    "ttft_p50",
+    "ttft_p99",
+    "itl_count",
+    "itl_p50",
+    "itl_p99",
+    "kv_cache_usage",
+    "running",
+    "waiting",
+    "preemptions_total",
+    "bytes_offloaded",
+]
 
 
-@dataclass(frozen=True)
-class Stored:
-    """How many rows one frame produced, and what it named that this host does not have."""
+@dataclass
+class Batch:
+    """One frame's rows, and what it named that this host does not have."""
 
-    devices: int
-    engines: int
-    unknown_devices: tuple[int, ...] = ()
-    unknown_deployments: tuple[str, ...] = ()
+    host_id: int
+    devices: list[tuple[Any, ...]]  # in DEVICE_COLUMNS order, ts as a datetime
+    engines: list[tuple[Any, ...]]  # in ENGINE_COLUMNS order
+    link_update: tuple[datetime, int] | None = None  # (last_telemetry_at, dropped) to store
+    unknown_devices: list[int] = field(default_factory=list)
+    unknown_deployments: list[str] = field(default_factory=list)
 
 
-def store_telemetry(linked: LinkedHost, frame: Telemetry, now: datetime | None = None) -> Stored:
-    """Store one frame's device and engine samples.
-
-    Samples naming a device index the host did not register, or a deployment that is not on the
-    host, are skipped and reported in the result (the consumer answers them with an error frame).
-    """
+def rows_for(linked: LinkedHost, frame: Telemetry, now: datetime | None = None) -> Batch:
+    """The rows of one frame. Samples naming a device index the host did not register, or a
+    deployment that is not on the host, are left out and listed in the batch."""
     now = now or timezone.now()
     ts = min(datetime.fromtimestamp(frame.ts, UTC), now)
-    device_rows: list[DeviceSample] = []
-    unknown_devices: list[int] = []
+    batch = Batch(linked.host_id, [], [])
     for d in frame.devices:
         device_id = linked.device_ids.get(d.index)
         if device_id is None:
-            unknown_devices.append(d.index)
+            batch.unknown_devices.append(d.index)
             continue
-        device_rows.append(
-            DeviceSample(
-                device_id=device_id,
-                ts=ts,
-                memory_used_bytes=d.memory_used_bytes,
-                memory_free_bytes=d.memory_free_bytes,
-                utilization_pct=d.utilization_pct,
-                temperature_c=d.temperature_c,
-                power_w=d.power_w,
-                aqua_role=d.aqua_role,
-                lent_bytes=d.lent_bytes,
-                borrowed_bytes=d.borrowed_bytes,
-                paired_with=d.paired_with,
-            )
-        )
-    engine_rows, unknown_deployments = _engine_rows(linked, frame, ts)
-    touch = frame.dropped != linked.dropped or time.monotonic() - linked.link_touched_at >= LINK_TOUCH_EVERY_S
-    with transaction.atomic():
-        DeviceSample.objects.bulk_create(device_rows)
-        if engine_rows:
-            EngineSample.objects.bulk_create(engine_rows)
-        if touch:
-            AgentLink.objects.filter(host_id=linked.host_id).update(
-                last_telemetry_at=now, telemetry_dropped=frame.dropped
-            )
-    if touch:
+        batch.devices.append(
+            (device_id, ts, d.memory_used_bytes, d.memory_free_bytes, d.utilization_pct, d.temperature_c,
+             d.power_w, d.aqua_role, d.lent_bytes, d.borrowed_bytes, d.paired_with)
+        )  # fmt: skip
+    for e in frame.engines:
+        # linked.deployment_ids is refreshed whenever the desired list is (re)computed, which
+        # happens before an agent can learn of a new deployment.
+        pk = int(e.deployment_id) if e.deployment_id.isdigit() else None
+        if pk is None or pk not in linked.deployment_ids:
+            batch.unknown_deployments.append(e.deployment_id)
+            continue
+        ttft, itl = e.ttft, e.itl
+        batch.engines.append(
+            (pk, ts, e.state,
+             ttft.count if ttft else 0, ttft.p50 if ttft else None, ttft.p99 if ttft else None,
+             itl.count if itl else 0, itl.p50 if itl else None, itl.p99 if itl else None,
+             e.kv_cache_usage, e.running, e.waiting, e.preemptions_total, e.bytes_offloaded)
+        )  # fmt: skip
+    if frame.dropped != linked.dropped or time.monotonic() - linked.link_touched_at >= LINK_TOUCH_EVERY_S:
+        batch.link_update = (now, frame.dropped)
         if frame.dropped > linked.dropped:
             log.warning(
                 "Agent of %s dropped %d telemetry frame(s) while disconnected (%d in all).",
@@ -86,36 +121,88 @@ def store_telemetry(linked: LinkedHost, frame: Telemetry, now: datetime | None =
             )
         linked.dropped = frame.dropped
         linked.link_touched_at = time.monotonic()
-    return Stored(len(device_rows), len(engine_rows), tuple(unknown_devices), tuple(unknown_deployments))
+    return batch
 
 
-def _engine_rows(linked: LinkedHost, frame: Telemetry, ts: datetime) -> tuple[list[EngineSample], list[str]]:
-    rows: list[EngineSample] = []
-    unknown: list[str] = []
-    for e in frame.engines:
-        # linked.deployment_ids is refreshed whenever the desired list is (re)computed, which
-        # happens before an agent can learn of a new deployment.
-        pk = int(e.deployment_id) if e.deployment_id.isdigit() else None
-        if pk is None or pk not in linked.deployment_ids:
-            unknown.append(e.deployment_id)
-            continue
-        ttft, itl = e.ttft, e.itl
-        rows.append(
-            EngineSample(
-                deployment_id=pk,
-                ts=ts,
-                state=e.state,
-                ttft_count=ttft.count if ttft else 0,
-                ttft_p50=ttft.p50 if ttft else None,
-                ttft_p99=ttft.p99 if ttft else None,
-                itl_count=itl.count if itl else 0,
-                itl_p50=itl.p50 if itl else None,
-                itl_p99=itl.p99 if itl else None,
-                kv_cache_usage=e.kv_cache_usage,
-                running=e.running,
-                waiting=e.waiting,
-                preemptions_total=e.preemptions_total,
-                bytes_offloaded=e.bytes_offloaded,
+def _insert_sql(model: Any, columns: list[str]) -> str:
+    quote = connection.ops.quote_name
+    names = ", ".join(quote(c) for c in columns)
+    marks = ", ".join(["%s"] * len(columns))
+    return f"INSERT INTO {quote(model._meta.db_table)} ({names}) VALUES ({marks})"
+
+
+def write_rows(batches: Sequence[Batch]) -> int:
+    """Insert the batches' rows in one transaction; returns the device samples written."""
+    adapt = connection.ops.adapt_datetimefield_value
+    devices = [(r[0], adapt(r[1]), *r[2:]) for b in batches for r in b.devices]
+    engines = [(r[0], adapt(r[1]), *r[2:]) for b in batches for r in b.engines]
+    links = {b.host_id: b.link_update for b in batches if b.link_update is not None}  # the latest wins
+    with transaction.atomic(), connection.cursor() as cursor:
+        if devices:
+            cursor.executemany(_insert_sql(DeviceSample, DEVICE_COLUMNS), devices)
+        if engines:
+            cursor.executemany(_insert_sql(EngineSample, ENGINE_COLUMNS), engines)
+        for host_id, (seen, dropped) in sorted(links.items()):
+            AgentLink.objects.filter(host_id=host_id).update(
+                last_telemetry_at=seen, telemetry_dropped=dropped
             )
-        )
-    return rows, unknown
+    return len(devices)
+
+
+def store_telemetry(linked: LinkedHost, frame: Telemetry, now: datetime | None = None) -> Batch:
+    """Build and write one frame's rows at once (no batching); returns the batch."""
+    batch = rows_for(linked, frame, now)
+    write_rows([batch])
+    return batch
+
+
+class TelemetryWriter:
+    """Group commit for one event loop: `submit()` queues a batch; one task writes everything
+    queued so far, then everything queued meanwhile, until nothing is left (then it ends)."""
+
+    def __init__(self, max_pending_rows: int = MAX_PENDING_ROWS) -> None:
+        self._pending: list[Batch] = []
+        self._pending_rows = 0
+        self._max_pending_rows = max_pending_rows
+        self._task: asyncio.Task[None] | None = None
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    async def submit(self, batch: Batch) -> None:
+        """Queue ``batch``; waits first while the writer is too far behind."""
+        while self._pending_rows >= self._max_pending_rows:
+            await self._drained.wait()
+        self._pending.append(batch)
+        self._pending_rows += len(batch.devices) + len(batch.engines)
+        if self._pending_rows >= self._max_pending_rows:
+            self._drained.clear()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="telemetry-writer")
+
+    async def flush(self) -> None:
+        """Wait until everything submitted so far is written."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def _run(self) -> None:
+        while self._pending:
+            batches, self._pending, self._pending_rows = self._pending, [], 0
+            self._drained.set()  # room again: submitters queue the next write while this one runs
+            try:
+                await database_sync_to_async(write_rows)(batches)
+            except Exception:
+                log.exception("Writing %d telemetry frame(s) failed; they are lost", len(batches))
+
+
+_writers: dict[asyncio.AbstractEventLoop, TelemetryWriter] = {}
+
+
+def writer() -> TelemetryWriter:
+    """This event loop's writer (one per ASGI process in production)."""
+    loop = asyncio.get_running_loop()
+    found = _writers.get(loop)
+    if found is None:
+        for closed in [lp for lp in _writers if lp.is_closed()]:
+            del _writers[closed]
+        found = _writers[loop] = TelemetryWriter()
+    return found
