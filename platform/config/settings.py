@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "deployments",
     "jobs",
     "agents",
+    "planning",
 ]
 
 MIDDLEWARE = [

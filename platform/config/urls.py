@@ -13,6 +13,7 @@ api_v1 = [
     path("", include("deployments.api.urls")),
     path("", include("jobs.api.urls")),
     path("", include("agents.api.urls")),
+    path("", include("planning.api.urls")),
 ]
 
 urlpatterns = [

@@ -1,0 +1,41 @@
+"""``place``: Aqua placement of every profiled model over every host; a plan and its diff.
+
+The work is in planning.placing; this module declares the parameters and registers the kind.
+Apply a succeeded job's plan with ``POST /api/v1/plans/<job id>/apply/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planning.placing import run_place
+from rest_framework import serializers
+
+from jobs.kinds.params import StrictParams
+from jobs.registry import JobContext, JobKind, register
+
+
+class PlaceParams(StrictParams):
+    solver = serializers.ChoiceField(choices=["cp-sat", "greedy"], default="cp-sat")
+    time_limit_s = serializers.FloatField(min_value=0.1, max_value=600.0, default=10.0)
+    burst_level = serializers.FloatField(
+        min_value=1.0, default=4.0, help_text="the burst level (x max rate) consumers are placed for"
+    )
+    models = serializers.ListField(
+        child=serializers.SlugField(), required=False, help_text="place only these models (default: all)"
+    )
+
+
+def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    return run_place(params, ctx)
+
+
+PLACE = register(
+    JobKind(
+        name="place",
+        params_serializer=PlaceParams,
+        run=run,
+        description="Place every profiled model on the hosts' GPUs (ILP), pair producers with consumers; "
+        "the result is a plan and its diff against the deployments.",
+    )
+)

@@ -1,0 +1,129 @@
+"""Applying a stored placement plan to deployments, with the fewest changes, in one transaction.
+
+What changes (for the plan's models only; others are left alone):
+  stop   a running deployment whose model the plan does not place there, and any second running
+         deployment of a planned model (a plan places each model once): desired state -> stopped;
+  move   on the same host: the deployment's devices change; to another host: the old deployment
+         stops and the model starts there (a deployment's host is fixed);
+  start  the model's stopped deployment on that host is reused (devices set, desired running), or a
+         new deployment is created.
+Stops come first, so that devices freed by one model can be taken by another in the same apply.
+Agents converge because deployment saves notify the host's link (agents/signals.py) and every link
+re-reads its desired list periodically.
+
+Applying is idempotent: when the deployments already match the plan nothing changes. A plan
+computed against deployments that have changed since (another apply, an operator's edit) is
+refused as stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments import services as deployments
+from deployments.models import Deployment, DesiredState
+from django.db import transaction
+from django.utils import timezone
+from inventory.models import Device, Host
+from jobs.models import Job, JobStatus
+from registry.models import ServedModel
+
+from planning.models import PlacementPlan
+from planning.placing import current_placement, fingerprint, running_deployments
+from serving.placement import Plan, diff
+
+
+class PlanNotApplicable(Exception):
+    """The job is not a succeeded place job with a stored plan."""
+
+
+class PlanConflict(Exception):
+    """The plan cannot be applied now (stale, or the deployments refuse it); nothing changed."""
+
+
+@dataclass
+class ApplyOutcome:
+    applied: bool  # False: the deployments already matched the plan
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    detail: str = ""
+
+
+def _plan_of(job: Job) -> tuple[PlacementPlan, Plan]:
+    if job.kind != "place" or job.status != JobStatus.SUCCEEDED:
+        raise PlanNotApplicable(f"job {job.pk} is a {job.status} {job.kind} job, not a succeeded place job")
+    row = PlacementPlan.objects.select_for_update().filter(job=job).first()
+    if row is None:
+        raise PlanNotApplicable(f"job {job.pk} has no stored plan")
+    return row, Plan.from_dict(row.plan)
+
+
+@transaction.atomic
+def apply_plan(job: Job, user: Any) -> ApplyOutcome:
+    """Apply the plan of place job `job` (see the module docstring).
+
+    Raises:
+        PlanNotApplicable: not a succeeded place job with a plan.
+        PlanConflict: the deployments changed since the plan was computed, or refuse a change.
+    """
+    row, plan = _plan_of(job)
+    planned = set(plan.assignments)
+    seen: set[str] = set()
+    extras: list[Deployment] = []  # second running deployments of planned models
+    for d in running_deployments():
+        if d.model.name in planned:
+            if d.model.name in seen:
+                extras.append(d)
+            seen.add(d.model.name)
+    moves = diff(current_placement(planned), plan)
+    if not moves and not extras:
+        if row.applied_at is None:
+            row.applied_at, row.applied_by = timezone.now(), user
+            row.save(update_fields=["applied_at", "applied_by"])
+        return ApplyOutcome(False, [], "The deployments already match this plan; nothing changed.")
+    if fingerprint() != row.fingerprint:
+        raise PlanConflict(
+            "The deployments changed since this plan was computed (another plan was applied or a "
+            "deployment was edited); run a new place job."
+        )
+    try:
+        _execute(moves, extras)
+    except deployments.PlacementError as exc:
+        transaction.set_rollback(True)
+        raise PlanConflict(f"The deployments refused the plan: {exc}") from None
+    row.applied_at, row.applied_by = timezone.now(), user
+    row.save(update_fields=["applied_at", "applied_by"])
+    done = [m.to_dict() for m in moves] + [
+        {"model": d.model.name, "kind": "stop", "from_server": d.host.name, "to_server": None} for d in extras
+    ]
+    return ApplyOutcome(True, done, f"Applied {len(done)} change(s).")
+
+
+def _execute(moves: list[Any], extras: list[Deployment]) -> None:
+    running: dict[str, Deployment] = {}
+    for d in running_deployments():
+        running.setdefault(d.model.name, d)
+    # 1. stop what leaves its place, so that its devices are free for the starts below
+    for d in extras:
+        deployments.update_deployment(d, desired_state=DesiredState.STOPPED)
+    for m in moves:
+        if m.kind in ("stop", "move"):  # a same-host move is restarted on its new devices in step 2
+            deployments.update_deployment(running[m.model], desired_state=DesiredState.STOPPED)
+    # 2. start or re-place
+    for m in moves:
+        if m.kind == "stop":
+            continue
+        host = Host.objects.get(name=m.to_server)
+        devices = list(Device.objects.filter(host=host, index__in=m.to_gpus).order_by("index"))
+        if m.kind == "move" and m.from_server == m.to_server:
+            deployments.update_deployment(
+                running[m.model], devices=devices, desired_state=DesiredState.RUNNING
+            )
+            continue
+        model = ServedModel.objects.get(name=m.model)
+        reusable = Deployment.objects.filter(model=model, host=host, desired_state=DesiredState.STOPPED)
+        existing = reusable.order_by("pk").first()
+        if existing is not None:
+            deployments.update_deployment(existing, devices=devices, desired_state=DesiredState.RUNNING)
+        else:
+            deployments.create_deployment(model, host, devices)

@@ -1,0 +1,176 @@
+"""`AgentEngineProbe`: serving.profiler's EngineProbe for a deployment served by a GPU agent.
+
+Each measurement crosses three processes: the profiling worker writes a `ProbeRequest` row holding
+a `probe` frame; the ASGI process that holds the host agent's websocket claims the row and sends the
+frame (planning/relay.py, polled by the agent's connection); the agent replays the requests against
+its engine (gpu_agent/probe.py) and answers with `probe_result`, which that ASGI process stores on
+the row; the worker polls the row until it is answered. The database is the only thing the worker
+and the ASGI process share in every set-up (the embedded in-memory channel layer does not cross
+processes), so this works the same with SQLite and the in-memory layer as with PostgreSQL and Redis.
+
+measure(rate) replays `WorkloadSpec.requests(rate)`; measure_burst(rate, factor) replays
+`WorkloadSpec.burst_requests(rate, factor)` on the engine and reports the agent's peak KV demand (KV
+in use plus the prompts of requests waiting for their first token).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from agents.models import AgentLink
+from deployments.models import Deployment, DesiredState, ObservedState
+from django.utils import timezone
+from registry.models import ServedModel
+
+from gpu_agent.protocol import Probe, ProbeRequestSpec
+from planning.models import ProbeRequest, ProbeStatus
+from serving.profiler import (
+    BurstResult,
+    EngineProbe,
+    ProbeResult,
+    ProfilingCancelled,
+    ProfilingError,
+    WorkloadSpec,
+)
+from serving.workload.request import Request
+
+# Seconds the worker waits beyond the replay's own timeout for the relay and the answer.
+RELAY_MARGIN_S = 60.0
+
+
+def _seconds(value: Any) -> float:
+    """A percentile from a probe_result: null means infinitely late."""
+    return math.inf if value is None else float(value)
+
+
+class AgentEngineProbe(EngineProbe):
+    """Probes one deployment's engine through its host's agent (module docstring)."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        workload: WorkloadSpec,
+        *,
+        job_id: int | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+        timeout_s: float = 600.0,
+        poll_s: float = 0.2,
+    ) -> None:
+        """
+        Args:
+            deployment: A running deployment of the model (its host's agent replays the workload).
+            workload: The workload (the same one the profiler records).
+            job_id: The profile job, recorded on each ProbeRequest.
+            should_cancel: Polled while waiting for an answer.
+            timeout_s: The longest one replay may take on the agent.
+            poll_s: Seconds between reads of the ProbeRequest row.
+        """
+        self.deployment = deployment
+        self.workload = workload
+        self.job_id = job_id
+        self.should_cancel = should_cancel or (lambda: False)
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self._kv_bytes_per_token = 0
+
+    @classmethod
+    def for_model(
+        cls, model: ServedModel, workload: WorkloadSpec, *, deployment_id: int | None = None, **kw: Any
+    ) -> AgentEngineProbe:
+        """A probe of `deployment_id` (or of the model's first running deployment).
+
+        Raises:
+            ProfilingError: no such deployment of the model, or it is not running.
+        """
+        running = Deployment.objects.filter(
+            model=model, desired_state=DesiredState.RUNNING, observed_state=ObservedState.RUNNING
+        ).select_related("host", "model")
+        if deployment_id is not None:
+            deployment = running.filter(pk=deployment_id).first()
+            if deployment is None:
+                raise ProfilingError(
+                    f"deployment {deployment_id} is not a running deployment of model {model.name!r}"
+                )
+        else:
+            deployment = running.order_by("pk").first()
+            if deployment is None:
+                raise ProfilingError(
+                    f"model {model.name!r} has no running deployment to profile (deploy it, or use the "
+                    "simulator backend)"
+                )
+        return cls(deployment, workload, **kw)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self._kv_bytes_per_token
+
+    def measure(self, rate: float) -> ProbeResult:
+        report = self._replay(rate, self.workload.requests(rate))
+        return ProbeResult(
+            rate=rate,
+            ttft_p99_s=_seconds(report["ttft_p99_s"]),
+            tbt_p99_s=_seconds(report["tbt_p99_s"]),
+            ttft_p50_s=_seconds(report["ttft_p50_s"]),
+            tbt_p50_s=_seconds(report["tbt_p50_s"]),
+            num_requests=report["num_requests"],
+            finished=report["finished"],
+            kv_capacity_bytes=report["kv_capacity_bytes"],
+            peak_kv_used_bytes=report["peak_kv_used_bytes"],
+        )
+
+    def measure_burst(self, rate: float, factor: float) -> BurstResult:
+        report = self._replay(rate, self.workload.burst_requests(rate, factor))
+        return BurstResult(rate, factor, report["peak_kv_demand_bytes"], report["kv_capacity_bytes"])
+
+    def _where(self) -> str:
+        d = self.deployment
+        return f"deployment {d.pk} of model {d.model.name!r} on host {d.host.name!r}"
+
+    def _replay(self, rate: float, requests: list[Request]) -> dict[str, Any]:
+        """Send one `probe` through the relay and wait for its `probe_result` (a dict)."""
+        link = AgentLink.objects.filter(host=self.deployment.host).first()
+        if link is None or not link.connected:
+            raise ProfilingError(
+                f"the agent of host {self.deployment.host.name!r} is not connected ({self._where()})"
+            )
+        frame = Probe(
+            probe_id=uuid.uuid4().hex,
+            deployment_id=str(self.deployment.pk),
+            rate=rate,
+            requests=[ProbeRequestSpec(r.arrival, r.prompt_tokens, r.output_tokens) for r in requests],
+            timeout_s=self.timeout_s,
+            seed=self.workload.seed,
+        )
+        row = ProbeRequest.objects.create(
+            probe_id=frame.probe_id, host=self.deployment.host, job_id=self.job_id, frame=frame.to_dict()
+        )
+        deadline = time.monotonic() + self.timeout_s + RELAY_MARGIN_S
+        while True:
+            row.refresh_from_db(fields=["status", "result", "error"])
+            if row.status == ProbeStatus.DONE and row.result is not None:
+                break
+            if row.status == ProbeStatus.FAILED:
+                raise ProfilingError(f"probing {self._where()} at {rate:.4g} req/s failed: {row.error}")
+            if self.should_cancel():
+                self._close(row, ProbeStatus.CANCELLED, "the profile job was cancelled")
+                raise ProfilingCancelled(f"cancelled while probing {self._where()}")
+            if time.monotonic() > deadline:
+                self._close(row, ProbeStatus.FAILED, "no answer in time")
+                raise ProfilingError(
+                    f"no probe result from {self._where()} at {rate:.4g} req/s within "
+                    f"{self.timeout_s + RELAY_MARGIN_S:.0f} s (is its agent connected?)"
+                )
+            time.sleep(self.poll_s)
+        report: dict[str, Any] = row.result
+        self._kv_bytes_per_token = int(report.get("kv_bytes_per_token") or self._kv_bytes_per_token)
+        return report
+
+    @staticmethod
+    def _close(row: ProbeRequest, status: ProbeStatus, error: str) -> None:
+        ProbeRequest.objects.filter(pk=row.pk, status__in=[ProbeStatus.PENDING, ProbeStatus.SENT]).update(
+            status=status, error=error, finished_at=timezone.now()
+        )
