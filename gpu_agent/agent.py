@@ -3,7 +3,8 @@
 Every `telemetry_interval_s` (aligned to the wall clock) it samples the host and submits a
 telemetry frame; deployment status changes are sent as they happen; on each (re)connect the link
 sends `register` and every deployment's status. Frames from the control plane become host actions:
-`desired_deployments` -> converge, `command` -> restart / log tail, `error` -> logged.
+`desired_deployments` -> converge, `command` -> restart / log tail, `probe` -> replay a workload
+against an engine and answer `probe_result` (gpu_agent/probe.py), `error` -> logged.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gpu_agent.protocol import (
     ErrorFrame,
     Frame,
     LogTail,
+    Probe,
     Register,
     Telemetry,
 )
@@ -130,6 +132,8 @@ class Agent:
             self._spawn(self.host.apply(frame.deployments))
         elif isinstance(frame, Command):
             self._spawn(self._command(frame))
+        elif isinstance(frame, Probe):
+            self._spawn(self._probe(frame))
         elif isinstance(frame, ErrorFrame):
             log.warning("Control plane reported an error: %s (%s)", frame.message, frame.code)
 
@@ -142,6 +146,23 @@ class Agent:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("Handling a control-plane frame failed", exc_info=task.exception())
+
+    async def _probe(self, frame: Probe) -> None:
+        from gpu_agent.probe import ProbeRunner, failed
+
+        endpoint = getattr(self.host, "engine_endpoint", None)
+        target = endpoint(frame.deployment_id) if endpoint is not None else None
+        if target is None:
+            why = "is not running on this host" if endpoint is not None else "cannot be probed on this host"
+            report = failed(frame, f"deployment {frame.deployment_id!r} {why} ({self.name})")
+        else:
+            log.info("Probing deployment %s at %.4g req/s.", frame.deployment_id, frame.rate)
+            try:
+                report = await ProbeRunner(*target).run(frame)
+            except Exception as exc:  # report, don't leave the control plane waiting
+                log.exception("Probe %s failed", frame.probe_id)
+                report = failed(frame, f"{type(exc).__name__}: {exc} ({self.name})")
+        await self.link.send(report)
 
     async def _command(self, cmd: Command) -> None:
         if cmd.action == "restart_deployment":

@@ -155,6 +155,15 @@ class LocalHost(Host):
     def statuses(self) -> list[DeploymentStatus]:
         return self._manager().statuses()
 
+    def engine_endpoint(self, deployment_id: str) -> tuple[str, DeploymentSpec] | None:
+        """The running engine's base URL and spec (for profiling probes); None if not running."""
+        sup = self._manager().supervisor(deployment_id)
+        if sup is None or sup.state != "running" or sup.port is None:
+            return None
+        host = "127.0.0.1" if self._bind in ("", "0.0.0.0", "::") else self._bind
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{sup.port}", sup.spec
+
     async def stop(self) -> None:
         if self.engines is not None:
             await self.engines.close()

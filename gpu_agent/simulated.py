@@ -29,6 +29,7 @@ from gpu_agent.host import Host, StatusCallback
 from gpu_agent.protocol import (
     AquaRole,
     DeploymentSpec,
+    DeploymentState,
     DeploymentStatus,
     DeviceInfo,
     DeviceSample,
@@ -252,8 +253,8 @@ class SimulatedHost(Host):
         engine = self._engine(spec.id, model, sorted(spec.devices), CONSUMER_MEM_UTIL, stream)
         return _Placed(engine, sorted(spec.devices), "none", CONSUMER_MEM_UTIL, spec=spec)
 
-    def _status(self, dep_id: str, state: str, error: str | None = None) -> DeploymentStatus:
-        return DeploymentStatus(dep_id, state, time.time(), error=error, simulated=True)  # type: ignore[arg-type]
+    def _status(self, dep_id: str, state: DeploymentState, error: str | None = None) -> DeploymentStatus:
+        return DeploymentStatus(dep_id, state, time.time(), error=error, simulated=True)
 
     async def restart(self, deployment_id: str) -> bool:
         placed = self._deployed.get(deployment_id)

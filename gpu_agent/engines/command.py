@@ -88,8 +88,13 @@ class VllmLauncher:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA indices == NVML indices
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in spec.devices)
         else:
-            # GiB of host memory for the KV cache; without it vLLM sizes it from host RAM.
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(opts.get("cpu_kvcache_space_gib", 1)))
+            # vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE (whole GiB) override
+            # --kv-cache-memory-bytes, so it is set only when no byte size was asked for; without
+            # either, vLLM sizes the KV cache from a fraction of host RAM.
+            if "kv_cache_bytes" in opts:
+                env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+            else:
+                env["VLLM_CPU_KVCACHE_SPACE"] = str(int(opts.get("cpu_kvcache_space_gib", 1)))
             if "cpu_threads" in opts:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{int(opts['cpu_threads']) - 1}"
         if self.aqua_socket is not None:

@@ -266,12 +266,15 @@ def test_it_builds_the_vllm_command_for_a_gpu_host_with_aqua() -> None:
 
 
 def test_it_builds_the_vllm_command_for_a_cpu_host_without_aqua() -> None:
-    s = spec(cpu_kvcache_space_gib=2, kv_cache_bytes=1 << 20, max_num_seqs=4)
+    s = spec(cpu_kvcache_space_gib=2, max_num_seqs=4)
     launch = VllmLauncher("cpu", base_env={})(s, 9000)
     assert "--scheduler-cls" not in launch.argv and "--kv-transfer-config" not in launch.argv
-    assert launch.argv[launch.argv.index("--kv-cache-memory-bytes") + 1] == str(1 << 20)
     assert launch.argv[launch.argv.index("--max-num-seqs") + 1] == "4"
     assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    # A byte size must not be overridden by vLLM's legacy whole-GiB variable (inherited or ours).
+    sized = VllmLauncher("cpu", base_env={"VLLM_CPU_KVCACHE_SPACE": "4"})(spec(kv_cache_bytes=1 << 20), 9000)
+    assert sized.argv[sized.argv.index("--kv-cache-memory-bytes") + 1] == str(1 << 20)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in sized.env
     assert "CUDA_VISIBLE_DEVICES" not in launch.env
     assert launch.env["PYTHONPATH"] == REPO_ROOT
     assert launch.argv[launch.argv.index("--host") + 1] == "127.0.0.1" and launch.probe_host == "127.0.0.1"

@@ -1,0 +1,228 @@
+"""Profiling probes: replay a workload against one engine and report latency percentiles and KV use.
+
+The control plane sends a `probe` frame (gpu_agent/protocol.py) naming a deployment, a rate and the
+requests of the workload at that rate (arrival offsets, prompt and output lengths). `ProbeRunner`
+replays them against the engine's OpenAI-compatible ``/v1/completions`` with streaming, each request
+sent at its arrival offset with a prompt of exactly `prompt_tokens` token ids (seeded, drawn from the
+model's vocabulary, so no tokenizer is needed) and ``max_tokens`` = its output length with
+``ignore_eos`` so that it generates exactly that many tokens. Per request it records the time of
+every streamed chunk (vLLM streams one chunk per engine step): TTFT = first chunk - send time, and
+the gaps between chunks are the time-between-tokens samples.
+
+While replaying it scrapes the engine's ``/metrics`` every `sample_interval_s`:
+  - KV capacity = ``vllm:cache_config_info``'s num_gpu_blocks x block_size x KV bytes per token
+    (2 x layers x KV heads x head dim x dtype bytes, from the model's config.json);
+  - peak KV used = the highest ``vllm:kv_cache_usage_perc`` x capacity;
+  - peak KV demand = the highest (KV used + the prompts of requests sent but not yet answered), the
+    memory the engine would hold if nothing had to wait for room (used to size swap under bursts).
+Percentiles count a request that produced no token as infinitely late (reported as null); with no
+inter-token gap at all (one-token outputs) the TBT percentiles are 0, as in the simulator probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpu_agent.engines.metrics import parse_metrics
+from gpu_agent.protocol import DeploymentSpec, Probe, ProbeReport, ProbeRequestSpec
+from serving.profiler.sim_probe import tail_percentile
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+CACHE_INFO = "vllm:cache_config_info"
+
+
+def model_config(source: str) -> dict[str, Any]:
+    """The model's config.json when `source` is a local directory, else {}."""
+    path = os.path.join(source, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype: str) -> int:
+    """2 x layers x KV heads x head dim x dtype bytes; 0 when the config lacks the figures."""
+    try:
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return 0
+    name = dtype if dtype != "auto" else str(config.get("torch_dtype") or config.get("dtype") or "float16")
+    return 2 * layers * kv_heads * head_dim * DTYPE_BYTES.get(name, 2)
+
+
+def cache_blocks(metrics_text: str) -> int:
+    """num_gpu_blocks x block_size from ``vllm:cache_config_info`` (tokens of KV); 0 if absent."""
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != CACHE_INFO:
+            continue
+        for sample in family.samples:
+            try:
+                return int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
+            except (KeyError, ValueError):
+                continue
+    return 0
+
+
+@dataclass
+class _Track:
+    """One replayed request: when it was sent and when each chunk arrived (monotonic seconds)."""
+
+    spec: ProbeRequestSpec
+    sent_at: float | None = None
+    chunks: list[float] = field(default_factory=list)
+    finished: bool = False
+
+
+def _or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class ProbeRunner:
+    """Replays one `probe` frame against one engine (module docstring)."""
+
+    def __init__(
+        self, base_url: str, spec: DeploymentSpec, *, sample_interval_s: float = 0.2, vocab_floor: int = 10
+    ) -> None:
+        """
+        Args:
+            base_url: The engine's ``http://host:port``.
+            spec: The deployment (its served model name, source and dtype).
+            sample_interval_s: Seconds between /metrics scrapes while replaying.
+            vocab_floor: Prompt token ids are drawn from [vocab_floor, vocab size) (skips the
+                special tokens most vocabularies put first).
+        """
+        self.base_url = base_url
+        self.spec = spec
+        self.sample_interval_s = sample_interval_s
+        config = model_config(spec.model.source)
+        self.kv_bytes_per_token = kv_bytes_per_token(config, spec.model.dtype)
+        self.vocab = int(config.get("vocab_size") or 1000)
+        self.vocab_floor = min(vocab_floor, self.vocab - 1)
+
+    async def run(self, frame: Probe) -> ProbeReport:
+        """Replay `frame.requests`; never raises for engine errors (they become unfinished requests)."""
+        rng = random.Random(frame.seed)
+        tracks = [_Track(r) for r in sorted(frame.requests, key=lambda r: r.arrival_s)]
+        prompts = [
+            [rng.randrange(self.vocab_floor, self.vocab) for _ in range(t.spec.prompt_tokens)] for t in tracks
+        ]
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        timeout = httpx.Timeout(frame.timeout_s, connect=10.0)
+        async with httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout) as http:
+            capacity_tokens = await self._capacity_tokens(http)
+            capacity = capacity_tokens * self.kv_bytes_per_token
+            peaks = [0.0, 0.0]  # highest (used, demand) fractions of capacity seen
+            start = time.monotonic()
+            sampler = asyncio.create_task(self._sample(http, tracks, capacity_tokens, peaks))
+            sends = [
+                asyncio.create_task(self._send(http, t, p, start))
+                for t, p in zip(tracks, prompts, strict=True)
+            ]
+            try:
+                await asyncio.wait_for(asyncio.gather(*sends), timeout=frame.timeout_s)
+            except TimeoutError:
+                pass  # whatever is still running counts as unfinished
+            finally:
+                for task in [*sends, sampler]:
+                    task.cancel()
+                await asyncio.gather(*sends, sampler, return_exceptions=True)
+            duration = time.monotonic() - start
+        return self._report(frame, tracks, capacity, peaks, duration)
+
+    async def _capacity_tokens(self, http: httpx.AsyncClient) -> int:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            resp = await http.get("/metrics")
+            resp.raise_for_status()
+            return cache_blocks(resp.text)
+        return 0
+
+    async def _sample(
+        self, http: httpx.AsyncClient, tracks: list[_Track], capacity_tokens: int, peaks: list[float]
+    ) -> None:
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                resp = await http.get("/metrics")
+                resp.raise_for_status()
+                used = parse_metrics(resp.text).kv_cache_usage or 0.0
+                waiting = sum(t.spec.prompt_tokens for t in tracks if t.sent_at is not None and not t.chunks)
+                demand = used + (waiting / capacity_tokens if capacity_tokens else 0.0)
+                peaks[0], peaks[1] = max(peaks[0], used), max(peaks[1], demand)
+            await asyncio.sleep(self.sample_interval_s)
+
+    async def _send(self, http: httpx.AsyncClient, track: _Track, prompt: list[int], start: float) -> None:
+        delay = start + track.spec.arrival_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        body = {
+            "model": self.spec.model.name,
+            "prompt": prompt,
+            "max_tokens": track.spec.max_tokens,
+            "min_tokens": track.spec.max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+        }
+        track.sent_at = time.monotonic()
+        try:
+            async with http.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    return
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    choices = json.loads(data).get("choices") or []
+                    if not choices:
+                        continue
+                    track.chunks.append(time.monotonic())
+                    if choices[0].get("finish_reason"):
+                        track.finished = True
+        except (httpx.HTTPError, ValueError):
+            return
+
+    def _report(
+        self, frame: Probe, tracks: list[_Track], capacity: int, peaks: list[float], duration: float
+    ) -> ProbeReport:
+        firsts = [t.chunks[0] - t.sent_at for t in tracks if t.chunks and t.sent_at is not None]
+        gaps = [b - a for t in tracks for a, b in zip(t.chunks, t.chunks[1:], strict=False)]
+        missing = len(tracks) - len(firsts)
+        return ProbeReport(
+            probe_id=frame.probe_id,
+            deployment_id=frame.deployment_id,
+            ok=True,
+            rate=frame.rate,
+            num_requests=len(tracks),
+            finished=sum(t.finished for t in tracks),
+            ttft_p99_s=_or_none(tail_percentile(firsts, missing, 99.0)),
+            tbt_p99_s=_or_none(tail_percentile(gaps, 0, 99.0)) if gaps else 0.0,
+            ttft_p50_s=_or_none(tail_percentile(firsts, missing, 50.0)),
+            tbt_p50_s=_or_none(tail_percentile(gaps, 0, 50.0)) if gaps else 0.0,
+            kv_capacity_bytes=capacity,
+            peak_kv_used_bytes=int(peaks[0] * capacity),
+            peak_kv_demand_bytes=int(peaks[1] * capacity),
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            duration_s=duration,
+        )
+
+
+def failed(frame: Probe, error: str) -> ProbeReport:
+    """The answer to a probe that could not run (unknown deployment, engine not running...)."""
+    return ProbeReport(probe_id=frame.probe_id, deployment_id=frame.deployment_id, ok=False, error=error)
