@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from registry.api.serializers import ServedModelSerializer
 from registry.models import ServedModel
+from rest_framework.exceptions import ValidationError
 from rest_framework.test import APIClient
 
 URL = "/api/v1/models/"
@@ -110,3 +112,15 @@ def test_it_accepts_every_power_of_two_tp_size(
         payload = {**model_payload, "name": f"m{index}", "tensor_parallel_size": size}
         assert admin_client.post(URL, payload, format="json").status_code == 201
     assert sorted(ServedModel.objects.values_list("tensor_parallel_size", flat=True)) == [1, 2, 4, 8, 16]
+
+
+def test_it_turns_a_duplicate_name_race_into_a_400(model_payload: dict[str, Any]) -> None:
+    """The unique check passed for both of two simultaneous requests; the database catches the second."""
+    ServedModel.objects.create(**model_payload)
+    late = ServedModelSerializer(data={**model_payload, "source": "/other"})
+    late.fields["name"].validators = []  # as if validated before the first row was committed
+    assert late.is_valid(), late.errors
+    with pytest.raises(ValidationError) as raised:
+        late.save()
+    assert "name" in raised.value.detail
+    assert ServedModel.objects.get().source == model_payload["source"]

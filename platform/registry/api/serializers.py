@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import IntegrityError, transaction
 from rest_framework import serializers
 
 from core.serializers import StrictModelSerializer
@@ -30,7 +35,27 @@ class ServedModelSerializer(StrictModelSerializer):
         ]
         read_only_fields = ["id", "created_at", "updated_at"]
 
+    def create(self, validated_data: dict[str, Any]) -> ServedModel:
+        with _name_race_as_400():
+            return super().create(validated_data)
+
+    def update(self, instance: ServedModel, validated_data: dict[str, Any]) -> ServedModel:
+        with _name_race_as_400():
+            return super().update(instance, validated_data)
+
     def validate_source(self, value: str) -> str:
         if not value.strip():
             raise serializers.ValidationError("Give a local path or a hub id (org/name).")
         return value.strip()
+
+
+@contextmanager
+def _name_race_as_400() -> Iterator[None]:
+    """Two requests creating the same name at once: the loser gets the same 400 as a plain duplicate."""
+    try:
+        with transaction.atomic():
+            yield
+    except IntegrityError as exc:
+        if "name" not in str(exc):  # a unique-name violation on SQLite and PostgreSQL alike
+            raise
+        raise serializers.ValidationError({"name": ["served model with this name already exists."]}) from exc
