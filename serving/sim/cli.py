@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="sharegpt", choices=available_length_dists())
     p.add_argument("--trace", default=None, help="CSV trace for --workload trace")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--predict", default="none", choices=("none", "oracle"),
+        help="response-length predictions for the policy: none, or each request's true length",
+    )  # fmt: skip
     p.add_argument("--out", required=True, type=Path, help="output directory")
     g = p.add_argument_group("engine")
     g.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
@@ -142,14 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         def progress(now: float) -> None:
             bar.update(int(now) - bar.n)
 
-        records = engine.run(requests, changes=changes, progress=progress)
+        predictions = {r.req_id: r.output_tokens for r in requests} if a.predict == "oracle" else None
+        records = engine.run(requests, changes=changes, progress=progress, predictions=predictions)
         progress(engine.now)
     wall = time.perf_counter() - t0
     span = max(engine.now, a.duration)
     summary = summarize(records, span, slo)
     run_info = {
         "model": a.model, "gpu": a.gpu, "tp": a.tp, "policy": a.policy, "workload": a.workload,
-        "rate": a.rate, "duration_s": a.duration, "dataset": a.dataset, "seed": a.seed,
+        "rate": a.rate, "duration_s": a.duration, "dataset": a.dataset, "seed": a.seed, "predict": a.predict,
         "ttft_slo_s": slo.ttft_s, "tbt_slo_s": slo.tbt_s, "preemption_mode": a.preemption_mode,
         "kv_blocks": blocks, "block_size": a.block_size, "max_num_batched_tokens": a.max_num_batched_tokens,
         "max_num_seqs": a.max_num_seqs, "simulated_s": engine.now, "wall_s": wall,

@@ -188,3 +188,18 @@ def test_an_idle_engine_stops_at_the_horizon() -> None:
     engine = make_engine()
     engine.run([Request(0, 0.0, 10, 2), Request(1, 50.0, 10, 2)], until=10.0)
     assert engine.stats.end_time == 10.0
+
+
+class _Recording(FCFSPolicy):
+    def __init__(self) -> None:
+        self.seen: dict[object, int | None] = {}
+
+    def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
+        self.seen.update({r.req_id: r.predicted_output_tokens for r in waiting})
+        return super().order_waiting(waiting, ctx)
+
+
+def test_the_policy_sees_length_predictions_when_given() -> None:
+    policy = _Recording()
+    make_engine(policy).run([Request(0, 0.0, 10, 7), Request(1, 0.0, 10, 9)], predictions={0: 5})
+    assert policy.seen == {0: 5, 1: None}
