@@ -116,3 +116,16 @@ def test_fcfs_puts_a_preempted_request_back_ahead_of_later_arrivals() -> None:
     assert b.preemptions == 1 and b.token_times[4] < c.arrival < a.token_times[-1]
     assert c.token_times[0] > a.token_times[-1]
     assert c.token_times[0] >= b.token_times[5]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_decode_invariant_claim_holds(name: str) -> None:
+    # A policy with `decode_invariant = True` lets the engine skip consulting it over decode-only
+    # stretches; that must not change any result.
+    if not getattr(get_policy(name), "decode_invariant", False):
+        pytest.skip(f"{name} does not claim decode invariance")
+    reqs = make_requests(200, rate=30, seed=8)
+    fast = make_engine(name, num_kv_blocks=500)
+    slow = make_engine(name, num_kv_blocks=500, fast_forward=False)
+    assert [r.token_times for r in fast.run(reqs)] == [r.token_times for r in slow.run(reqs)]
+    assert fast.stats.fast_forwarded_iterations > 0
