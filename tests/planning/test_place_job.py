@@ -1,0 +1,176 @@
+"""The place job end to end: plan stored with its diff, applied by an admin with the fewest moves,
+idempotent, stale plans refused, viewers and anonymous callers refused, bad input fails cleanly."""
+
+from __future__ import annotations
+
+import pytest
+from deployments.models import Deployment, DesiredState
+from inventory.models import Host
+from jobs.models import JobStatus
+from planning.models import PlacementPlan
+from rest_framework.test import APIClient
+
+from tests.planning.helpers import (
+    GIB,
+    deploy,
+    deployment_rows,
+    make_host,
+    make_model,
+    placement,
+    result_of,
+    run_job_via_api,
+    store_profile,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def apply_url(job_id: int) -> str:
+    return f"/api/v1/plans/{job_id}/apply/"
+
+
+@pytest.fixture
+def cluster(two_hosts: tuple[Host, Host]) -> dict[str, int]:
+    """Two 2-GPU NVLink hosts; producers p10, p6 and consumers c10, c6 (GiB lent / needed at 4x).
+    Both producers run on host-a now; the consumers are not deployed."""
+    host_a, _ = two_hosts
+    sizes = {"p10": ("producer", 10), "p6": ("producer", 6), "c10": ("consumer", 10), "c6": ("consumer", 6)}
+    models = {name: make_model(name) for name in sizes}
+    for name, (role, gib) in sizes.items():
+        store_profile(models[name], role, gib * GIB)
+    deploy(models["p10"], host_a, 0)
+    deploy(models["p6"], host_a, 1)
+    return {name: gib for name, (_, gib) in sizes.items()}
+
+
+def test_it_stores_the_optimal_plan_and_its_fewest_moves_diff(admin_client: APIClient, cluster: dict) -> None:
+    job = run_job_via_api(admin_client, "place", {"time_limit_s": 10})
+    assert job.status == JobStatus.SUCCEEDED, job.error
+    plan = result_of(job)["plan"]
+    # known optimum: each host holds one producer and the consumer it covers exactly -> objective 0
+    assert plan["objective"] == 0 and plan["status"] == "optimal"
+    pairs = {(p["lender"], p["borrower"]) for p in plan["pairings"]}
+    assert pairs == {("p10", "c10"), ("p6", "c6")} and plan["dram_fallbacks"] == []
+    servers = {a["model"]: a["server"] for a in plan["assignments"]}
+    assert servers["p10"] == servers["c10"] != servers["p6"] == servers["c6"]
+    # fewest moves: one producer stays on host-a (on its GPU), the other moves, both consumers start
+    kinds = sorted(m["kind"] for m in result_of(job)["moves"])
+    assert kinds == ["move", "start", "start"]
+    stays = {"p10", "p6"} - {m["model"] for m in result_of(job)["moves"]}
+    assert len(stays) == 1 and servers[stays.pop()] == "host-a"
+    stored = PlacementPlan.objects.get(job=job)
+    assert stored.plan == plan and stored.moves == result_of(job)["moves"] and stored.applied_at is None
+    assert placement() == {"p10": ("host-a", [0]), "p6": ("host-a", [1])}  # nothing applied yet
+
+
+def test_it_applies_a_plan_for_admins_only_and_idempotently(
+    admin_client: APIClient, viewer_client: APIClient, anon_client: APIClient, cluster: dict
+) -> None:
+    job = run_job_via_api(admin_client, "place", {})
+    before = deployment_rows()
+    assert viewer_client.post(apply_url(job.pk)).status_code == 403
+    assert anon_client.post(apply_url(job.pk)).status_code == 401
+    assert deployment_rows() == before
+
+    response = admin_client.post(apply_url(job.pk))
+    assert response.status_code == 200, response.data
+    assert response.data["applied"] is True and len(response.data["moves"]) == 3
+    planned = {a["model"]: (a["server"], a["gpus"]) for a in result_of(job)["plan"]["assignments"]}
+    assert placement() == {m: (s, sorted(g)) for m, (s, g) in planned.items()}
+    # the producer that moved left a stopped deployment behind on host-a
+    moved = next(m["model"] for m in result_of(job)["moves"] if m["kind"] == "move")
+    assert (
+        Deployment.objects.filter(model__name=moved, host__name="host-a", desired_state="stopped").count()
+        == 1
+    )
+    stored = PlacementPlan.objects.get(job=job)
+    assert stored.applied_at is not None and stored.applied_by is not None
+
+    after = deployment_rows()
+    again = admin_client.post(apply_url(job.pk))
+    assert again.status_code == 200 and again.data["applied"] is False and again.data["moves"] == []
+    assert deployment_rows() == after
+
+
+def test_it_refuses_a_stale_plan_with_409_and_changes_nothing(admin_client: APIClient, cluster: dict) -> None:
+    job = run_job_via_api(admin_client, "place", {})
+    p6 = Deployment.objects.get(model__name="p6")
+    p6.desired_state = DesiredState.STOPPED  # an operator edit after the plan was computed
+    p6.save()
+    before = deployment_rows()
+    response = admin_client.post(apply_url(job.pk))
+    assert response.status_code == 409
+    assert "changed since this plan was computed" in response.data["detail"]
+    assert deployment_rows() == before
+    assert PlacementPlan.objects.get(job=job).applied_at is None
+
+
+def test_it_answers_404_for_a_job_that_is_not_a_succeeded_place_job(
+    admin_client: APIClient, cluster: dict
+) -> None:
+    noop = run_job_via_api(admin_client, "noop", {"steps": 1, "delay_s": 0.0})
+    assert admin_client.post(apply_url(noop.pk)).status_code == 404
+    assert admin_client.post(apply_url(999_999)).status_code == 404
+
+
+def test_it_lists_plans_and_profiles_to_viewers(
+    admin_client: APIClient, viewer_client: APIClient, anon_client: APIClient, cluster: dict
+) -> None:
+    job = run_job_via_api(admin_client, "place", {})
+    plan = viewer_client.get(f"/api/v1/plans/{job.pk}/")
+    assert plan.status_code == 200 and plan.data["moves"] == result_of(job)["moves"]
+    profiles = viewer_client.get("/api/v1/profiles/")
+    assert profiles.status_code == 200
+    assert [p["model"] for p in profiles.data["results"]] == ["c10", "c6", "p10", "p6"]
+    assert viewer_client.get("/api/v1/profiles/c10/").data["swap_needed_bytes"]["4x"] == 10 * GIB
+    assert anon_client.get("/api/v1/plans/").status_code == 401
+
+
+def test_it_moves_gpus_on_the_same_host_and_frees_devices_before_taking_them(
+    admin_client: APIClient, db: None
+) -> None:
+    # One 2-GPU host: a producer and a consumer swap GPUs only if the plan says so; either way the
+    # apply must never fail on a device that the same apply frees.
+    host = make_host("solo")
+    p, c = make_model("p"), make_model("c")
+    store_profile(p, "producer", 4 * GIB)
+    store_profile(c, "consumer", 4 * GIB)
+    deploy(c, host, 0)
+    job = run_job_via_api(admin_client, "place", {})
+    assert job.status == JobStatus.SUCCEEDED, job.error
+    assert [m["kind"] for m in result_of(job)["moves"]] == ["start"]  # c keeps GPU 0, p starts on GPU 1
+    assert admin_client.post(apply_url(job.pk)).status_code == 200
+    assert placement() == {"c": ("solo", [0]), "p": ("solo", [1])}
+
+
+@pytest.mark.parametrize(
+    ("setup", "needle"),
+    [
+        ("no_profile", "models without a profile: c6"),
+        ("infeasible", "need more GPUs than any server has"),
+        ("slo_changed", "profile it again"),
+        ("no_swap_at_level", "needs no swap space"),
+    ],
+)
+def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
+    admin_client: APIClient, cluster: dict, setup: str, needle: str
+) -> None:
+    from registry.models import ServedModel
+
+    if setup == "no_profile":
+        ServedModel.objects.get(name="c6").profile.delete()
+    elif setup == "infeasible":
+        big = make_model("big", tp=4)
+        store_profile(big, "producer", GIB)
+    elif setup == "slo_changed":
+        ServedModel.objects.filter(name="p6").update(slo_ttft_p99_ms=100.0)
+    else:
+        profile = ServedModel.objects.get(name="c6").profile
+        profile.data = {**profile.data, "swap_needed_bytes": {"4x": 0}}
+        profile.save()
+    before = deployment_rows()
+    job = run_job_via_api(admin_client, "place", {})
+    assert job.status == JobStatus.FAILED
+    assert needle in job.error
+    assert job.result is None and not PlacementPlan.objects.filter(job=job).exists()
+    assert deployment_rows() == before
