@@ -24,7 +24,10 @@ admission_limit (KV reservation with pipelining)
     SLO.
 prefill_token_cap (time-synced batching)
     Prefill tokens added to an iteration are capped so that the iteration, with its decodes, stays
-    within the TPOT SLO (from the cost model); with no decodes, the whole budget.
+    within `sync_factor` x the TPOT SLO (from the cost model); with no decodes, the whole budget.
+    TPOT is a mean over a request's tokens, so a factor above 1 lets an iteration that carries a
+    prompt run longer than the mean allows while the decode-only ones (capped at `decode_share` of
+    the SLO) make up for it.
 
 Without a cost model the TTFT slack ignores prefill time and the TPOT-based caps are off. A request
 without a prediction is assumed to need `default_prediction` tokens; when that is None (the
@@ -60,12 +63,15 @@ class EcoServePolicy(SchedulingPolicy):
         pipelining: bool = True,
         kv_target: float = 1.0,
         decode_share: float = 0.8,
+        sync_factor: float = 2.0,
         default_prediction: int | None = None,
     ) -> None:
         if not ttft_slo_s > 0 or not tpot_slo_s > 0:
             raise ValueError(f"SLOs must be positive, got {ttft_slo_s=}, {tpot_slo_s=}")
         if not 0 < kv_target <= 1 or not 0 < decode_share <= 1:
             raise ValueError(f"{kv_target=} and {decode_share=} must be in (0, 1]")
+        if not sync_factor > 0:
+            raise ValueError(f"{sync_factor=} must be positive")
         if default_prediction is not None and default_prediction < 1:
             raise ValueError(f"{default_prediction=} must be >= 1")
         if not bucket_edges or list(bucket_edges) != sorted(set(bucket_edges)) or bucket_edges[0] != 0:
@@ -78,6 +84,7 @@ class EcoServePolicy(SchedulingPolicy):
         self.pipelining = pipelining
         self.kv_target = kv_target
         self.decode_share = decode_share
+        self.sync_factor = sync_factor
         self.default_prediction = default_prediction
         self._decode_ctx: list[int] = []  # context lengths of this iteration's GTs (order_running)
 
@@ -145,7 +152,12 @@ class EcoServePolicy(SchedulingPolicy):
         if self.cost is None or num_decodes == 0 or not self._decode_ctx:
             return ctx.token_budget
         p = self.cost.prefill
-        spare = self.tpot_slo_s - self.cost.decode_time(self._decode_ctx) + min(p.a, self.cost.decode.a) - p.a
+        spare = (
+            self.sync_factor * self.tpot_slo_s
+            - self.cost.decode_time(self._decode_ctx)
+            + min(p.a, self.cost.decode.a)
+            - p.a
+        )
         if spare <= 0:
             return 0
         # Largest x with b x + c x^2 <= spare.

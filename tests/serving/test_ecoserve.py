@@ -71,15 +71,17 @@ def test_reservation_with_exact_predictions_avoids_the_preemptions_fcfs_suffers(
 
 def test_time_synced_prefill_cap_keeps_the_iteration_within_the_tpot_slo() -> None:
     cost = make_cost()
-    policy = EcoServePolicy(tpot_slo_s=0.05, cost=cost)
     gts = [req(i, 0.0, 300, 500, 400, out=10) for i in range(20)]
-    c = ctx()
-    policy.order_running(gts, c)
-    cap = policy.prefill_token_cap(c, len(gts))
     contexts = [r.num_tokens for r in gts]
-    assert 0 < cap < c.token_budget
-    assert cost.iteration_time([cap], contexts) <= 0.05 < cost.iteration_time([cap + 1], contexts)
-    assert policy.prefill_token_cap(c, 0) == c.token_budget
+    c = ctx()
+    for factor in (1.0, 2.0):
+        policy = EcoServePolicy(tpot_slo_s=0.05, cost=cost, sync_factor=factor)
+        policy.order_running(gts, c)
+        cap = policy.prefill_token_cap(c, len(gts))
+        limit = 0.05 * factor
+        assert 0 < cap < c.token_budget
+        assert cost.iteration_time([cap], contexts) <= limit < cost.iteration_time([cap + 1], contexts)
+        assert policy.prefill_token_cap(c, 0) == c.token_budget
 
 
 def test_it_is_registered_and_admits_when_nothing_runs() -> None:
