@@ -83,7 +83,7 @@ class DecodeLaneSim:
             ):
                 h = queue.popleft()
                 nbytes = h.record.prompt_tokens * self.cost.kv_bytes_per_token
-                start = max(link_free, h.ready)
+                start = max(link_free, now)  # pulled at this scheduling point
                 seconds = self.link.seconds(nbytes)
                 link_free = start + seconds
                 self.transfer_seconds += seconds
