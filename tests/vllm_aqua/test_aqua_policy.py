@@ -1,0 +1,88 @@
+"""The `aqua` fair policy on plain request records (no engine)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from serving.policies.aqua import AquaFairPolicy, service
+from serving.policies.base import SchedContext
+from serving.policies.registry import get_policy
+
+
+@dataclass
+class Req:
+    req_id: str
+    num_prompt_tokens: int
+    num_computed_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    arrival_time: float = 0.0
+    admission_seq: int = 0
+    num_preemptions: int = 0
+    predicted_output_tokens: int | None = None
+
+
+def ctx(iteration: int = 10, free: int = 0, total: int = 64, max_running: int = 8) -> SchedContext:
+    return SchedContext(1.0, iteration, 256, free, total, 16, max_running)
+
+
+def test_it_is_registered_with_options() -> None:
+    p = get_policy("aqua", slice_iters=2)
+    assert isinstance(p, AquaFairPolicy) and p.slice_iters == 2
+    with pytest.raises(ValueError):
+        AquaFairPolicy(slice_iters=0)
+
+
+def test_service_counts_the_whole_prompt_once_decoding_began() -> None:
+    assert service(Req("a", 100, num_computed_prompt_tokens=40)) == 40
+    # After a recompute preemption computed prompt is 0, but the prompt was served.
+    assert service(Req("b", 100, num_computed_prompt_tokens=0, num_output_tokens=5)) == 105
+
+
+def test_it_serves_the_least_served_first_and_puts_the_most_served_last() -> None:
+    p = AquaFairPolicy()
+    reqs = [
+        Req("decoding-long", 20, 20, 300, admission_seq=0),
+        Req("prefill-half", 200, 100, 0, admission_seq=1),
+        Req("decoding-short", 20, 20, 3, admission_seq=2),
+        Req("prefill-start", 200, 10, 0, admission_seq=3),
+    ]
+    order = [r.req_id for r in p.order_running(reqs, ctx())]
+    assert order == ["prefill-start", "decoding-short", "prefill-half", "decoding-long"]
+    waiting = [Req("old", 50, 0, 40, arrival_time=0.0), Req("new", 50, arrival_time=5.0)]
+    assert [r.req_id for r in p.order_waiting(waiting, ctx())] == ["new", "old"]
+
+
+def test_it_rotates_the_most_served_out_for_a_waiting_request_after_the_time_slice() -> None:
+    p = AquaFairPolicy(slice_iters=4, min_service_gap=16)
+    running = [Req(f"long-{i}", 32, 32, 200 + i, admission_seq=i) for i in range(4)]
+    ordered = p.order_running(running, ctx(iteration=0))
+    waiting = [Req("short", 20, arrival_time=9.0)]
+    # Inside the time slice nobody is rotated.
+    assert p.select_rotations(ordered, waiting, ctx(iteration=3, free=0)) == []
+    # After it, the most served one (long-3) makes room for the short request (2 blocks needed).
+    victims = p.select_rotations(ordered, waiting, ctx(iteration=4, free=0))
+    assert [v.req_id for v in victims] == ["long-3"]
+    # With enough free blocks and a free slot, no rotation is needed.
+    assert p.select_rotations(ordered, waiting, ctx(iteration=4, free=8)) == []
+
+
+def test_it_does_not_rotate_for_a_request_that_was_served_as_much() -> None:
+    p = AquaFairPolicy(slice_iters=1, min_service_gap=16)
+    running = [Req("a", 32, 32, 40, admission_seq=0)]
+    ordered = p.order_running(running, ctx(iteration=0))
+    waiting = [Req("b", 32, 0, 30, arrival_time=1.0)]  # service 62 vs 72: gap below 16
+    assert p.select_rotations(ordered, waiting, ctx(iteration=5, free=0)) == []
+
+
+def test_it_rotates_for_a_free_slot_when_all_slots_are_taken() -> None:
+    p = AquaFairPolicy(slice_iters=1)
+    running = [Req(f"r{i}", 16, 16, 100, admission_seq=i) for i in range(2)]
+    ordered = p.order_running(running, ctx(iteration=0, max_running=2))
+    victims = p.select_rotations(ordered, [Req("w", 8)], ctx(iteration=2, free=50, max_running=2))
+    assert len(victims) == 1
+
+
+def test_prefill_cap_leaves_one_token_per_decode() -> None:
+    assert AquaFairPolicy().prefill_token_cap(ctx(), num_decodes=6) == 250
