@@ -9,22 +9,21 @@ Two lists, because the two kinds of client authenticate differently:
   (``/ws/agent/``). Agents are not browsers and send no Origin; their consumer authenticates the
   per-host agent token itself.
 
-Apps add ``path(...)`` entries to these lists here (import the consumer, append the route);
+Apps add ``path(...)`` entries to these lists here (import the consumer at the top, add the route);
 config/asgi.py dispatches on the path prefix.
 """
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+# Import only after Django's set-up (config/asgi.py does that before importing this module).
+from agents.consumers import AgentConsumer
+from django.urls import URLPattern, URLResolver, path
 
 AGENT_PATH_PREFIX = "/ws/agent/"
 
 browser_websocket_urlpatterns: list[URLPattern | URLResolver] = []
-agent_websocket_urlpatterns: list[URLPattern | URLResolver] = []
 
-# agents: the GPU agents' link (agents/consumers.py). Imported here, after Django's set-up in asgi.py.
-from django.urls import path  # noqa: E402
-
-from agents.consumers import AgentConsumer  # noqa: E402
-
-agent_websocket_urlpatterns.append(path("ws/agent/", AgentConsumer.as_asgi()))
+agent_websocket_urlpatterns: list[URLPattern | URLResolver] = [
+    # agents: the GPU agents' link (agents/consumers.py).
+    path("ws/agent/", AgentConsumer.as_asgi()),
+]

@@ -12,7 +12,7 @@ from config.asgi import application
 @pytest.mark.django_db(transaction=True)
 async def test_it_serves_http_through_the_asgi_app() -> None:
     request = HttpCommunicator(application, "GET", "/api/health/", headers=[(b"host", b"127.0.0.1")])
-    response = await request.get_response()
+    response = await request.get_response(timeout=30)
     assert response["status"] == 200
 
 
