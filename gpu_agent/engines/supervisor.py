@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 Launcher = Callable[[DeploymentSpec, int], LaunchSpec]
 ERROR_LINES = 30
+# Execs the engine so that it gets SIGTERM if the agent dies (see exec_guard.py).
+EXEC_GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_guard.py")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -181,6 +184,8 @@ class EngineSupervisor:
             logf.flush()
             try:
                 self._proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    EXEC_GUARD,
                     *launch.argv,
                     env=launch.env,
                     stdin=asyncio.subprocess.DEVNULL,

@@ -3,6 +3,7 @@ vLLM-style /metrics), plus the vLLM command line and the metrics arithmetic."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -332,3 +333,25 @@ def test_it_tails_long_logs_from_the_end(tmp_path: Path) -> None:
     path.write_text("".join(f"line {i}\n" for i in range(5000)))
     assert tail_lines(str(path), 3, block=64) == ["line 4997", "line 4998", "line 4999"]
     assert tail_lines(str(tmp_path / "missing.log"), 3) == []
+
+
+@pytest.mark.asyncio
+async def test_it_leaves_no_engine_behind_when_the_agent_is_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    stand_in = str(Path(__file__).with_name("agent_stand_in.py"))
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, stand_in, str(tmp_path / "logs"), str(pidfile),
+        env={**os.environ, "PYTHONPATH": REPO_ROOT}, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert agent.stdout is not None
+    line = await asyncio.wait_for(agent.stdout.readline(), 30)
+    assert line.strip() == b"running"
+    (engine,) = [int(x) for x in pidfile.read_text().split()]
+    assert alive(engine)
+    agent.kill()  # SIGKILL: the agent gets no chance to stop its engines
+    await agent.wait()
+    try:
+        await wait_for(lambda: not alive(engine), timeout=10)
+    finally:
+        if alive(engine):
+            os.kill(engine, signal.SIGKILL)  # do not leak it when the test fails

