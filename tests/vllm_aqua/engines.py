@@ -6,7 +6,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from serving.aqua.offload.stats import read_json
 
@@ -62,8 +62,9 @@ def make_llm(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 128,
     max_model_len: int = 256,
+    dtype: str = "float32",
 ) -> Any:
-    """A vLLM CPU engine for the tiny model with a KV cache of `kv_tokens` tokens."""
+    """A vLLM engine for the tiny model with a KV cache of `kv_tokens` tokens."""
     engine_env()
     from vllm import LLM
 
@@ -76,8 +77,8 @@ def make_llm(
         kwargs["kv_transfer_config"] = connector
     return LLM(
         model=str(model),
-        dtype="float32",
-        kv_cache_memory_bytes=kv_tokens * BYTES_PER_TOKEN,
+        dtype=cast(Any, dtype),
+        kv_cache_memory_bytes=kv_tokens * BYTES_PER_TOKEN // (1 if dtype == "float32" else 2),
         block_size=BLOCK_SIZE,
         enable_prefix_caching=False,
         max_num_seqs=max_num_seqs,
