@@ -12,6 +12,9 @@ instance counts with the phase simulations as oracle; the better placement's uni
 decode instances) is then simulated end to end (prefill -> KV pull over its link -> decode) and its
 joint goodput per GPU measured.
 
+search_seconds is wall time of both searches from a cold oracle; search_cpu_seconds is the CPU
+time of this process over the same span (the two differ when the machine is shared).
+
 Keys: goodput_ratio (best disaggregated placement, end to end, per GPU / colocated on one GPU, per
 GPU: the motivating case's baseline), goodput_ratio_vs_best_colocated_tp (against the colocated
 engine at its best tp, a stricter baseline), goodput_ratio_single_gpu_instances (Fig. 1's set-up:
@@ -94,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # The searches, timed from a cold oracle (probe workloads: >= 150 requests, >= 8 s).
     oracle = PhaseOracle(MODEL, GPU, lambda r: fixed_workload(r, 8.0, 150), SLO_FIG1.ttft_s, SLO_FIG1.tbt_s)
-    ts = time.perf_counter()
+    ts, cs = time.perf_counter(), time.process_time()
     high = high_affinity_search(oracle, NODES, GPUS_PER_NODE)
     t_high = time.perf_counter() - ts
     low = low_affinity_search(oracle, NODES, GPUS_PER_NODE)
     search_seconds = time.perf_counter() - ts
+    search_cpu_seconds = time.process_time() - cs  # wall time inflates on a shared, loaded machine
     best: Placement = max((high, low), key=lambda p: p.per_gpu_goodput)
     dep = DisaggDeployment(MODEL, GPU, best.prefill, best.decode, best.kv_link, best.stage_link)
     unit_gpus = dep.gpus
@@ -138,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "single_gpu_instances": {"prefill": n_p, "decode": n_d, "per_gpu_goodput": disagg_fig1},
         "search_seconds": search_seconds,
         "search_seconds_high_affinity": t_high,
+        "search_cpu_seconds": search_cpu_seconds,
         "target_search_seconds": 10.0,
         "search_simulations": oracle.simulations,
         "disaggregated_per_gpu_goodput": disagg,
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({best_coloc}) = {out['goodput_ratio_vs_best_colocated_tp']:.2f}; single-GPU instances vs one "
         f"colocated GPU = {out['goodput_ratio_single_gpu_instances']:.2f}"
     )
-    print(f"search_seconds = {search_seconds:.2f} (target < 10)")
+    print(f"search_seconds = {search_seconds:.2f} wall, {search_cpu_seconds:.2f} CPU (target < 10)")
     print(f"wrote {args.out} and {html} in {out['wall_seconds']:.0f} s")
     return 0
 
