@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from serving.policies import SchedContext, get_policy
+from serving.policies.base import R
 from serving.policies.ecoserve import EcoServePolicy
 from serving.sim.state import RUNNING, SimRequest
 from serving.workload.request import Request
@@ -88,3 +91,25 @@ def test_it_is_registered_and_admits_when_nothing_runs() -> None:
     policy = get_policy("ecoserve")
     assert isinstance(policy, EcoServePolicy)
     assert policy.admission_limit([], [req(0, 0.0, 10, 10, 5)], ctx()) is None
+
+
+class OneAtATime(EcoServePolicy):
+    """Admits at most one waiting request per iteration and records the predictions it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[int, int | None] = {}
+
+    def admission_limit(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> int | None:
+        for r in waiting:
+            self.seen[int(r.req_id)] = r.predicted_output_tokens  # type: ignore[call-overload]
+        return 1
+
+
+def test_the_engine_honours_admission_limits_and_passes_predictions() -> None:
+    policy = OneAtATime()
+    engine = make_engine(policy)
+    recs = engine.run([Request(i, 0.0, 16, 4) for i in range(3)], predictions={0: 7, 2: 9})
+    firsts = sorted(r.token_times[0] for r in recs)
+    assert firsts[0] < firsts[1] < firsts[2]  # one admission per iteration, so distinct first tokens
+    assert policy.seen == {0: 7, 1: None, 2: 9}
