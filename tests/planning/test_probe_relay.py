@@ -21,7 +21,7 @@ from planning.engine_probe import AgentEngineProbe
 from planning.models import ProbeRequest, ProbeStatus
 
 from config.asgi import application
-from serving.profiler import ProfilingError, WorkloadSpec
+from serving.profiler import ProfilingCancelled, ProfilingError, WorkloadSpec
 from tests.planning.helpers import make_model
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
@@ -178,3 +178,23 @@ async def test_it_fails_the_probe_naming_host_and_model_when_the_agent_cannot_ru
         refused.start()
         await refused.wait()
         assert isinstance(refused.error, ProfilingError) and "not connected" in str(refused.error)
+
+
+async def test_it_stops_waiting_for_the_agent_when_the_job_is_cancelled() -> None:
+    with SETTINGS:
+        host, token = await setup_host()
+        comm = await connect(token)
+        deployment = await running_deployment(host)
+        cancelled = threading.Event()
+        probe = AgentEngineProbe(
+            deployment, WORKLOAD, poll_s=0.05, timeout_s=30, should_cancel=cancelled.is_set
+        )
+        measuring = Measure(lambda: probe.measure(1.0))
+        measuring.start()
+        frame = await next_probe(comm)  # the agent got it and is replaying; the job is cancelled
+        cancelled.set()
+        await measuring.wait()
+        assert isinstance(measuring.error, ProfilingCancelled)
+        row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
+        assert row.status == ProbeStatus.CANCELLED
+        await comm.disconnect()
