@@ -1,0 +1,71 @@
+"""What the gateway records: usage per key, model and period; request counts per rate window; and
+per-request latency samples that feed each model's SLO metrics.
+
+Counters are updated with ``F()`` expressions (one UPDATE, atomic on SQLite and PostgreSQL); a
+missing row is created under its unique constraint and a lost creation race becomes an update
+(see gateway/usage.py).
+"""
+
+from __future__ import annotations
+
+from accounts.models import ApiKey
+from deployments.models import Deployment
+from django.db import models
+from registry.models import ServedModel
+
+
+class Usage(models.Model):
+    """Tokens and requests of one key on one model within one period (a UTC day)."""
+
+    key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="usage")
+    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="usage")
+    period_start = models.DateTimeField(help_text="start of the UTC day the counts belong to")
+    requests = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["period_start", "key_id", "model_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["key", "model", "period_start"], name="gateway_usage_unique")
+        ]
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __str__(self) -> str:
+        return f"usage of key {self.key_id} on {self.model_id} from {self.period_start:%Y-%m-%d}"
+
+
+class RateWindow(models.Model):
+    """Requests a key started within one fixed one-minute window (the DB rate limiter)."""
+
+    key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
+    window_start = models.DateTimeField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key", "window_start"], name="gateway_ratewindow_unique")]
+
+
+class RequestSample(models.Model):
+    """One proxied request's latencies as the gateway saw them (seconds; None when not measured).
+
+    ``ttft_s`` runs from the request's arrival at the gateway to the first generated token;
+    ``tbt_*`` are over the gaps between successive token chunks of a streamed response.
+    """
+
+    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="+")
+    deployment = models.ForeignKey(Deployment, on_delete=models.SET_NULL, null=True, related_name="+")
+    ts = models.DateTimeField(help_text="when the request finished")
+    stream = models.BooleanField()
+    outcome = models.CharField(max_length=16, help_text="completed, disconnected or failed")
+    ttft_s = models.FloatField(null=True)
+    tbt_mean_s = models.FloatField(null=True)
+    tbt_max_s = models.FloatField(null=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["model", "ts"], name="gateway_sample_model_ts")]
