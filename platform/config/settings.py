@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "jobs",
     "agents",
     "planning",
+    "gateway",
 ]
 
 MIDDLEWARE = [
@@ -76,7 +77,7 @@ ASGI_APPLICATION = "config.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        "DIRS": [ROOT_DIR / "frontend" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -144,6 +145,7 @@ STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing root
 # Serve app static files straight from their apps (no collectstatic step for `make run`).
 WHITENOISE_USE_FINDERS = True
+STATICFILES_DIRS = [ROOT_DIR / "frontend" / "static"]
 WHITENOISE_AUTOREFRESH = DEBUG
 
 # --- REST API ---------------------------------------------------------------------------------
@@ -235,6 +237,12 @@ CELERY_BEAT_SCHEDULE = {
 # Default quotas of a new end-user API key (an admin may change them per key).
 API_KEY_DEFAULT_REQUESTS_PER_MINUTE = env_int("API_KEY_DEFAULT_REQUESTS_PER_MINUTE", 60, minimum=1)
 API_KEY_DEFAULT_TOKENS_PER_DAY = env_int("API_KEY_DEFAULT_TOKENS_PER_DAY", 1_000_000, minimum=1)
+
+# Chat gateway (/v1, platform/gateway): upstream connect timeout, the longest an engine may stay
+# silent mid-response, and the Retry-After sent when no replica of a model is healthy.
+GATEWAY_CONNECT_TIMEOUT_S = env_float("GATEWAY_CONNECT_TIMEOUT_S", 3.0, minimum=0.1)
+GATEWAY_READ_TIMEOUT_S = env_float("GATEWAY_READ_TIMEOUT_S", 600.0, minimum=1.0)
+GATEWAY_UNAVAILABLE_RETRY_AFTER_S = env_int("GATEWAY_UNAVAILABLE_RETRY_AFTER_S", 5, minimum=1)
 
 LOGGING = {
     "version": 1,
