@@ -58,10 +58,12 @@ async def _one(llm: Any, prompt: str, max_tokens: int, rid: str, start: float) -
     )
     t0 = time.perf_counter()
     stamps: list[float] = []
+    n_prompt = 0
     async for out in llm.generate(prompt, sp, request_id=rid):
         now = time.perf_counter()
         stamps.extend([now] * len(out.outputs[0].token_ids))
-    return {"id": rid, "submit": t0 - start, "stamps": [s - start for s in stamps]}
+        n_prompt = max(n_prompt, len(out.prompt_token_ids or []))
+    return {"id": rid, "submit": t0 - start, "stamps": [s - start for s in stamps], "prompt_tokens": n_prompt}
 
 
 async def _workload(llm: Any, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -128,10 +130,16 @@ def _run(name: str, cfg: dict[str, Any], ours: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     llm = AsyncLLM.from_engine_args(args)
     started = time.perf_counter() - t0
-    try:
-        res = asyncio.run(_workload(llm, cfg))
+
+    async def session() -> dict[str, Any]:
+        # One event loop for the engine's whole life: AsyncLLM binds its output handler to it.
+        res = await _workload(llm, cfg)
         if ours:
-            res["resume"] = _resume_costs(llm, stats)
+            res["resume"] = await _resume_costs(llm, stats)
+        return res
+
+    try:
+        res = asyncio.run(session())
     finally:
         llm.shutdown()
     res["engine_start_s"] = started
@@ -140,7 +148,7 @@ def _run(name: str, cfg: dict[str, Any], ours: bool) -> dict[str, Any]:
     return res
 
 
-def _resume_costs(llm: Any, stats: Path) -> dict[str, float]:
+async def _resume_costs(llm: Any, stats: Path) -> dict[str, float]:
     """Restore seconds per token (the connector's counters) vs recompute seconds per token (an
     idle-engine prefill of a prompt as long as an average restored request)."""
     worker = read_json(stats / "offload-worker.json")
@@ -149,19 +157,25 @@ def _resume_costs(llm: Any, stats: Path) -> dict[str, float]:
     per_load_tokens = max(32, int(restored_tokens / loads))
     restore_s_per_token = worker.get("load_seconds", 0.0) / max(1.0, restored_tokens)
 
-    async def prefill_time() -> float:
-        prompt = engines.make_prompts(1, seed=99, min_words=per_load_tokens, max_words=per_load_tokens)[0]
-        times = []
+    # Recompute cost: prefill time of a prompt as long as an average restore, minus the fixed
+    # per-request cost (TTFT of a 2-word prompt), on the idle engine.
+    async def ttft(prompt: str, tag: str) -> tuple[float, int]:
+        times, n = [], 0
         for i in range(3):
-            r = await _one(llm, prompt, 1, f"prefill-{i}", time.perf_counter())
+            r = await _one(llm, prompt, 1, f"{tag}-{i}", time.perf_counter())
             times.append(r["stamps"][0] - r["submit"])
-        return statistics.median(times)
+            n = r["prompt_tokens"]
+        return statistics.median(times), n
 
-    recompute_s = asyncio.run(prefill_time())
+    long_prompt = engines.make_prompts(1, seed=99, min_words=per_load_tokens, max_words=per_load_tokens)[0]
+    t_long, n_long = await ttft(long_prompt, "prefill-long")
+    t_short, n_short = await ttft("hello there", "prefill-short")
+    recompute_s_per_token = max(t_long - t_short, 0.0) / max(1, n_long - n_short)
     return {
         "restore_s_per_token": restore_s_per_token,
-        "recompute_s_per_token": recompute_s / per_load_tokens,
+        "recompute_s_per_token": recompute_s_per_token,
         "tokens_per_restore": per_load_tokens,
+        "recompute_prompt_tokens": n_long,
     }
 
 

@@ -12,8 +12,8 @@ The scheduler side (OffloadPlanner) runs in the engine-core process, the worker 
 (OffloadWorker) in each worker; they talk only through the per-step metadata and the worker
 metadata that comes back. A missing or failed load makes vLLM recompute (the connector sets
 `kv_load_failure_policy` to "recompute"), so the worst case is lost time, never wrong tokens.
-Supports one KV cache group (standard decoder attention), no async scheduling guarantees beyond
-what vLLM gives a synchronous loader.
+Supports one KV cache group (standard decoder attention). Verified with `async_scheduling=False`
+and prefix caching off; with prefix caching on, only the tokens beyond the local hit are loaded.
 """
 
 from __future__ import annotations

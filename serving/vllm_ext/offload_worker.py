@@ -129,7 +129,7 @@ class OffloadWorker:
     def _discard(self, req_id: str) -> None:
         store = self._where.pop(req_id, None)
         if store is not None:
-            self.kv.synchronize() if self.kv is not None else None
+            self._sync()
             store.discard(req_id)
 
     def _poll_stores(self) -> None:
@@ -145,7 +145,7 @@ class OffloadWorker:
                         if dest is None:
                             continue
                         dest.copy_(src)
-                        self.kv.synchronize() if self.kv is not None else None
+                        self._sync()
                         self._where[req_id] = lower
                         self.stats.evacuations += 1
                         self.stats.bytes_evacuated += src.numel()
@@ -156,6 +156,11 @@ class OffloadWorker:
                     self._where.pop(req_id)
                     self._lost.add(req_id)
                     logger.warning("aqua: could not evacuate %s; it will be recomputed", req_id)
+
+    def _sync(self) -> None:
+        """Wait for in-flight side-stream copies before a source buffer is released (CUDA)."""
+        if self.kv is not None:
+            self.kv.synchronize()
 
     def take_invalid_blocks(self) -> set[int]:
         out, self._invalid = self._invalid, set()
