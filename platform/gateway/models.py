@@ -46,7 +46,9 @@ class RateWindow(models.Model):
     count = models.PositiveIntegerField(default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["key", "window_start"], name="gateway_ratewindow_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["key", "window_start"], name="gateway_ratewindow_unique")
+        ]
 
 
 class RequestSample(models.Model):

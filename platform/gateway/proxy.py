@@ -1,0 +1,236 @@
+"""The /v1 gateway as a plain ASGI application (mounted by config/asgi.py in front of Django).
+
+Why not a Django async view: the proxy needs the ASGI ``receive`` channel itself. While a response
+streams, a watcher task waits on ``receive()`` for ``http.disconnect`` (daphne queues it when the
+client's connection drops) and cancels the relay at once, which closes the httpx stream to the
+engine; vLLM sees its connection close and aborts the request ("Aborted request ..." in its log,
+``vllm:num_requests_running`` drops). The relay reads the next upstream chunk only after
+``send()`` of the previous one returned, so a slow client slows the engine read (daphne buffers
+what it was handed in the socket's write buffer; that buffer is the only slack). Bypassing
+Django's middleware and URL resolver also keeps the per-chunk and per-request cost low.
+
+Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from gateway import services
+from gateway.errors import GatewayError
+from gateway.routing import Router, Target
+from gateway.streaming import StreamMeter, upstream_body
+from gateway.validation import CompletionRequest, parse_body, validate
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ClientFactory = Callable[[], httpx.AsyncClient]
+
+ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class ClientGone(Exception):
+    """The client disconnected while the request body was being read."""
+
+
+def default_client() -> httpx.AsyncClient:
+    """One pooled client per process: upstream connections are reused across requests."""
+    timeout = httpx.Timeout(
+        connect=settings.GATEWAY_CONNECT_TIMEOUT_S,
+        read=settings.GATEWAY_READ_TIMEOUT_S,
+        write=30.0,
+        pool=None,
+    )
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
+class GatewayApp:
+    """OpenAI-compatible front door: validate, admit (key, quotas, replicas), proxy with failover."""
+
+    def __init__(self, router: Router | None = None, client_factory: ClientFactory = default_client) -> None:
+        self.router = router or Router()
+        self._client_factory = client_factory
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = self._client_factory()
+        return self._client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = dict(scope.get("headers") or [])
+        authorization = headers.get(b"authorization", b"").decode("latin-1") or None
+        path, method = scope["path"].rstrip("/"), scope["method"]
+        try:
+            if path == "/v1/models" and method == "GET":
+                data = await database_sync_to_async(services.served_models)(authorization)
+                await _respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
+            elif path in ROUTES and method == "POST":
+                request = validate(ROUTES[path], parse_body(await _read_body(receive)))
+                await self._complete(request, authorization, receive, send)
+            elif path in ROUTES or path == "/v1/models":
+                raise GatewayError(
+                    405, f"Method {method} is not allowed on {path}.", code="method_not_allowed"
+                )
+            else:
+                raise GatewayError(404, f"Unknown endpoint {path}.", code="unknown_url")
+        except GatewayError as error:
+            await _respond(send, error.status, error.body(), error.headers())
+        except ClientGone:
+            return
+
+    async def _complete(
+        self, request: CompletionRequest, authorization: str | None, receive: Receive, send: Send
+    ) -> None:
+        started = time.monotonic()
+        admission = await database_sync_to_async(services.admit)(authorization, request.model)
+        meter = StreamMeter(started, include_usage=request.include_usage)
+        state: dict[str, Any] = {"target": None, "outcome": "failed"}
+        relay = asyncio.ensure_future(self._relay(request, admission, meter, state, send))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not relay.done():  # the client left (or we are cancelled): stop the upstream request
+                relay.cancel()
+                state["outcome"] = "disconnected"
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            with contextlib.suppress(asyncio.CancelledError):
+                await relay  # re-raises a GatewayError from before the first byte
+        target: Target | None = state["target"]
+        if target is not None:  # an engine took the request: what it served counts
+            outcome = services.Outcome(
+                deployment_id=target.deployment_id,
+                stream=request.stream,
+                outcome=state["outcome"],
+                prompt_tokens=meter.prompt_tokens,
+                completion_tokens=meter.completion_tokens,
+                ttft_s=meter.ttft_s,
+                tbt_mean_s=meter.tbt_mean_s,
+                tbt_max_s=meter.tbt_max_s,
+            )
+            await database_sync_to_async(services.finish)(admission, outcome)
+
+    async def _open(
+        self, request: CompletionRequest, admission: services.Admission
+    ) -> tuple[Target, httpx.Response]:
+        """Send to the best replica; on a connection error or 5xx before any byte, the next one."""
+        path = "/v1/chat/completions" if request.kind == "chat" else "/v1/completions"
+        body = json.dumps(
+            upstream_body({**request.body, "model": admission.model_name}, request.stream)
+        ).encode()
+        errors: list[str] = []
+        for target in self.router.order(admission.targets):
+            upstream = self.client.build_request(
+                "POST", target.base_url + path, content=body, headers={"content-type": "application/json"}
+            )
+            self.router.acquire(target)
+            try:
+                response = await self.client.send(upstream, stream=True)
+            except httpx.TransportError as exc:
+                self.router.release(target)
+                self.router.failed(target)
+                errors.append(f"replica {target.replica_id}: {type(exc).__name__}")
+                continue
+            except BaseException:
+                self.router.release(target)
+                raise
+            if response.status_code >= 500:
+                await response.aclose()
+                self.router.release(target)
+                self.router.failed(target)
+                errors.append(f"replica {target.replica_id}: HTTP {response.status_code}")
+                continue
+            return target, response
+        log.warning("gateway: every replica of %s failed: %s", admission.model_name, "; ".join(errors))
+        raise GatewayError(
+            503,
+            f"Every replica of model '{admission.model_name}' failed; retry later.",
+            "service_unavailable",
+            "upstream_failed",
+            retry_after_s=settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S,
+        )
+
+    async def _relay(
+        self,
+        request: CompletionRequest,
+        admission: services.Admission,
+        meter: StreamMeter,
+        state: dict[str, Any],
+        send: Send,
+    ) -> None:
+        target, response = await self._open(request, admission)
+        state["target"] = target
+        try:
+            if response.status_code != 200 or not request.stream:
+                payload = await response.aread()
+                if response.status_code == 200:
+                    with contextlib.suppress(ValueError):
+                        meter.take_response(json.loads(payload))
+                    state["outcome"] = "completed"
+                ctype = response.headers.get("content-type", "application/json").encode("latin-1")
+                await _respond(send, response.status_code, payload, [(b"content-type", ctype)])
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            try:
+                async for data in response.aiter_raw():
+                    events = meter.feed(data)
+                    if events:
+                        await send(
+                            {"type": "http.response.body", "body": b"".join(events), "more_body": True}
+                        )
+                state["outcome"] = "completed"
+            except httpx.HTTPError as exc:  # the engine died mid-stream: end the stream we started
+                log.warning("gateway: replica %s failed mid-stream: %r", target.replica_id, exc)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await response.aclose()
+            self.router.release(target)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = headers or [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

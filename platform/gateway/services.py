@@ -1,0 +1,193 @@
+"""The gateway's synchronous domain operations (the ASGI app calls them in a worker thread).
+
+- ``admit``: API key -> model -> quotas -> the model's healthy replicas, in one call, so that a
+  request costs one hop to the database thread before it is proxied.
+- ``finish``: record usage (per key, model and UTC day, atomic ``F()`` updates that work on SQLite
+  and PostgreSQL) and the request's latency sample.
+- ``served_models`` for /v1/models and ``latency_summary`` for the dashboard's SLO charts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from accounts.models import ApiKey
+from accounts.services import authenticate_api_key
+from agents.models import Replica
+from deployments.models import DesiredState, ObservedState
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+from inventory.models import HostStatus
+from registry.models import ServedModel
+
+from gateway.errors import model_not_found, unauthorized, unavailable
+from gateway.models import RequestSample, Usage
+from gateway.quota import check_token_quota, day_start, take_request
+from gateway.routing import Target
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted request: who pays for it, which model, and where it may go."""
+
+    key_id: int
+    model_id: int
+    model_name: str  # the engine's served model name (agents pass --served-model-name <name>)
+    targets: list[Target]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a finished request did, as the proxy measured it."""
+
+    deployment_id: int | None
+    stream: bool
+    outcome: str  # "completed", "disconnected" or "failed"
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float | None
+    tbt_mean_s: float | None
+    tbt_max_s: float | None
+
+
+def authenticate(authorization: str | None) -> ApiKey:
+    """The key named by an ``Authorization: Bearer sk-...`` header; 401 otherwise."""
+    if not authorization:
+        raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
+    scheme, _, secret = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise unauthorized("Malformed Authorization header: expected 'Bearer <key>'.")
+    key = authenticate_api_key(secret.strip())
+    if key is None:
+        raise unauthorized("Invalid or revoked API key.")
+    return key
+
+
+def healthy_targets(model: ServedModel) -> list[Target]:
+    """Replicas of ``model`` that can take a request: the deployment should run and does, the
+    engine reported a URL, and the host's agent is online. Ordered by replica id."""
+    replicas = (
+        Replica.objects.filter(
+            deployment__model=model,
+            deployment__desired_state=DesiredState.RUNNING,
+            deployment__observed_state=ObservedState.RUNNING,
+            deployment__host__status=HostStatus.ONLINE,
+            state="running",
+        )
+        .exclude(base_url="")
+        .order_by("id")
+        .values_list("id", "deployment_id", "base_url")
+    )
+    return [Target(replica_id, deployment_id, url) for replica_id, deployment_id, url in replicas]
+
+
+def admit(authorization: str | None, model_name: str, now: datetime | None = None) -> Admission:
+    """Authenticate, find the model, apply the key's quotas, list healthy replicas.
+
+    Raises:
+        GatewayError: 401 bad key, 404 unknown model, 429 over a quota, 503 no healthy replica.
+    """
+    now = now or timezone.now()
+    key = authenticate(authorization)
+    model = ServedModel.objects.filter(name=model_name).first()
+    if model is None:
+        raise model_not_found(model_name)
+    check_token_quota(key, now)
+    targets = healthy_targets(model)
+    if not targets:
+        raise unavailable(
+            f"No healthy replica of model '{model_name}' is available; retry later.",
+            settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S,
+        )
+    take_request(key, now)
+    return Admission(key.pk, model.pk, model.name, targets)
+
+
+def record_usage(
+    key_id: int, model_id: int, prompt_tokens: int, completion_tokens: int, now: datetime | None = None
+) -> None:
+    """Add one request and its tokens to the key's usage of ``model_id`` for the current day."""
+    period = day_start(now or timezone.now())
+    rows = Usage.objects.filter(key_id=key_id, model_id=model_id, period_start=period)
+    increments = {
+        "requests": F("requests") + 1,
+        "prompt_tokens": F("prompt_tokens") + prompt_tokens,
+        "completion_tokens": F("completion_tokens") + completion_tokens,
+    }
+    if rows.update(**increments):
+        return
+    try:
+        with transaction.atomic():
+            Usage.objects.create(
+                key_id=key_id,
+                model_id=model_id,
+                period_start=period,
+                requests=1,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            )
+    except IntegrityError:  # created concurrently: add to it
+        rows.update(**increments)
+
+
+def finish(admission: Admission, outcome: Outcome) -> None:
+    """Record a proxied request's usage and latency sample."""
+    now = timezone.now()
+    record_usage(admission.key_id, admission.model_id, outcome.prompt_tokens, outcome.completion_tokens, now)
+    RequestSample.objects.create(
+        model_id=admission.model_id,
+        deployment_id=outcome.deployment_id,
+        ts=now,
+        stream=outcome.stream,
+        outcome=outcome.outcome,
+        ttft_s=outcome.ttft_s,
+        tbt_mean_s=outcome.tbt_mean_s,
+        tbt_max_s=outcome.tbt_max_s,
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+    )
+
+
+def served_models(authorization: str | None) -> list[dict[str, object]]:
+    """/v1/models: the models with a deployment that should be running (key required)."""
+    authenticate(authorization)
+    models = (
+        ServedModel.objects.filter(deployments__desired_state=DesiredState.RUNNING)
+        .distinct()
+        .order_by("name")
+    )
+    return [
+        {"id": m.name, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": "platform"}
+        for m in models
+    ]
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def latency_summary(model: ServedModel, window: timedelta = timedelta(minutes=10)) -> dict[str, object]:
+    """P50/P99 TTFT and TBT of the model's requests through the gateway over ``window`` (seconds)."""
+    since = timezone.now() - window
+    samples = list(
+        RequestSample.objects.filter(model=model, ts__gte=since).values_list(
+            "ttft_s", "tbt_mean_s", "tbt_max_s"
+        )
+    )
+    ttft = [s[0] for s in samples if s[0] is not None]
+    tbt = [s[1] for s in samples if s[1] is not None]
+    return {
+        "requests": len(samples),
+        "ttft_p50_s": _percentile(ttft, 0.5),
+        "ttft_p99_s": _percentile(ttft, 0.99),
+        "tbt_p50_s": _percentile(tbt, 0.5),
+        "tbt_p99_s": _percentile(tbt, 0.99),
+        "ttft_slo_s": model.slo_ttft_p99_ms / 1000,
+        "tbt_slo_s": model.slo_tbt_p99_ms / 1000,
+    }
