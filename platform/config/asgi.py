@@ -21,6 +21,7 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from gateway.proxy import GatewayApp  # noqa: E402
 
 from config.routing import (  # noqa: E402
     AGENT_PATH_PREFIX,
@@ -29,6 +30,8 @@ from config.routing import (  # noqa: E402
 )
 
 _agent_app = URLRouter(agent_websocket_urlpatterns)
+# The OpenAI-compatible chat gateway is a plain ASGI app (see gateway/proxy.py for why).
+_gateway_app = GatewayApp()
 _browser_app = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(browser_websocket_urlpatterns)))
 
 
@@ -40,4 +43,12 @@ async def websocket_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _browser_app(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_app})
+async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Send /v1 (the chat gateway) to the gateway app, everything else to Django."""
+    if scope["path"] == "/v1" or scope["path"].startswith("/v1/"):
+        await _gateway_app(scope, receive, send)
+    else:
+        await django_asgi_app(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": http_app, "websocket": websocket_app})
