@@ -9,7 +9,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from planning import applying
+from planning import services
 from planning.api.serializers import ApplyResultSerializer, ModelProfileSerializer, PlacementPlanSerializer
 from planning.models import ModelProfile, PlacementPlan
 
@@ -46,10 +46,10 @@ class PlacementPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
         if job_row is None:
             raise NotFound(f"No job {job}.")
         try:
-            outcome = applying.apply_plan(job_row, request.user)
-        except applying.PlanNotApplicable as exc:
+            outcome = services.apply_plan(job_row, request.user)
+        except services.PlanNotApplicable as exc:
             raise NotFound(str(exc)) from None
-        except applying.PlanConflict as exc:
+        except services.PlanConflict as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         data = ApplyResultSerializer(
             {"applied": outcome.applied, "moves": outcome.moves, "detail": outcome.detail}
