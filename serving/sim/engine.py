@@ -75,6 +75,8 @@ class EngineSim:
         self._admissions = 0
         self._pending_xfer = 0.0  # transfer seconds to add to the next iteration (reclaims)
         self._block_bytes = config.block_size * cost.kv_bytes_per_token
+        # A policy that keeps the base prefill cap (the whole budget) need not be asked for it.
+        self._default_cap = type(policy).prefill_token_cap is SchedulingPolicy.prefill_token_cap
         self._fast_forward = config.fast_forward and bool(getattr(policy, "decode_invariant", False))
 
     def run(
@@ -199,16 +201,19 @@ class EngineSim:
                 xfer += self._preempt(r)
             waiting.extend(rotated)  # they yield, this iteration, to requests already waiting
             self.stats.rotations += len(rotated)
-        ndec = 0
-        for r in running:
-            if r.num_output_tokens and r.computed == r.num_prompt_tokens + r.num_output_tokens - 1:
-                ndec += 1
-        pbudget = min(max(policy.prefill_token_cap(ctx, ndec), 0), budget)
+        if self._default_cap:
+            pbudget = budget  # the base class's cap: the whole budget (the call has no effect)
+        else:
+            ndec = 0
+            for r in running:
+                if r.num_output_tokens and r.computed == r.num_prompt_tokens + r.num_output_tokens - 1:
+                    ndec += 1
+            pbudget = min(max(policy.prefill_token_cap(ctx, ndec), 0), budget)
 
-        sched: list[SimRequest] = []
-        news: list[int] = []
-        chunks: list[int] = []
-        dctx: list[int] = []
+        decs: list[SimRequest] = []  # requests decoding one token this iteration
+        dctx: list[int] = []  # their context lengths
+        pres: list[SimRequest] = []  # requests prefilling a chunk this iteration
+        chunks: list[int] = []  # their chunk lengths
         preempted = False
         i = 0
         while i < len(running):
@@ -220,13 +225,20 @@ class EngineSim:
                     i += 1
                     continue
                 is_decode = True
+                need = (seq + bs - 1) // bs - r.blocks
+                if need <= 0:  # hot path: the token fits in the request's last block
+                    decs.append(r)
+                    dctx.append(seq)
+                    budget -= 1
+                    i += 1
+                    continue
             else:
                 new = min(new, budget, pbudget)
                 if new <= 0:
                     i += 1
                     continue
                 is_decode = False
-            need = -(-(r.computed + new) // bs) - r.blocks
+                need = (r.computed + new + bs - 1) // bs - r.blocks
             while need > kv.free:
                 victim = running.pop()
                 xfer += self._preempt(victim)
@@ -237,13 +249,13 @@ class EngineSim:
                 break
             kv.free -= need
             r.blocks += need
-            sched.append(r)
-            news.append(new)
             budget -= new
             if is_decode:
+                decs.append(r)
                 dctx.append(seq)
             else:
                 pbudget -= new
+                pres.append(r)
                 chunks.append(new)
             i += 1
 
@@ -263,7 +275,7 @@ class EngineSim:
                     new = min(new, budget, pbudget)
                     if new <= 0:
                         break
-                need = -(-(r.computed + new) // bs)
+                need = (r.computed + new + bs - 1) // bs
                 if need > kv.free:
                     break
                 if r.offloaded_bytes and self.store is not None:
@@ -276,18 +288,18 @@ class EngineSim:
                 running.append(r)
                 slots -= 1
                 admitted += 1
-                sched.append(r)
-                news.append(new)
                 budget -= new
                 if is_decode:
+                    decs.append(r)
                     dctx.append(seq)
                 else:
                     pbudget -= new
+                    pres.append(r)
                     chunks.append(new)
             if admitted:
                 self.waiting = [r for r in self.waiting if r.state == WAITING]
 
-        if not sched and xfer == 0.0:
+        if not decs and not pres and xfer == 0.0:
             self.running = running
             return False, False
         dt = self.cost.iteration_time(chunks, dctx)
@@ -299,9 +311,19 @@ class EngineSim:
         self.now = now
         self.stats.iterations += 1
         finished = 0
-        for r, new in zip(sched, news, strict=True):
+        for r in decs:  # a decode always completes the sequence: one more token
+            r.computed += 1
+            out = r.num_output_tokens + 1
+            r.num_output_tokens = out
+            r.token_times.append(now)
+            if out == r.target_output_tokens:
+                r.state = FINISHED
+                kv.free += r.blocks
+                r.blocks = 0
+                finished += 1
+        for r, new in zip(pres, chunks, strict=True):
             r.computed += new
-            if r.computed == r.num_prompt_tokens + r.num_output_tokens:
+            if r.computed == r.num_prompt_tokens + r.num_output_tokens:  # last chunk: first token
                 r.num_output_tokens += 1
                 r.token_times.append(now)
                 if r.num_output_tokens == r.target_output_tokens:
