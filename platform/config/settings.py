@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "agents",
     "planning",
     "gateway",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
