@@ -1,4 +1,4 @@
-"""URL map: REST API under /api/v1/, schema + Swagger UI, health, login, admin."""
+"""URL map: REST API under /api/v1/, schema + Swagger UI, health, login, admin, the dashboard."""
 
 from __future__ import annotations
 
@@ -23,4 +23,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
+    # The operator dashboard owns the remaining paths (/, /models/, /jobs/, ...): last, so it never
+    # shadows the routes above.
+    path("", include("dashboard.urls")),
 ]
