@@ -17,11 +17,15 @@ from __future__ import annotations
 
 # Import only after Django's set-up (config/asgi.py does that before importing this module).
 from agents.consumers import AgentConsumer
+from dashboard.routing import websocket_urlpatterns as dashboard_websocket_urlpatterns
 from django.urls import URLPattern, URLResolver, path
 
 AGENT_PATH_PREFIX = "/ws/agent/"
 
-browser_websocket_urlpatterns: list[URLPattern | URLResolver] = []
+browser_websocket_urlpatterns: list[URLPattern | URLResolver] = [
+    # dashboard: live host map, jobs, model metrics, engine log tails (dashboard/consumers.py).
+    *dashboard_websocket_urlpatterns,
+]
 
 agent_websocket_urlpatterns: list[URLPattern | URLResolver] = [
     # agents: the GPU agents' link (agents/consumers.py).
