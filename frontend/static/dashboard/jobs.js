@@ -1,0 +1,36 @@
+// Job rows: status and progress bars updated from the jobs socket.
+"use strict";
+(function () {
+  const table = document.getElementById("jobs");
+  const only = table.dataset.only;
+  const state = {};
+  function update() {
+    for (const [key, job] of Object.entries(state)) {
+      const id = key.split(":")[1];
+      if (only && id !== only) continue;
+      let row = table.querySelector('tr[data-job="' + id + '"]');
+      if (!row && !only) {
+        row = document.createElement("tr");
+        row.dataset.job = id;
+        row.innerHTML = '<td><a href="/jobs/' + id + '/">' + id + '</a></td><td></td><td class="status"></td>' +
+          '<td><progress max="1"></progress> <span class="pct"></span></td><td></td>';
+        row.children[1].textContent = job.kind;
+        row.children[4].textContent = job.created;
+        table.tBodies[0].prepend(row);
+      }
+      if (!row) continue;
+      const wasActive = row.dataset.status === "queued" || row.dataset.status === "running";
+      row.dataset.status = job.status;
+      row.querySelector(".status").textContent = job.status + (job.error ? ": " + job.error : "");
+      row.querySelector("progress").value = job.progress;
+      row.querySelector(".pct").textContent = Math.round(job.progress * 100) + "%";
+      if (only && wasActive && !(job.status === "queued" || job.status === "running")) {
+        setTimeout(function () { location.reload(); }, 500);  // show the result
+      }
+    }
+  }
+  Live.open(table.dataset.socket, function (message) {
+    Live.applyDelta(state, message);
+    update();
+  });
+})();

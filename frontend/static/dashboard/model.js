@@ -1,0 +1,65 @@
+// Model charts: history from the page, new samples appended from the model socket (deltas only).
+"use strict";
+(function () {
+  const root = document.getElementById("model-charts");
+  const history = JSON.parse(document.getElementById("model-history").textContent);
+  const slo = JSON.parse(document.getElementById("model-slo").textContent);
+  const charts = [
+    { id: "chart-ttft", title: "TTFT (ms)", series: [["ttft_p50", "p50", 1000], ["ttft_p99", "p99", 1000]], slo: slo.ttft_ms },
+    { id: "chart-tbt", title: "Time between tokens (ms)", series: [["tbt_p50", "p50", 1000], ["tbt_p99", "p99", 1000]], slo: slo.tbt_ms },
+    { id: "chart-rate", title: "Request rate (req/s)", series: [["rate", "req/s", 1]] },
+    { id: "chart-queue", title: "Requests", series: [["running", "running", 1], ["waiting", "waiting", 1]] },
+    { id: "chart-preempt", title: "Preemptions and bytes offloaded", series: [["preemptions", "preemptions", 1], ["offloaded", "MiB offloaded", 1 / 1048576]] },
+  ];
+  const deployments = Object.keys(history);
+  function traces(chart) {
+    const out = [];
+    for (const dep of deployments) {
+      for (const [field, name, scale] of chart.series) {
+        const pts = history[dep];
+        out.push({
+          x: pts.map((p) => p.ts), y: pts.map((p) => (p[field] === null ? null : p[field] * scale)),
+          name: "#" + dep + " " + name, mode: "lines", type: "scatter",
+        });
+      }
+    }
+    return out;
+  }
+  function layout(chart) {
+    const l = { title: { text: chart.title }, height: 260, margin: { l: 50, r: 10, t: 40, b: 40 }, xaxis: { type: "date" } };
+    if (chart.slo) {
+      l.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: chart.slo, y1: chart.slo, line: { color: "#c0392b", dash: "dash" } }];
+      l.annotations = [{ xref: "paper", x: 1, y: chart.slo, text: "SLO", showarrow: false, xanchor: "right", yanchor: "bottom" }];
+    }
+    return l;
+  }
+  function draw() {
+    for (const chart of charts) Plotly.newPlot(chart.id, traces(chart), layout(chart), { displayModeBar: false, responsive: true });
+  }
+  function append(dep, points) {
+    if (!(dep in history)) { history[dep] = []; deployments.push(dep); draw(); }
+    history[dep].push(...points);
+    const index = deployments.indexOf(dep);
+    for (const chart of charts) {
+      const n = chart.series.length;
+      const update = { x: [], y: [] };
+      const which = [];
+      chart.series.forEach(function ([field, , scale], i) {
+        update.x.push(points.map((p) => p.ts));
+        update.y.push(points.map((p) => (p[field] === null ? null : p[field] * scale)));
+        which.push(index * n + i);
+      });
+      Plotly.extendTraces(chart.id, update, which, 3600);
+    }
+  }
+  window.addEventListener("load", function () {
+    draw();
+    Live.open(root.dataset.socket, function (message) {
+      if (message.type === "points") append(String(message.deployment), message.points);
+      if (message.type === "summary" && "attainment" in message.set) {
+        const a = message.set.attainment;
+        document.getElementById("attainment").textContent = a === null ? "no samples yet" : a + "%";
+      }
+    });
+  });
+})();

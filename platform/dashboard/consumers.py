@@ -1,0 +1,215 @@
+"""Dashboard websockets: live host map, jobs, a model's engine metrics, a deployment's log tail.
+
+Why polling: job progress is written by Celery workers and telemetry by whichever ASGI process
+holds an agent's link. With Channels' in-memory layer (the embedded default) those processes
+cannot ``group_send`` to this one, so each socket re-reads the database itself and sends only what
+changed. That works the same with channels_redis. A ``dashboard.changed`` message on the stream's
+group (``dashboard.<stream>``, see dashboard/notify.py) wakes the sockets at once instead of at
+their next tick; either way a series is pushed at most once per ``push_interval_s()`` (1 Hz).
+
+Frames sent (JSON): ``{"type": "snapshot", "data": {key: value}}`` once, then
+``{"type": "delta", "set": {key: value}, "remove": [key]}``; the model socket sends
+``{"type": "points", "deployment": id, "points": [...]}`` with new samples only, and the log
+socket ``{"type": "log", "deployment": id, "lines": [...]}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+from accounts.roles import role_of
+from agents.services import agent_group
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from deployments.models import Deployment
+from django.utils import timezone
+from registry.models import ServedModel
+
+from dashboard import snapshots
+from dashboard.deltas import Throttle, diff, push_interval_s
+from gpu_agent.protocol import Command
+
+log = logging.getLogger(__name__)
+
+# Engine points kept per deployment for the model page's summary (attainment over these windows).
+SUMMARY_WINDOWS = 60
+
+
+def stream_group(stream: str) -> str:
+    return f"dashboard.{stream}"
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    """Base: refuses sockets without a platform role, then runs ``tick()`` at most once a second."""
+
+    stream = ""
+
+    async def connect(self) -> None:
+        if role_of(self.scope.get("user")) is None:
+            await self.close()  # before accept(): the handshake is answered with HTTP 403
+            return
+        self._wake = asyncio.Event()
+        self._throttle = Throttle(interval_s=push_interval_s())
+        if not await self.prepare():
+            await self.close()
+            return
+        await self.accept()
+        if self.stream:
+            await self.channel_layer.group_add(stream_group(self.stream), self.channel_name)
+        await self.start()
+        self._loop = asyncio.create_task(self._run())
+
+    async def disconnect(self, code: int) -> None:
+        loop = getattr(self, "_loop", None)
+        if loop is not None:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+        if self.stream:
+            await self.channel_layer.group_discard(stream_group(self.stream), self.channel_name)
+
+    async def prepare(self) -> bool:
+        """Called before accepting: parse the URL, look up the object; False refuses the socket."""
+        return True
+
+    async def start(self) -> None:
+        """Called once after accepting: send the first full state."""
+
+    async def tick(self) -> None:
+        """Called at most once per interval: send what changed since the last call."""
+
+    async def _run(self) -> None:
+        interval = self._throttle.interval_s
+        last = time.monotonic()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+            self._wake.clear()
+            wait = interval - (time.monotonic() - last)
+            if wait > 0:
+                await asyncio.sleep(wait)
+            last = time.monotonic()
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("Dashboard stream %s failed a tick", self.stream or type(self).__name__)
+
+    async def dashboard_changed(self, event: dict[str, Any]) -> None:
+        """Group message: something changed; push at the next allowed moment."""
+        self._wake.set()
+
+
+class SnapshotConsumer(LiveConsumer):
+    """A keyed snapshot (snapshots.Snapshot) pushed as deltas."""
+
+    async def read(self) -> snapshots.Snapshot:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        self._sent = await self.read()
+        await self.send_json({"type": "snapshot", "data": self._sent})
+
+    async def tick(self) -> None:
+        current = await self.read()
+        change = diff(self._sent, current)
+        if change is not None:
+            self._sent = current
+            await self.send_json({"type": "delta", **change})
+
+
+class OverviewConsumer(SnapshotConsumer):
+    """``/ws/dashboard/overview/``: every host and GPU card."""
+
+    stream = "overview"
+
+    async def read(self) -> snapshots.Snapshot:
+        return await database_sync_to_async(snapshots.overview)()
+
+
+class JobsConsumer(SnapshotConsumer):
+    """``/ws/dashboard/jobs/``: the newest jobs' status and progress."""
+
+    stream = "jobs"
+
+    async def read(self) -> snapshots.Snapshot:
+        return await database_sync_to_async(snapshots.jobs)()
+
+
+class ModelConsumer(LiveConsumer):
+    """``/ws/dashboard/models/<pk>/``: new engine samples of the model's deployments, and a summary."""
+
+    async def prepare(self) -> bool:
+        pk = self.scope["url_route"]["kwargs"]["pk"]
+        self.model = await database_sync_to_async(ServedModel.objects.filter(pk=pk).first)()
+        return self.model is not None
+
+    async def start(self) -> None:
+        self._after: dict[int, Any] = {}
+        self._recent: dict[int, list[dict[str, Any]]] = {}
+        self._summary: dict[str, Any] = {}
+        await self.tick()
+
+    def _read_new(self) -> dict[int, list[dict[str, Any]]]:
+        deps = list(Deployment.objects.filter(model=self.model).order_by("pk").values_list("pk", flat=True))
+        out = {}
+        for pk in deps:
+            # First read: only the recent past (the page drew the history from the same samples).
+            after = self._after.get(pk, timezone.now() - snapshots.HISTORY_WINDOW)
+            out[pk], self._after[pk] = snapshots.engine_points(pk, after)
+        return out
+
+    async def tick(self) -> None:
+        new = await database_sync_to_async(self._read_new)()
+        for pk, points in new.items():
+            if not points:
+                continue
+            await self.send_json({"type": "points", "deployment": pk, "points": points})
+            self._recent[pk] = (self._recent.get(pk, []) + points)[-SUMMARY_WINDOWS:]
+        recent = [p for points in self._recent.values() for p in points]
+        summary = {"attainment": snapshots.attainment(self.model, recent), "windows": len(recent)}
+        change = diff(self._summary, summary)
+        if change is not None:
+            self._summary = summary
+            await self.send_json({"type": "summary", **change})
+
+
+class LogConsumer(LiveConsumer):
+    """``/ws/dashboard/deployments/<pk>/logs/``: asks the host's agent for the engine log tail.
+
+    The agent answers a ``tail_log`` command with a ``log_tail`` frame, which agents/consumers.py
+    relays to the group ``agents.logs.<deployment pk>``; this socket joins that group.
+    """
+
+    LINES = 200
+
+    async def prepare(self) -> bool:
+        pk = self.scope["url_route"]["kwargs"]["pk"]
+        self.deployment = await database_sync_to_async(Deployment.objects.filter(pk=pk).first)()
+        return self.deployment is not None
+
+    async def start(self) -> None:
+        self._lines: list[str] | None = None
+        await self.channel_layer.group_add(f"agents.logs.{self.deployment.pk}", self.channel_name)
+        await self.tick()
+
+    async def disconnect(self, code: int) -> None:
+        await super().disconnect(code)
+        if getattr(self, "deployment", None) is not None:
+            await self.channel_layer.group_discard(f"agents.logs.{self.deployment.pk}", self.channel_name)
+
+    async def tick(self) -> None:
+        command = Command(uuid.uuid4().hex, "tail_log", str(self.deployment.pk), lines=self.LINES)
+        await self.channel_layer.group_send(
+            agent_group(self.deployment.host_id), {"type": "agent.command", "frame": command.to_dict()}
+        )
+
+    async def log_tail(self, event: dict[str, Any]) -> None:
+        lines = list(event["lines"])
+        if lines != self._lines and self._throttle.ready("log"):
+            self._lines = lines
+            await self.send_json({"type": "log", "deployment": self.deployment.pk, "lines": lines})

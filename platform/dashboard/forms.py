@@ -1,0 +1,89 @@
+"""HTML form posts validated by the REST API's own serializers (one set of rules for both).
+
+A browser form sends every value as text; these helpers turn it into the JSON-shaped data the
+API serializer expects (numbers stay strings: DRF's fields parse them exactly as for JSON input),
+then return the serializer so that views render its field errors beside the inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import QueryDict
+from jobs.api.serializers import JobSerializer
+from registry.api.serializers import ServedModelSerializer
+from registry.models import ServedModel
+
+MODEL_FIELDS = [
+    "name",
+    "source",
+    "dtype",
+    "tensor_parallel_size",
+    "max_context_length",
+    "slo_ttft_p99_ms",
+    "slo_tbt_p99_ms",
+    "slo_attainment_pct",
+    "engine_options",
+]
+# Fields with a model default: an empty input means "use the default", as an absent JSON key does.
+OPTIONAL_MODEL_FIELDS = {"dtype", "tensor_parallel_size", "slo_attainment_pct", "engine_options"}
+
+
+class JsonInputError(ValueError):
+    """A textarea meant to hold JSON does not."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _json_field(field: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JsonInputError(
+            field, f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
+        ) from None
+
+
+def model_data(post: QueryDict) -> dict[str, Any]:
+    """The API payload for a served-model form post."""
+    data: dict[str, Any] = {}
+    for name in MODEL_FIELDS:
+        value = post.get(name, "").strip()
+        if name in OPTIONAL_MODEL_FIELDS and value == "":
+            continue
+        data[name] = _json_field(name, value) if name == "engine_options" else value
+    return data
+
+
+Errors = dict[str, Any]
+
+
+def model_serializer(
+    post: QueryDict, instance: ServedModel | None = None
+) -> tuple[ServedModelSerializer | None, Errors]:
+    """A validated serializer for a create or, with ``instance``, an edit, and the field errors.
+
+    The serializer is None when a value could not even be parsed (``engine_options`` not JSON).
+    """
+    try:
+        data = model_data(post)
+    except JsonInputError as exc:
+        return None, {exc.field: [str(exc)]}
+    serializer = ServedModelSerializer(instance, data=data, partial=instance is not None)
+    serializer.is_valid()
+    return serializer, dict(serializer.errors)
+
+
+def job_serializer(post: QueryDict) -> tuple[JobSerializer | None, Errors]:
+    """A validated serializer for a job form post (``kind`` and a JSON ``params`` textarea)."""
+    text = post.get("params", "").strip()
+    try:
+        params = _json_field("params", text) if text else {}
+    except JsonInputError as exc:
+        return None, {exc.field: [str(exc)]}
+    serializer = JobSerializer(data={"kind": post.get("kind", ""), "params": params})
+    serializer.is_valid()
+    return serializer, dict(serializer.errors)

@@ -1,0 +1,175 @@
+"""What the dashboard shows, read from the database as plain JSON-ready dicts.
+
+Every live view is a *keyed snapshot*: ``key -> value`` (``"device:12" -> card``), so that a socket
+can send only the keys whose values changed since its last push (see dashboard/deltas.py). The
+same functions render the first page load, so the page and the socket never disagree.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from agents import history
+from agents.models import DeviceSample, EngineSample
+from deployments.models import Deployment
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
+from inventory.models import Device, Host
+from jobs.models import Job
+from registry.models import ServedModel
+
+Snapshot = dict[str, Any]
+
+# How many jobs the jobs page lists (newest first).
+JOBS_SHOWN = 50
+# Engine samples the model page loads as history.
+HISTORY_WINDOW = timedelta(minutes=10)
+
+
+def _latest_samples(device_ids: list[int]) -> dict[int, DeviceSample]:
+    """device pk -> its newest sample (one query for the ids, one for the rows)."""
+    newest = DeviceSample.objects.filter(device=OuterRef("pk")).order_by("-ts", "-pk").values("pk")[:1]
+    ids = (
+        Device.objects.filter(pk__in=device_ids)
+        .annotate(sample=Subquery(newest))
+        .values_list("sample", flat=True)
+    )
+    return {s.device_id: s for s in DeviceSample.objects.filter(pk__in=[i for i in ids if i is not None])}
+
+
+def device_card(device: Device, sample: DeviceSample | None) -> dict[str, Any]:
+    """One GPU card: role, memory split (used / lent / borrowed / free) and its pairing."""
+    card: dict[str, Any] = {
+        "host": device.host_id,
+        "index": device.index,
+        "name": device.name,
+        "kind": device.kind,
+        "total": device.memory_total_bytes,
+        "role": "none",
+        "used": 0,
+        "lent": 0,
+        "borrowed": 0,
+        "free": device.memory_total_bytes,
+        "paired_with": None,
+        "utilization": None,
+        "ts": None,
+    }
+    if sample is not None:
+        card.update(
+            role=sample.aqua_role,
+            used=sample.memory_used_bytes,
+            lent=sample.lent_bytes,
+            borrowed=sample.borrowed_bytes,
+            free=sample.memory_free_bytes,
+            paired_with=sample.paired_with,
+            utilization=sample.utilization_pct,
+            ts=sample.ts.isoformat(),
+        )
+    return card
+
+
+def overview() -> Snapshot:
+    """Hosts (``host:<pk>``) and their devices (``device:<pk>``), with each device's latest sample."""
+    snap: Snapshot = {}
+    hosts = list(Host.objects.order_by("name", "pk"))
+    devices = list(Device.objects.filter(host__in=hosts).order_by("host_id", "index"))
+    samples = _latest_samples([d.pk for d in devices])
+    for host in hosts:
+        snap[f"host:{host.pk}"] = {
+            "name": host.name,
+            "status": host.status,
+            "simulated": host.simulated,
+            "last_seen": host.last_seen_at.isoformat() if host.last_seen_at else None,
+        }
+    for device in devices:
+        snap[f"device:{device.pk}"] = device_card(device, samples.get(device.pk))
+    return snap
+
+
+def pairings(snap: Snapshot) -> list[dict[str, Any]]:
+    """Lender -> borrower pairs on each host, from the cards of an overview snapshot."""
+    pairs = []
+    for card in snap.values():
+        if "index" in card and card["role"] == "producer" and card["paired_with"] is not None:
+            pairs.append({"host": card["host"], "lender": card["index"], "borrower": card["paired_with"]})
+    return sorted(pairs, key=lambda p: (p["host"], p["lender"]))
+
+
+def job_row(job: Job) -> dict[str, Any]:
+    return {
+        "kind": job.kind,
+        "status": job.status,
+        "progress": round(job.progress, 4),
+        "error": job.error[:500],
+        "created": job.created_at.isoformat(),
+        "finished": job.finished_at.isoformat() if job.finished_at else None,
+    }
+
+
+def jobs() -> Snapshot:
+    """The newest jobs (``job:<pk>``): status and progress."""
+    return {f"job:{job.pk}": job_row(job) for job in Job.objects.order_by("-pk")[:JOBS_SHOWN]}
+
+
+def _point(sample: dict[str, Any], previous_ts: datetime | None) -> dict[str, Any]:
+    """A chart point from an engine sample; the request rate is first tokens per second of window."""
+    ts: datetime = sample["ts"]
+    window = (ts - previous_ts).total_seconds() if previous_ts is not None else 0.0
+    rate = sample["ttft_count"] / window if window > 0 else None
+    return {
+        "ts": ts.isoformat(),
+        "ttft_p50": sample["ttft_p50"],
+        "ttft_p99": sample["ttft_p99"],
+        "tbt_p50": sample["itl_p50"],
+        "tbt_p99": sample["itl_p99"],
+        "rate": rate,
+        "running": sample["running"],
+        "waiting": sample["waiting"],
+        "preemptions": sample["preemptions_total"],
+        "offloaded": sample["bytes_offloaded"],
+    }
+
+
+def engine_points(deployment_id: int, after: datetime) -> tuple[list[dict[str, Any]], datetime]:
+    """Raw engine samples newer than ``after`` as chart points, and the newest sample time seen."""
+    rows = list(
+        EngineSample.objects.filter(deployment_id=deployment_id, ts__gt=after)
+        .order_by("ts", "pk")
+        .values(*history.ENGINE_RAW_FIELDS)
+    )
+    previous = EngineSample.objects.filter(deployment_id=deployment_id, ts__lte=after).order_by("-ts").first()
+    prev_ts = previous.ts if previous is not None else None
+    points = []
+    for row in rows:
+        points.append(_point(row, prev_ts))
+        prev_ts = row["ts"]
+    return points, (rows[-1]["ts"] if rows else after)
+
+
+def model_history(model: ServedModel) -> dict[int, list[dict[str, Any]]]:
+    """deployment pk -> its points over the last ``HISTORY_WINDOW`` (raw, or per-minute further back)."""
+    since = timezone.now() - HISTORY_WINDOW
+    resolution = history.choose_resolution("auto", since, timezone.now())
+    out = {}
+    for dep in Deployment.objects.filter(model=model).order_by("pk"):
+        samples = history.engine_series(dep.pk, since, resolution)
+        points, prev = [], None
+        for s in samples:
+            points.append(_point({**s, "ttft_count": s.get("ttft_count", 0)}, prev))
+            prev = s["ts"]
+        out[dep.pk] = points
+    return out
+
+
+def attainment(model: ServedModel, points: list[dict[str, Any]]) -> float | None:
+    """Share of telemetry windows (percent) whose p99 TTFT and p99 TBT met the model's SLOs."""
+    judged = [p for p in points if p["ttft_p99"] is not None and p["tbt_p99"] is not None]
+    if not judged:
+        return None
+    ok = sum(
+        1
+        for p in judged
+        if p["ttft_p99"] * 1000 <= model.slo_ttft_p99_ms and p["tbt_p99"] * 1000 <= model.slo_tbt_p99_ms
+    )
+    return round(100.0 * ok / len(judged), 1)

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from dashboard import assets, views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("models/", views.model_list, name="models"),
+    path("models/new/", views.model_create, name="model-create"),
+    path("models/<int:pk>/", views.model_detail, name="model-detail"),
+    path("models/<int:pk>/edit/", views.model_edit, name="model-edit"),
+    path("jobs/", views.job_list, name="jobs"),
+    path("jobs/start/", views.job_start, name="job-start"),
+    path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:pk>/apply/", views.plan_apply, name="plan-apply"),
+    path("deployments/<int:pk>/logs/", views.deployment_logs, name="deployment-logs"),
+    path("assets/plotly-<str:version>.min.js", assets.plotly_js, name="plotly-js"),
+]

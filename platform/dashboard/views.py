@@ -1,0 +1,195 @@
+"""Dashboard pages. Thin: authorise, read or validate through the owning app, render.
+
+Every page needs a signed-in user with a role; every change needs the admin role and is refused
+with 403 otherwise, whatever the page showed (templates hide admin actions from viewers too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from accounts.roles import is_admin, role_of
+from deployments.models import Deployment
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+from jobs import services as jobs_services
+from jobs.api.serializers import describe_kinds
+from jobs.models import Job
+from planning.applying import PlanConflict, PlanNotApplicable, apply_plan
+from planning.models import PlacementPlan
+from registry.models import ServedModel
+
+from dashboard import forms, snapshots
+from dashboard.assets import PLOTLY_VERSION
+
+View = Callable[..., HttpResponse]
+
+
+def role_required(view: View) -> View:
+    """Signed in (else the login page) and holding a platform role (else 403)."""
+
+    @login_required
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if role_of(request.user) is None:
+            raise PermissionDenied("Your account has no platform role.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def admin_required(view: View) -> View:
+    """Like `role_required`, and the admin role (else 403)."""
+
+    @role_required
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not is_admin(request.user):
+            raise PermissionDenied("This action needs the admin role.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _page(request: HttpRequest, template: str, context: dict[str, Any], status: int = 200) -> HttpResponse:
+    context.setdefault("is_admin", is_admin(request.user))
+    context.setdefault("plotly_version", PLOTLY_VERSION)
+    return render(request, f"dashboard/{template}", context, status=status)
+
+
+@role_required
+def overview(request: HttpRequest) -> HttpResponse:
+    snap = snapshots.overview()
+    return _page(request, "overview.html", {"snapshot": snap, "pairings": snapshots.pairings(snap)})
+
+
+@role_required
+def model_list(request: HttpRequest) -> HttpResponse:
+    return _page(request, "models.html", {"models": ServedModel.objects.order_by("name")})
+
+
+@role_required
+def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    model = get_object_or_404(ServedModel, pk=pk)
+    points = snapshots.model_history(model)
+    deployments = Deployment.objects.filter(model=model).select_related("host").order_by("pk")
+    flat = [p for series in points.values() for p in series]
+    context = {
+        "model": model,
+        "deployments": deployments,
+        "history": points,
+        "attainment": snapshots.attainment(model, flat),
+        "slo": {"ttft_ms": model.slo_ttft_p99_ms, "tbt_ms": model.slo_tbt_p99_ms},
+    }
+    return _page(request, "model_detail.html", context)
+
+
+@admin_required
+def model_create(request: HttpRequest) -> HttpResponse:
+    return _model_form(request, None)
+
+
+@admin_required
+def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    return _model_form(request, get_object_or_404(ServedModel, pk=pk))
+
+
+def _model_form(request: HttpRequest, instance: ServedModel | None) -> HttpResponse:
+    values: dict[str, Any] = {}
+    if instance is not None:
+        values = {name: getattr(instance, name) for name in forms.MODEL_FIELDS}
+        values["engine_options"] = json.dumps(instance.engine_options)
+    errors: forms.Errors = {}
+    if request.method == "POST":
+        serializer, errors = forms.model_serializer(request.POST, instance)
+        if serializer is not None and not errors:
+            model = serializer.save()
+            return HttpResponseRedirect(reverse("dashboard:model-detail", args=[model.pk]))
+        values = {name: request.POST.get(name, "") for name in forms.MODEL_FIELDS}
+    context = {"instance": instance, "values": values, "errors": errors, "dtypes": _dtypes()}
+    return _page(request, "model_form.html", context, status=400 if errors else 200)
+
+
+def _dtypes() -> list[str]:
+    from registry.models import DType
+
+    return [str(v) for v in DType.values]
+
+
+@role_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    context = {
+        "jobs": Job.objects.order_by("-pk")[: snapshots.JOBS_SHOWN],
+        "kinds": describe_kinds(),
+        "errors": {},
+        "values": {},
+    }
+    return _page(request, "jobs.html", context)
+
+
+@require_POST
+@admin_required
+def job_start(request: HttpRequest) -> HttpResponse:
+    serializer, errors = forms.job_serializer(request.POST)
+    if serializer is None or errors:
+        context = {
+            "jobs": Job.objects.order_by("-pk")[: snapshots.JOBS_SHOWN],
+            "kinds": describe_kinds(),
+            "errors": errors,
+            "values": {"kind": request.POST.get("kind", ""), "params": request.POST.get("params", "")},
+        }
+        return _page(request, "jobs.html", context, status=400)
+    data = serializer.validated_data
+    job = jobs_services.create_job(data["kind"], data["params"], request.user)
+    return HttpResponseRedirect(reverse("dashboard:job-detail", args=[job.pk]))
+
+
+@role_required
+def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(Job, pk=pk)
+    plan = PlacementPlan.objects.filter(job=job).first()
+    context = {"job": job, "row": snapshots.job_row(job), "plan": plan, "grid": _plan_grid(plan)}
+    return _page(request, "job_detail.html", context)
+
+
+def _plan_grid(plan: PlacementPlan | None) -> list[dict[str, Any]]:
+    """Servers with one cell per GPU: the model planned there, and whether that is a change."""
+    if plan is None:
+        return []
+    moved = {m["model"] for m in plan.moves}
+    rows = []
+    for server in plan.plan.get("servers", []):
+        cells: list[dict[str, Any]] = [{"model": None, "changed": False} for _ in range(server["num_gpus"])]
+        for a in plan.plan.get("assignments", []):
+            if a["server"] == server["name"]:
+                for gpu in a["gpus"]:
+                    cells[gpu] = {"model": a["model"], "changed": a["model"] in moved}
+        rows.append({"server": server["name"], "cells": cells})
+    return rows
+
+
+@require_POST
+@admin_required
+def plan_apply(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(Job, pk=pk)
+    try:
+        outcome = apply_plan(job, request.user)
+    except PlanNotApplicable as exc:
+        return HttpResponse(str(exc), status=404)
+    except PlanConflict as exc:
+        return HttpResponse(str(exc), status=409)
+    request.session["dashboard_notice"] = outcome.detail
+    return HttpResponseRedirect(reverse("dashboard:job-detail", args=[job.pk]))
+
+
+@role_required
+def deployment_logs(request: HttpRequest, pk: int) -> HttpResponse:
+    deployment = get_object_or_404(Deployment.objects.select_related("model", "host"), pk=pk)
+    return _page(request, "logs.html", {"deployment": deployment})
