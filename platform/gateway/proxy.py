@@ -33,6 +33,8 @@ from gateway.streaming import StreamMeter, upstream_body
 from gateway.validation import CompletionRequest, parse_body, validate
 
 log = logging.getLogger(__name__)
+# httpx logs every request at INFO: one line per proxied request is noise and per-request cost.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -155,6 +157,7 @@ class GatewayApp:
                 self.router.release(target)
                 self.router.failed(target)
                 errors.append(f"replica {target.replica_id}: {type(exc).__name__}")
+                log.warning("gateway: replica %s failed before the first byte: %r", target.replica_id, exc)
                 continue
             except BaseException:
                 self.router.release(target)
@@ -164,6 +167,11 @@ class GatewayApp:
                 self.router.release(target)
                 self.router.failed(target)
                 errors.append(f"replica {target.replica_id}: HTTP {response.status_code}")
+                log.warning(
+                    "gateway: replica %s failed before the first byte: HTTP %s",
+                    target.replica_id,
+                    response.status_code,
+                )
                 continue
             return target, response
         log.warning("gateway: every replica of %s failed: %s", admission.model_name, "; ".join(errors))

