@@ -140,6 +140,10 @@ class EngineSim:
                     continue
             progressed, plain_decode = self._step()
             if not progressed:
+                if next_t == inf and horizon < inf:
+                    # Nothing can run before the horizon; a later run() may bring arrivals.
+                    self.now = max(now, horizon)
+                    continue
                 if next_t == inf:
                     raise RuntimeError(
                         f"engine stalled at t={now:.6f}s: policy {self.policy.name!r} scheduled nothing "

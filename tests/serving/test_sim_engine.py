@@ -203,3 +203,21 @@ def test_the_policy_sees_length_predictions_when_given() -> None:
     policy = _Recording()
     make_engine(policy).run([Request(0, 0.0, 10, 7), Request(1, 0.0, 10, 9)], predictions={0: 5})
     assert policy.seen == {0: 5, 1: None}
+
+
+def test_it_continues_across_runs_with_a_horizon() -> None:
+    # Run in one-second chunks (as the simulated GPU hosts do): same records as one run.
+    reqs = make_requests(100, rate=20, seed=12)
+    whole = make_engine().run(reqs)
+    engine = make_engine()
+    chunked = []
+    for t in range(1, 40):
+        chunked += engine.run([r for r in reqs if t - 1 <= r.arrival < t], until=float(t))
+    chunked += engine.run([])
+    assert [r.token_times for r in sorted(chunked, key=lambda r: r.req_id)] == [r.token_times for r in whole]
+
+
+def test_a_stalled_engine_with_a_horizon_waits_for_it() -> None:
+    engine = make_engine(_NeverPrefills())
+    (rec,) = engine.run([Request(0, 0.0, 10, 5)], until=3.0)
+    assert rec.token_times == [] and engine.now == 3.0
