@@ -1,0 +1,177 @@
+"""Dashboard pages: sign-in, local plotly.js, registry forms with the API's validation, roles."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from dashboard.assets import PLOTLY_JS, PLOTLY_VERSION
+from deployments.models import Deployment
+from django.test import Client
+from django.utils import timezone
+from inventory.models import Device, Host
+from jobs.models import Job, JobStatus
+from registry.api.serializers import ServedModelSerializer
+from registry.models import ServedModel
+
+from tests.dashboard.helpers import GIB, add_device_sample, add_engine_sample
+
+pytestmark = pytest.mark.django_db
+
+FORM = {
+    "name": "llama-3-8b",
+    "source": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "dtype": "bfloat16",
+    "tensor_parallel_size": "2",
+    "max_context_length": "8192",
+    "slo_ttft_p99_ms": "500",
+    "slo_tbt_p99_ms": "50",
+    "slo_attainment_pct": "90",
+    "engine_options": '{"gpu_memory_utilization": 0.9}',
+}
+
+
+def test_it_sends_anonymous_visitors_to_the_login_page() -> None:
+    for url in ("/", "/models/", "/jobs/", "/models/new/"):
+        response = Client().get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/accounts/login/"), url
+
+
+def test_it_serves_plotly_from_the_app_and_pages_reference_that_local_url(
+    viewer_client: Client, served_model: ServedModel
+) -> None:
+    page = viewer_client.get(f"/models/{served_model.pk}/").content.decode()
+    scripts = re.findall(r'<script src="([^"]+)"', page)
+    local = f"/assets/plotly-{PLOTLY_VERSION}.min.js"
+    assert local in scripts
+    assert all(src.startswith("/") for src in scripts), scripts  # nothing from another site
+    response = Client().get(local)
+    assert response.status_code == 200
+    assert "immutable" in response["Cache-Control"]
+    assert b"".join(response.streaming_content) == PLOTLY_JS.read_bytes()  # type: ignore[attr-defined]
+    assert Client().get("/assets/plotly-0.0.1.min.js").status_code == 404
+
+
+def test_it_shows_each_gpu_with_role_memory_pairing_status_and_simulated_badge(
+    viewer_client: Client, host: Host
+) -> None:
+    d0, d1 = Device.objects.filter(host=host).order_by("index")
+    add_device_sample(d0, aqua_role="producer", lent_bytes=20 * GIB, paired_with=1)
+    add_device_sample(d1, aqua_role="consumer", borrowed_bytes=20 * GIB, paired_with=0)
+    page = viewer_client.get("/")
+    snapshot = json.loads(re.search(rb'id="overview-snapshot"[^>]*>(.*?)</script>', page.content, re.S)[1])  # type: ignore[index]
+    assert snapshot[f"host:{host.pk}"] == {
+        "name": "sim-a",
+        "status": host.status,
+        "simulated": True,
+        "last_seen": None,
+    }
+    assert snapshot[f"device:{d0.pk}"]["role"] == "producer"
+    assert snapshot[f"device:{d0.pk}"]["lent"] == 20 * GIB
+    assert snapshot[f"device:{d1.pk}"]["borrowed"] == 20 * GIB
+    assert snapshot[f"device:{d1.pk}"]["paired_with"] == 0
+
+
+def test_it_registers_a_model_through_the_form(admin_client: Client) -> None:
+    response = admin_client.post("/models/new/", FORM)
+    model = ServedModel.objects.get(name="llama-3-8b")
+    assert response.status_code == 302 and response["Location"] == f"/models/{model.pk}/"
+    assert (model.tensor_parallel_size, model.max_context_length, model.dtype) == (2, 8192, "bfloat16")
+    assert model.engine_options == {"gpu_memory_utilization": 0.9}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tensor_parallel_size": "3"},
+        {"slo_ttft_p99_ms": "-1"},
+        {"name": "not a slug!"},
+        {"engine_options": '{"not-an-identifier": 1}'},
+        {"source": "   "},
+    ],
+)
+def test_it_refuses_bad_input_with_the_apis_own_field_errors(
+    admin_client: Client, change: dict[str, str]
+) -> None:
+    form = {**FORM, **change}
+    response = admin_client.post("/models/new/", form)
+    assert response.status_code == 400
+    assert not ServedModel.objects.exists()
+    field = next(iter(change))
+    payload: dict[str, Any] = {k: v for k, v in form.items() if k != "engine_options"}
+    payload["engine_options"] = json.loads(form["engine_options"])
+    api = ServedModelSerializer(data=payload)
+    assert not api.is_valid()
+    page = response.content.decode()
+    for message in api.errors[field]:
+        assert f'data-field="{field}">{message}' in html.unescape(page)
+
+
+def test_it_says_so_when_engine_options_are_not_json(admin_client: Client) -> None:
+    response = admin_client.post("/models/new/", {**FORM, "engine_options": "{oops"})
+    assert response.status_code == 400 and b"Not valid JSON" in response.content
+    assert not ServedModel.objects.exists()
+
+
+def test_it_edits_a_model(admin_client: Client, served_model: ServedModel) -> None:
+    response = admin_client.post(
+        f"/models/{served_model.pk}/edit/", {**FORM, "name": "tiny", "slo_ttft_p99_ms": "750"}
+    )
+    assert response.status_code == 302
+    served_model.refresh_from_db()
+    assert served_model.slo_ttft_p99_ms == 750.0 and served_model.tensor_parallel_size == 2
+
+
+def test_it_starts_a_job_with_validated_params(admin_client: Client) -> None:
+    response = admin_client.post("/jobs/start/", {"kind": "noop", "params": '{"steps": 3}'})
+    job = Job.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/jobs/{job.pk}/"
+    assert job.params["steps"] == 3 and job.status == JobStatus.QUEUED
+    bad = admin_client.post("/jobs/start/", {"kind": "noop", "params": '{"steps": 0}'})
+    assert bad.status_code == 400 and b'data-field="params"' in bad.content
+    unknown = admin_client.post("/jobs/start/", {"kind": "bogus", "params": ""})
+    assert unknown.status_code == 400 and b"Unknown job kind" in unknown.content
+    assert Job.objects.count() == 1
+
+
+def test_viewers_see_no_admin_action_and_are_refused_when_forcing_one(
+    viewer_client: Client, admin_client: Client, served_model: ServedModel
+) -> None:
+    job = Job.objects.create(kind="place", status=JobStatus.SUCCEEDED)
+    for url in ("/models/", f"/models/{served_model.pk}/", "/jobs/", f"/jobs/{job.pk}/"):
+        page = viewer_client.get(url)
+        assert page.status_code == 200
+        assert b"admin-action" not in page.content, url
+    assert b"admin-action" in admin_client.get("/models/").content
+    assert b"admin-action" in admin_client.get("/jobs/").content
+    refused = [
+        viewer_client.get("/models/new/"),
+        viewer_client.post("/models/new/", FORM),
+        viewer_client.post(f"/models/{served_model.pk}/edit/", {**FORM, "slo_ttft_p99_ms": "1"}),
+        viewer_client.post("/jobs/start/", {"kind": "noop"}),
+        viewer_client.post(f"/jobs/{job.pk}/apply/"),
+    ]
+    assert [r.status_code for r in refused] == [403] * 5
+    served_model.refresh_from_db()
+    assert served_model.slo_ttft_p99_ms == 500.0
+    assert not ServedModel.objects.filter(name="llama-3-8b").exists()
+    assert Job.objects.count() == 1
+
+
+def test_it_shows_history_and_attainment_on_the_model_page(
+    viewer_client: Client, deployment: Deployment
+) -> None:
+    now = timezone.now()
+    add_engine_sample(deployment, now - timedelta(seconds=3))
+    add_engine_sample(deployment, now - timedelta(seconds=2))
+    add_engine_sample(deployment, now - timedelta(seconds=1), ttft_p99=0.9)  # misses the 500 ms SLO
+    page = viewer_client.get(f"/models/{deployment.model_id}/").content.decode()
+    history = json.loads(re.search(r'id="model-history"[^>]*>(.*?)</script>', page, re.S)[1])  # type: ignore[index]
+    points = history[str(deployment.pk)]
+    assert [p["ttft_p99"] for p in points] == [0.3, 0.3, 0.9]
+    assert points[1]["rate"] == pytest.approx(10.0, rel=0.01)  # 10 first tokens in a 1 s window
+    assert "66.7%" in page
