@@ -1,0 +1,48 @@
+"""The dashboard's chat playground: a page, and the session-authenticated key it chats with.
+
+The page talks to /v1 like any client, with an ordinary end-user API key of the logged-in user
+named "playground". Key secrets are stored only as digests, so the plaintext issued for the
+playground is kept in the user's (server-side) session and reissued when the session has none or
+the key was revoked.
+"""
+
+from __future__ import annotations
+
+from accounts.models import ApiKey
+from accounts.roles import is_admin
+from accounts.services import create_api_key
+from deployments.models import DesiredState
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_POST
+from registry.models import ServedModel
+
+from core.secrets import digest_secret
+
+PLAYGROUND_KEY_NAME = "playground"
+SESSION_KEY = "gateway_playground_key"
+
+
+@require_GET
+@login_required
+def playground(request: HttpRequest) -> HttpResponse:
+    models = ServedModel.objects.filter(deployments__desired_state=DesiredState.RUNNING).distinct()
+    context = {"models": [m.name for m in models.order_by("name")], "is_admin": is_admin(request.user)}
+    return render(request, "gateway/playground.html", context)
+
+
+@require_POST
+def playground_key(request: HttpRequest) -> JsonResponse:
+    """The session's playground key (issued on first use); 401 without a logged-in user."""
+    if not request.user.is_authenticated:
+        return JsonResponse({"detail": "Log in to use the playground."}, status=401)
+    secret = request.session.get(SESSION_KEY)
+    live = (
+        isinstance(secret, str)
+        and ApiKey.objects.filter(digest=digest_secret(secret), owner=request.user, revoked=False).exists()
+    )
+    if not live:
+        secret = create_api_key(request.user, PLAYGROUND_KEY_NAME).plaintext
+        request.session[SESSION_KEY] = secret
+    return JsonResponse({"key": secret, "name": PLAYGROUND_KEY_NAME})

@@ -1,0 +1,78 @@
+"""Per-key request rate and token quota; usage aggregation per key, model and UTC day."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from accounts.services import create_api_key
+from gateway.errors import GatewayError
+from gateway.models import RateWindow, Usage
+from gateway.quota import check_token_quota, take_request
+from gateway.services import admit, record_usage
+
+NOW = datetime(2026, 3, 4, 10, 20, 45, tzinfo=UTC)
+
+
+def test_it_refuses_the_request_over_the_per_minute_limit_with_retry_after(
+    gateway_data: dict[str, Any],
+) -> None:
+    key = create_api_key(gateway_data["user"], "rpm", requests_per_minute=3).record
+    for _ in range(3):
+        take_request(key, NOW)
+    with pytest.raises(GatewayError) as caught:
+        take_request(key, NOW + timedelta(seconds=5))
+    assert caught.value.status == 429 and caught.value.code == "rate_limit_exceeded"
+    assert caught.value.retry_after_s == 11  # 10 s left in the minute, rounded up
+    assert RateWindow.objects.get(key=key).count == 3, "a refused request is not counted"
+    take_request(key, NOW + timedelta(minutes=1))  # the next window starts empty
+    assert RateWindow.objects.filter(key=key).count() == 1, "past windows are deleted"
+
+
+def test_it_refuses_requests_once_the_days_tokens_are_used(gateway_data: dict[str, Any]) -> None:
+    key = create_api_key(gateway_data["user"], "tpd", tokens_per_day=100).record
+    model = gateway_data["model"]
+    record_usage(key.pk, model.pk, 30, 60, NOW)
+    check_token_quota(key, NOW)  # 90 of 100: allowed
+    record_usage(key.pk, model.pk, 5, 5, NOW)
+    with pytest.raises(GatewayError) as caught:
+        check_token_quota(key, NOW)
+    assert caught.value.status == 429 and caught.value.code == "tokens_quota_exceeded"
+    midnight = datetime(2026, 3, 5, tzinfo=UTC)
+    assert caught.value.retry_after_s == int((midnight - NOW).total_seconds()) + 1
+    check_token_quota(key, midnight)  # a new day
+
+
+def test_usage_is_aggregated_per_key_model_and_day(gateway_data: dict[str, Any]) -> None:
+    key, model = gateway_data["key"], gateway_data["model"]
+    record_usage(key.pk, model.pk, 10, 1, NOW)
+    record_usage(key.pk, model.pk, 20, 2, NOW + timedelta(hours=1))
+    record_usage(key.pk, model.pk, 40, 4, NOW + timedelta(days=1))
+    rows = list(
+        Usage.objects.filter(key=key).values_list(
+            "period_start", "requests", "prompt_tokens", "completion_tokens"
+        )
+    )
+    assert rows == [
+        (datetime(2026, 3, 4, tzinfo=UTC), 2, 30, 3),
+        (datetime(2026, 3, 5, tzinfo=UTC), 1, 40, 4),
+    ]
+
+
+def test_admission_checks_the_quota_before_taking_a_request(gateway_data: dict[str, Any]) -> None:
+    issued = create_api_key(gateway_data["user"], "both", requests_per_minute=1, tokens_per_day=10)
+    record_usage(issued.record.pk, gateway_data["model"].pk, 10, 0, NOW)
+    with pytest.raises(GatewayError) as caught:
+        admit(f"Bearer {issued.plaintext}", "tiny", NOW)
+    assert caught.value.code == "tokens_quota_exceeded"
+    assert not RateWindow.objects.filter(key=issued.record).exists()
+
+
+def test_admission_lists_healthy_replicas_only(gateway_data: dict[str, Any]) -> None:
+    first, second = gateway_data["deployments"]
+    second.desired_state = "stopped"
+    second.save()
+    admission = admit(f"Bearer {gateway_data['secret']}", "tiny")
+    assert [t.deployment_id for t in admission.targets] == [first.pk]
+    assert admission.model_name == "tiny"
