@@ -23,6 +23,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
+    # The chat playground page (the /v1 gateway itself is mounted in config/asgi.py).
+    path("", include("gateway.urls")),
     # The operator dashboard owns the remaining paths (/, /models/, /jobs/, ...): last, so it never
     # shadows the routes above.
     path("", include("dashboard.urls")),
