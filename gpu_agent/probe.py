@@ -15,6 +15,11 @@ While replaying it scrapes the engine's ``/metrics`` every `sample_interval_s`:
   - peak KV used = the highest ``vllm:kv_cache_usage_perc`` x capacity;
   - peak KV demand = the highest (KV used + the prompts of requests sent but not yet answered), the
     memory the engine would hold if nothing had to wait for room (used to size swap under bursts).
+Cost-model samples, timed from the client side (approximate: they include the HTTP streaming delay):
+  - prefill: a request that ran alone from its send to its first chunk gives ((prompt,), TTFT);
+  - decode: the gap between two chunks of a request, when no request was waiting for its first token
+    meanwhile, gives (the context lengths of every request running then, gap).
+At most `MAX_SAMPLES` of each are kept (a seeded draw), so the frame stays small.
 Percentiles count a request that produced no token as infinitely late (reported as null); with no
 inter-token gap at all (one-token outputs) the TBT percentiles are 0, as in the simulator probe.
 """
@@ -22,6 +27,7 @@ inter-token gap at all (one-token outputs) the TBT percentiles are 0, as in the 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import math
@@ -35,11 +41,12 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_agent.engines.metrics import parse_metrics
-from gpu_agent.protocol import DeploymentSpec, Probe, ProbeReport, ProbeRequestSpec
+from gpu_agent.protocol import DeploymentSpec, IterationSample, Probe, ProbeReport, ProbeRequestSpec
 from serving.profiler.sim_probe import tail_percentile
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 CACHE_INFO = "vllm:cache_config_info"
+MAX_SAMPLES = 300
 
 
 def model_config(source: str) -> dict[str, Any]:
@@ -91,6 +98,43 @@ class _Track:
 
 def _or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def _end(track: _Track) -> float:
+    return track.chunks[-1] if track.chunks else math.inf
+
+
+def prefill_samples(tracks: list[_Track], rng: random.Random) -> list[IterationSample]:
+    """((prompt,), TTFT) of each request that had the engine to itself until its first token."""
+    out = []
+    for t in tracks:
+        if t.sent_at is None or not t.chunks:
+            continue
+        start, first = t.sent_at, t.chunks[0]
+        alone = not any(
+            u is not t and u.sent_at is not None and u.sent_at < first and _end(u) > start for u in tracks
+        )
+        if alone and first > start:
+            out.append(IterationSample([t.spec.prompt_tokens], first - start))
+    return rng.sample(out, MAX_SAMPLES) if len(out) > MAX_SAMPLES else out
+
+
+def decode_samples(tracks: list[_Track], rng: random.Random) -> list[IterationSample]:
+    """(contexts of the running requests, gap) for inter-chunk gaps during which no request waited
+    for its first token (a pure decode step); a seeded draw of candidate gaps keeps this cheap."""
+    gaps = [(i, k) for i, t in enumerate(tracks) for k in range(len(t.chunks) - 1)]
+    rng.shuffle(gaps)
+    out = []
+    for i, k in gaps[: 20 * MAX_SAMPLES]:
+        a, b = tracks[i].chunks[k], tracks[i].chunks[k + 1]
+        live = [u for u in tracks if u.sent_at is not None and u.sent_at < b and _end(u) >= b]
+        if b <= a or any(not u.chunks or u.chunks[0] > a for u in live):
+            continue  # someone was being prefilled (or queued) during this step
+        contexts = [u.spec.prompt_tokens + bisect.bisect_right(u.chunks, a) for u in live]
+        out.append(IterationSample(contexts, b - a))
+        if len(out) == MAX_SAMPLES:
+            break
+    return out
 
 
 class ProbeRunner:
@@ -220,6 +264,8 @@ class ProbeRunner:
             peak_kv_demand_bytes=int(peaks[1] * capacity),
             kv_bytes_per_token=self.kv_bytes_per_token,
             duration_s=duration,
+            prefill_samples=prefill_samples(tracks, random.Random(frame.seed)),
+            decode_samples=decode_samples(tracks, random.Random(frame.seed + 1)),
         )
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "ErrorFrame",
     "Frame",
     "Heartbeat",
+    "IterationSample",
     "LatencySummary",
     "LogTail",
     "ModelSpec",
@@ -344,12 +345,26 @@ class Probe(Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class IterationSample:
+    """One engine step as a client saw it: the batch's prompt lengths (prefill) or context lengths
+    (decode), and its duration in seconds; for fitting a cost model (serving.costmodel.fit)."""
+
+    lens: list[int]
+    seconds: float
+
+    def __post_init__(self) -> None:
+        check(bool(self.lens), "lens", "must not be empty")
+        check(self.seconds > 0, "seconds", f"must be > 0, got {self.seconds}")
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeReport(Frame):
     """What a replay saw. Percentiles are seconds; null means infinitely late (more than 1% of the
     requests produced no token, or no inter-token gap was seen). KV figures are bytes; 0 when the
     engine does not expose them. `peak_kv_demand_bytes` adds, at each sample, the prompts of
     requests sent but not yet answered to the KV in use (what the engine would hold with room).
-    `ok` is False, with `error`, when the replay could not run at all."""
+    `prefill_samples` / `decode_samples` are engine steps timed from the client side (see
+    gpu_agent/probe.py). `ok` is False, with `error`, when the replay could not run at all."""
 
     TYPE: ClassVar[str] = "probe_result"
     SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
@@ -369,6 +384,8 @@ class ProbeReport(Frame):
     peak_kv_demand_bytes: int = 0
     kv_bytes_per_token: int = 0
     duration_s: float = 0.0
+    prefill_samples: list[IterationSample] = field(default_factory=list)
+    decode_samples: list[IterationSample] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _non_negative(self, "num_requests", "finished", "kv_capacity_bytes", "peak_kv_used_bytes")

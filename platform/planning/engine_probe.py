@@ -10,7 +10,9 @@ processes), so this works the same with SQLite and the in-memory layer as with P
 
 measure(rate) replays `WorkloadSpec.requests(rate)`; measure_burst(rate, factor) replays
 `WorkloadSpec.burst_requests(rate, factor)` on the engine and reports the agent's peak KV demand (KV
-in use plus the prompts of requests waiting for their first token).
+in use plus the prompts of requests waiting for their first token). The agent's client-side timings
+of engine steps come back as cost-model samples, so the profile carries a fitted CostModel when they
+determine one (its `fit_error` says why not otherwise).
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ RELAY_MARGIN_S = 60.0
 def _seconds(value: Any) -> float:
     """A percentile from a probe_result: null means infinitely late."""
     return math.inf if value is None else float(value)
+
+
+def _samples(raw: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """A probe_result's iteration samples as the profiler's (composition, seconds) pairs."""
+    return tuple((tuple(s["lens"]), float(s["seconds"])) for s in raw or ())
 
 
 class AgentEngineProbe(EngineProbe):
@@ -120,6 +127,8 @@ class AgentEngineProbe(EngineProbe):
             finished=report["finished"],
             kv_capacity_bytes=report["kv_capacity_bytes"],
             peak_kv_used_bytes=report["peak_kv_used_bytes"],
+            prefill_samples=_samples(report.get("prefill_samples")),
+            decode_samples=_samples(report.get("decode_samples")),
         )
 
     def measure_burst(self, rate: float, factor: float) -> BurstResult:

@@ -134,6 +134,8 @@ async def test_it_relays_a_probe_to_the_agent_and_returns_its_answer() -> None:
                 "peak_kv_used_bytes": 600,
                 "peak_kv_demand_bytes": 900,
                 "kv_bytes_per_token": 8,
+                "prefill_samples": [{"lens": [12], "seconds": 0.05}],
+                "decode_samples": [{"lens": [13, 30], "seconds": 0.02}],
             }
         )
         await measuring.wait()
@@ -143,6 +145,7 @@ async def test_it_relays_a_probe_to_the_agent_and_returns_its_answer() -> None:
         assert math.isinf(result.tbt_p99_s)
         assert (result.num_requests, result.finished, result.free_kv_bytes) == (len(sent), len(sent) - 1, 400)
         assert probe.kv_bytes_per_token == 8
+        assert result.prefill_samples == (((12,), 0.05),) and result.decode_samples == (((13, 30), 0.02),)
         row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
         assert row.status == ProbeStatus.DONE and row.sent_at is not None and row.result is not None
         await comm.disconnect()

@@ -102,7 +102,7 @@ def probe(*requests: tuple[float, int, int]) -> Probe:
 
 
 def test_it_measures_latencies_and_kv_use_of_a_streaming_engine(engine: str, tmp_path: Path) -> None:
-    frame = probe((0.0, 20, 5), (0.1, 30, 5), (0.2, 40, 5), (0.25, 8, 3))
+    frame = probe((0.0, 20, 5), (0.6, 30, 5), (0.65, 40, 5), (0.7, 8, 3))  # the first runs alone
     report = asyncio.run(ProbeRunner(engine, spec(tmp_path), sample_interval_s=0.02).run(frame))
     assert report.ok and (report.probe_id, report.deployment_id, report.rate) == ("p", "7", 4.0)
     assert (report.num_requests, report.finished) == (4, 4)
@@ -113,13 +113,22 @@ def test_it_measures_latencies_and_kv_use_of_a_streaming_engine(engine: str, tmp
     assert report.kv_bytes_per_token == bpt == kv_bytes_per_token(CONFIG, "auto")
     assert report.kv_capacity_bytes == BLOCKS * BLOCK_SIZE * bpt
     assert 0 < report.peak_kv_used_bytes <= report.peak_kv_demand_bytes
-    assert report.duration_s >= 0.25 + TTFT_S
+    assert report.duration_s >= 0.7 + TTFT_S
     # every request asked for exactly its output length, EOS ignored, with a prompt of exactly its
     # length drawn from the vocabulary (past the first ids, where special tokens live)
     sent = sorted(FakeEngine.bodies, key=lambda b: len(b["prompt"]))
     assert [(len(b["prompt"]), b["max_tokens"]) for b in sent] == [(8, 3), (20, 5), (30, 5), (40, 5)]
     assert all(b["ignore_eos"] and b["stream"] and b["model"] == "m" for b in sent)
     assert all(10 <= t < CONFIG["vocab_size"] for b in sent for t in b["prompt"])
+    # cost-model samples: the first request ran alone until its first token (prefill of 20 tokens);
+    # decode gaps are about TBT_S with the contexts of the requests running then
+    prefill = [(s.lens, s.seconds) for s in report.prefill_samples]
+    assert prefill and prefill[0][0] == [20] and TTFT_S <= prefill[0][1] < 10 * TTFT_S
+    assert all(lens in ([20], [30], [40], [8]) for lens, _ in prefill)
+    assert report.decode_samples
+    for sample in report.decode_samples:
+        assert 1 <= len(sample.lens) <= 4 and TBT_S * 0.9 <= sample.seconds < 10 * TBT_S
+        assert all(8 < n <= 45 for n in sample.lens)  # prompt + tokens so far, before the last
 
 
 def test_it_counts_a_failed_request_as_infinitely_late(engine: str, tmp_path: Path) -> None:
