@@ -1,10 +1,10 @@
 """Planning operations (the app's service layer), one module each:
 
-    profiling.run_profile(params, ctx)   the `profile` job: model -> curve + ModelProfile
-    placing.run_place(params, ctx)       the `place` job: profiles + hosts -> PlacementPlan + diff
-    applying.apply_plan(job, user)       a stored plan -> deployments, fewest moves
-    engine_probe.AgentEngineProbe        serving's EngineProbe through a host's agent
-    relay.relay_probes / store_probe_result   the ASGI side of those probes
+profiling.run_profile(params, ctx)   the `profile` job: model -> curve + ModelProfile
+placing.run_place(params, ctx)       the `place` job: profiles + hosts -> PlacementPlan + diff
+applying.apply_plan(job, user)       a stored plan -> deployments, fewest moves
+engine_probe.AgentEngineProbe        serving's EngineProbe through a host's agent
+relay.relay_probes / store_probe_result   the ASGI side of those probes
 """
 
 from __future__ import annotations
