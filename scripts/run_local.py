@@ -8,13 +8,16 @@ group, gets SIGTERM, and whatever is left after a grace period gets SIGKILL. If 
 its own, the others are stopped too and the exit status is non-zero.
 
 Environment: HOST / PORT (default 127.0.0.1:8000), CELERY_CONCURRENCY (default 2), plus every
-setting config/settings.py reads (DATABASE_URL, REDIS_URL, ...).
+setting config/settings.py reads (DATABASE_URL, REDIS_URL, ...). A local GPU agent always runs
+(serving the tiny model when vLLM's CPU build is installed) unless LOCAL_AGENT=0; SIMULATE=1 (or
+e.g. SIMULATE=4xA100) adds a simulated 8-GPU host (`make run SIMULATE=1`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -91,6 +94,43 @@ def prepare(env: dict[str, str]) -> None:
     manage = [sys.executable, str(ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "--noinput"], cwd=ROOT, env=env, check=True)
     subprocess.run([*manage, "bootstrap_admin"], cwd=ROOT, env=env, check=True)
+
+
+def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
+    """One local agent (serving the tiny model on vLLM's CPU build when it is installed; none with
+    LOCAL_AGENT=0) and, with SIMULATE=1 (or SIMULATE=<COUNT>x<GPU>, e.g. 4xA100), one simulated
+    host. Each gets a host and a fresh token from `manage.py local_agent`, passed in the
+    environment (not on argv)."""
+    if env.get("LOCAL_AGENT", "1").strip().lower() in ("0", "false", "no", "off"):
+        return []
+    manage = [sys.executable, str(ROOT / "manage.py"), "local_agent"]
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    url = f"http://{host}:{config.port}"
+    state = Path(env.get("VAR_DIR") or ROOT / "var")
+    local = ["local"]
+    if importlib.util.find_spec("vllm") is not None:
+        built = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
+            cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        local += ["--tiny-model", built.stdout.strip().splitlines()[-1]]
+    else:
+        print("[run] vLLM's CPU build is not installed (make venv-vllm): the local agent serves no model")
+
+    def agent(name: str, prepare_args: list[str], extra: list[str]) -> ProcessSpec:
+        token = subprocess.run(
+            [*manage, *prepare_args], cwd=ROOT, env=env, check=True, capture_output=True, text=True
+        ).stdout.strip()
+        argv = [sys.executable, "-m", "gpu_agent", "--control-plane", url, "--name", prepare_args[0]]
+        argv += ["--address", "127.0.0.1", "--state-dir", str(state / "agents" / prepare_args[0]), *extra]
+        return ProcessSpec(name, argv, {"GPU_AGENT_TOKEN": token})
+
+    specs = [agent("agent", local, [])]
+    simulate = env.get("SIMULATE", "").strip()
+    if simulate and simulate.lower() not in ("0", "false", "no", "off"):
+        kind = "8xH100" if simulate.lower() in ("1", "true", "yes", "on") else simulate
+        specs.append(agent("sim", [f"sim-{kind.lower()}", "--simulated"], ["--simulate", kind]))
+    return specs
 
 
 class Supervisor:
@@ -201,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     env = base_env()
     prepare(env)
-    supervisor = Supervisor(process_specs(config), env)
+    supervisor = Supervisor(process_specs(config) + agent_specs(config, env), env)
     signal.signal(signal.SIGINT, supervisor.request_stop)
     signal.signal(signal.SIGTERM, supervisor.request_stop)
     supervisor.start()
