@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,8 @@ from agents.models import Replica
 from deployments.models import Deployment, ObservedState
 from deployments.services import create_deployment
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import setup_databases, teardown_databases
 from inventory.models import Device
 from inventory.services import issue_agent_token, register_host
 from registry.models import ServedModel
@@ -20,12 +24,42 @@ from tests.fleet.test_vllm_deployment import ENGINE_START_S, tiny_model
 from tests.gateway.gateway_stack import Stack
 
 
+@contextmanager
+def live_test_database(session: pytest.Session) -> Iterator[None]:
+    """The test database, even when no collected test is marked for one.
+
+    pytest-django creates test databases only for the collected tests that ask for one (a
+    ``django_db`` mark or a db fixture). The live-stack tests cannot: a test transaction would hide
+    their rows from the servers and a transactional test's flush would remove the stack's rows
+    after the first test. Without this, the connection would still name the DEVELOPMENT database.
+    """
+    asked = any(
+        item.get_closest_marker("django_db")
+        or {"db", "transactional_db"} & set(getattr(item, "fixturenames", ()))
+        for item in session.items
+    )
+    created = None if asked else setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    try:
+        name = str(connection.settings_dict["NAME"])
+        assert "test" in Path(name).name, f"refusing to run the live stack on database {name}"
+        try:
+            yield
+        finally:
+            call_command("flush", interactive=False, verbosity=0)  # the test database only
+    finally:
+        if created is not None:
+            teardown_databases(created, verbosity=0)
+
+
 @pytest.fixture(scope="module")
 def stack(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    django_db_setup: None,
+    django_db_blocker: Any,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
     blocker = django_db_blocker
-    with blocker.unblock():  # type: ignore[attr-defined]
+    with blocker.unblock(), live_test_database(request.session):
         model_dir = tiny_model(ROOT / "var" / "models" / "tiny-llama")
         state_dir = tmp_path_factory.mktemp("gateway-agent")
         server = AsgiServer(AGENTS_DESIRED_POLL_S="0.5")
@@ -67,13 +101,12 @@ def stack(
         finally:
             agent.stop(grace_s=30)
             server.stop()
-            call_command("flush", interactive=False, verbosity=0)
 
 
 @pytest.fixture
 def live_db(stack: Stack, django_db_blocker: Any) -> Iterator[None]:
     """Database access in a test of the live stack (autocommit: the server sees every write)."""
-    with django_db_blocker.unblock():  # type: ignore[attr-defined]
+    with django_db_blocker.unblock():
         yield
 
 
