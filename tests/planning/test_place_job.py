@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from deployments.models import Deployment, DesiredState
-from inventory.models import Host
+from inventory.models import Device, DeviceKind, Host
 from jobs.models import JobStatus
 from planning.models import PlacementPlan
 from rest_framework.test import APIClient
@@ -150,6 +150,8 @@ def test_it_moves_gpus_on_the_same_host_and_frees_devices_before_taking_them(
         ("infeasible", "need more GPUs than any server has"),
         ("slo_changed", "profile it again"),
         ("no_swap_at_level", "needs no swap space"),
+        ("unknown_model", "unknown models: ghost"),
+        ("no_hosts", "no hosts with GPU devices"),
     ],
 )
 def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
@@ -157,6 +159,7 @@ def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
 ) -> None:
     from registry.models import ServedModel
 
+    params: dict = {}
     if setup == "no_profile":
         ServedModel.objects.get(name="c6").profile.delete()
     elif setup == "infeasible":
@@ -164,12 +167,17 @@ def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
         store_profile(big, "producer", GIB)
     elif setup == "slo_changed":
         ServedModel.objects.filter(name="p6").update(slo_ttft_p99_ms=100.0)
+    elif setup == "unknown_model":
+        params = {"models": ["c10", "ghost"]}
+    elif setup == "no_hosts":
+        Device.objects.filter(deployments__isnull=True).delete()
+        Device.objects.update(kind=DeviceKind.CPU)
     else:
         profile = ServedModel.objects.get(name="c6").profile
         profile.data = {**profile.data, "swap_needed_bytes": {"4x": 0}}
         profile.save()
     before = deployment_rows()
-    job = run_job_via_api(admin_client, "place", {})
+    job = run_job_via_api(admin_client, "place", params)
     assert job.status == JobStatus.FAILED
     assert needle in job.error
     assert job.result is None and not PlacementPlan.objects.filter(job=job).exists()
