@@ -138,6 +138,17 @@ def test_it_resizes_but_never_below_the_highest_allocated_byte() -> None:
     assert grown is not None and grown.offset == 2 * ALIGNMENT
 
 
+def test_it_never_leases_more_than_the_memory_behind_the_handle() -> None:
+    c = Coordinator()
+    handle = {"kind": "shm", "name": "seg", "nbytes": 4096}
+    with pytest.raises(InvalidArgument, match="exceeds"):
+        c.lease("p1", "cpu0", 4097, handle)
+    r = c.lease("p1", "cpu0", 1024, handle)
+    c.resize(r, 4096)
+    with pytest.raises(InvalidArgument, match="exceeds"):
+        c.resize(r, 4097)
+
+
 @pytest.mark.parametrize("op", ["resize", "unlease", "request_reclaim"])
 def test_it_refuses_producer_operations_from_another_session(op: str) -> None:
     c = Coordinator()

@@ -18,11 +18,12 @@ from serving.aqua.coordinator import (
     InsufficientMemory,
     InvalidArgument,
     NotOwner,
+    ProtocolError,
     RegionBusy,
     UnknownAllocation,
     UnknownRegion,
 )
-from serving.aqua.coordinator.protocol import decode, encode
+from serving.aqua.coordinator.protocol import MAX_FRAME, decode, encode
 from tests.aqua.conftest import REPO
 
 SHM = {"kind": "shm", "name": "seg"}
@@ -188,3 +189,39 @@ def test_it_reports_connection_loss_as_unavailable(sock_path: str) -> None:
     srv.stop()
     with pytest.raises(CoordinatorUnavailable):
         client.allocate("c1", 10)
+
+
+def test_it_times_out_on_a_server_that_never_answers(sock_path: str) -> None:
+    mute = socket.socket(socket.AF_UNIX)
+    mute.bind(sock_path)
+    mute.listen()  # connections complete in the backlog; nothing is ever read or answered
+    t0 = time.monotonic()
+    with pytest.raises(CoordinatorUnavailable, match="timed out"):
+        AquaClient(sock_path, timeout=0.3)
+    assert time.monotonic() - t0 < 5
+    mute.close()
+
+
+def test_it_refuses_oversized_frames(server: CoordinatorServer, sock_path: str) -> None:
+    with AquaClient(sock_path) as client:
+        with pytest.raises(ProtocolError, match="exceeds"):
+            client.lease("p1", "cpu0", 10, {"kind": "shm", "blob": "x" * MAX_FRAME})
+        client.ping()  # refused before sending: the connection is intact
+    raw = socket.socket(socket.AF_UNIX)
+    raw.connect(sock_path)
+    raw.sendall(b"x" * (MAX_FRAME + 10) + b"\n")
+    f = raw.makefile("rb")
+    assert decode(f.readline())["error"]["code"] == "ProtocolError"
+    assert f.readline() == b""  # and the server hangs up
+    raw.close()
+
+
+def test_it_runs_functions_on_the_servers_loop_for_an_in_process_host(
+    server: CoordinatorServer, sock_path: str
+) -> None:
+    with AquaClient(sock_path) as client:
+        client.lease("p1", "cuda:0", 4096, SHM)
+        devices = server.call(lambda c: c.stats()["devices"])
+        assert devices["cuda:0"]["leased_bytes"] == 4096
+        assert server.call(lambda c: c.allocate("agent-local", 100)) is not None
+        assert client.stats()["pairings"][0]["consumer_id"] == "agent-local"

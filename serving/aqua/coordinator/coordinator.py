@@ -2,11 +2,12 @@
 
 A pure object (no I/O, no threads): every method runs to completion and leaves the state
 consistent, so a server that calls it from one event loop or under one lock makes every
-operation atomic. The rules (Aqua, ASPLOS'25, section 4, with the choices this project made):
+operation atomic. The rules (the protocol of Aqua, ASPLOS'25, with the choices this project made):
 
-- A producer *leases* a region of its memory (`nbytes` on `device`, attachable through `handle`),
-  may *resize* it (never below the end of its highest allocation) and *unlease* it (refused while
-  any allocation remains; the producer files a reclaim and waits instead).
+- A producer *leases* a region of its memory (`nbytes` on `device`, attachable through `handle`;
+  if the handle states the memory's size as "nbytes", the lease may not exceed it), may *resize*
+  it (never below the end of its highest allocation) and *unlease* it (refused while any
+  allocation remains; the producer files a reclaim and waits instead).
 - A consumer *allocates* `nbytes` all-or-nothing inside ONE region (first fit, offsets aligned to
   `ALIGNMENT`), or gets None. Regions under reclaim are never used. At most one consumer per region:
   a region with allocations serves only their consumer; it is free for any consumer again once
@@ -95,6 +96,14 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
+def _within_memory(nbytes: int, handle: dict[str, Any]) -> None:
+    # A handle's "nbytes", when present, is the size of the memory behind it: a lease (or a
+    # resize) may cover part of that memory, never more.
+    size = handle.get("nbytes")
+    if isinstance(size, int) and nbytes > size:
+        raise InvalidArgument(f"{nbytes=} exceeds the {size} bytes of memory behind the handle")
+
+
 def _name(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidArgument(f"{name}={value!r} must be a non-empty string")
@@ -132,6 +141,7 @@ class Coordinator:
             handle = json.loads(json.dumps(handle))  # a private, JSON-able copy
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"handle must be JSON-serialisable: {exc}") from None
+        _within_memory(nbytes, handle)
         region_id = f"r{self._next_region}"
         self._regions[region_id] = _Region(
             self._next_region, region_id, producer_id, session, device, nbytes, handle
@@ -143,6 +153,7 @@ class Coordinator:
         """Grow or shrink a region; shrinking below its highest allocated byte raises RegionBusy."""
         region = self._owned(region_id, session)
         _positive_int("nbytes", nbytes)
+        _within_memory(nbytes, region.handle)
         if nbytes < region.high_water:
             raise RegionBusy(
                 f"region {region_id}: cannot shrink to {nbytes} bytes, allocations reach {region.high_water}"
