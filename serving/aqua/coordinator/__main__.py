@@ -26,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         mode = int(args.mode, 8)
     except ValueError:
         parser.error(f"--mode {args.mode!r} is not an octal permission like 600")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    level = logging.getLevelName(args.log_level.upper())
+    if not isinstance(level, int):
+        parser.error(f"--log-level {args.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
 
     server = CoordinatorServer(args.socket, socket_mode=mode)
     done = threading.Event()

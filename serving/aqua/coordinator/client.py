@@ -10,6 +10,11 @@ Primitives:
     consumer:  allocate, free, pending_reclaims, allocation
     any:       stats, ping, close
 Refusals raise the typed `CoordinatorError` subclasses of `serving.aqua.coordinator.errors`.
+
+CoordinatorUnavailable means the session is over (server gone, connection lost, or no reply
+within `timeout`, after which the client hangs up): the server has freed this client's
+allocations and withdrawn its leases, and may already have handed the bytes to another consumer.
+Never read lent data after it: fall back (recompute) instead.
 """
 
 from __future__ import annotations
