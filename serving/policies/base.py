@@ -91,6 +91,9 @@ class SchedulingPolicy(ABC):
     """Base class of every scheduling policy; subclasses register themselves by `name`."""
 
     name: ClassVar[str]
+    # True when the policy's decisions cannot change while only output-token counts and time
+    # advance (no waiting request, every running one decoding); lets the simulator fast-forward.
+    decode_invariant: ClassVar[bool] = False
 
     @abstractmethod
     def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:

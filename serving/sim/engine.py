@@ -77,7 +77,7 @@ class EngineSim:
         self._block_bytes = config.block_size * cost.kv_bytes_per_token
         # A policy that keeps the base prefill cap (the whole budget) need not be asked for it.
         self._default_cap = type(policy).prefill_token_cap is SchedulingPolicy.prefill_token_cap
-        self._fast_forward = config.fast_forward and bool(getattr(policy, "decode_invariant", False))
+        self._fast_forward = config.fast_forward and policy.decode_invariant
 
     def run(
         self,
