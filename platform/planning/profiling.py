@@ -127,7 +127,9 @@ def run_profile(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """The `profile` job's runner (params validated by jobs.kinds.profile.ProfileParams)."""
     from planning.engine_probe import AgentEngineProbe
 
-    model = ServedModel.objects.get(name=params["model"])
+    model = ServedModel.objects.filter(name=params["model"]).first()
+    if model is None:
+        raise ProfilingError(f"model {params['model']!r} no longer exists")
     sla = sla_of(model)
     workload = workload_of(model, params)
     config = config_of(params)
