@@ -1,12 +1,19 @@
 """The /v1 gateway as a plain ASGI application (mounted by config/asgi.py in front of Django).
 
-Why not a Django async view: the proxy needs the ASGI ``receive`` channel itself. While a response
-streams, a watcher task waits on ``receive()`` for ``http.disconnect`` (daphne queues it when the
-client's connection drops) and cancels the relay at once, which closes the httpx stream to the
+Why not a Django async view: Django 5's ASGI handler would notice a disconnect during a streaming
+response too (it cancels the response iterator), but every request would cross the synchronous
+middleware stack (sessions, CSRF, auth, messages: thread hops) that an API-key endpoint does not
+need, and the disconnect would surface as a cancellation somewhere inside httpx rather than as an
+event the proxy handles. A plain ASGI app owns ``receive``: while a response streams, a watcher
+task waits on ``receive()`` for ``http.disconnect`` (daphne queues it when the client's connection
+drops) and cancels the relay at once, which closes the httpx stream to the
 engine; vLLM sees its connection close and aborts the request ("Aborted request ..." in its log,
-``vllm:num_requests_running`` drops). The relay reads the next upstream chunk only after
-``send()`` of the previous one returned, so a slow client slows the engine read (daphne buffers
-what it was handed in the socket's write buffer; that buffer is the only slack). Bypassing
+``vllm:num_requests_running`` drops). The relay reads the next upstream chunk only after ``send()``
+of the previous one returned, so the engine is never read faster than the server accepts bytes.
+Under daphne that is the whole backpressure there is: daphne's ``send()`` returns once Twisted has
+taken the bytes, and Twisted does not push back on a client that stops reading, so such a client's
+chunks queue in the server (bounded by the request's ``max_tokens``) until it reads or leaves.
+An ASGI server with write flow control (uvicorn) makes ``send()`` itself wait. Bypassing
 Django's middleware and URL resolver also keeps the per-chunk and per-request cost low.
 
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``.

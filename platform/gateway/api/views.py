@@ -1,0 +1,73 @@
+"""Read endpoints for the dashboard: a model's gateway latencies (SLO charts) and key usage."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from accounts.services import api_keys_visible_to
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from registry.models import ServedModel
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gateway.models import RequestSample, Usage
+from gateway.services import latency_summary
+
+MAX_POINTS = 2000
+
+
+class WindowSerializer(serializers.Serializer[dict[str, float]]):
+    window_s = serializers.FloatField(min_value=1, max_value=7 * 86400, default=600)
+
+
+class ModelLatencyView(APIView):
+    """``GET /api/v1/gateway/latency/<model>/``: TTFT/TBT per request through the gateway, with P50/P99
+    over ``window_s`` seconds and the model's SLO targets (the newest ``MAX_POINTS`` requests)."""
+
+    @extend_schema(parameters=[OpenApiParameter("window_s", float, description="default 600")])
+    def get(self, request: Request, name: str) -> Response:
+        model = get_object_or_404(ServedModel, name=name)
+        query = WindowSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        window = timedelta(seconds=query.validated_data["window_s"])
+        points = RequestSample.objects.filter(model=model, ts__gte=timezone.now() - window).order_by(
+            "-ts", "-id"
+        )
+        rows = points.values("ts", "deployment_id", "outcome", "stream", "ttft_s", "tbt_mean_s", "tbt_max_s")
+        return Response(
+            {
+                "model": model.name,
+                "summary": latency_summary(model, window),
+                "requests": list(reversed(rows[:MAX_POINTS])),
+            }
+        )
+
+
+class UsageView(APIView):
+    """``GET /api/v1/gateway/usage/``: per key, model and UTC day (own keys; admins see all)."""
+
+    def get(self, request: Request) -> Response:
+        keys = api_keys_visible_to(request.user)
+        rows = (
+            Usage.objects.filter(key__in=keys)
+            .select_related("key", "model")
+            .order_by("-period_start", "key_id")
+        )
+        return Response(
+            [
+                {
+                    "key": u.key_id,
+                    "key_name": u.key.name,
+                    "model": u.model.name,
+                    "period_start": u.period_start,
+                    "requests": u.requests,
+                    "prompt_tokens": u.prompt_tokens,
+                    "completion_tokens": u.completion_tokens,
+                }
+                for u in rows[:1000]
+            ]
+        )
