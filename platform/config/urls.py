@@ -14,6 +14,7 @@ api_v1 = [
     path("", include("jobs.api.urls")),
     path("", include("agents.api.urls")),
     path("", include("planning.api.urls")),
+    path("", include("gateway.api.urls")),
 ]
 
 urlpatterns = [
