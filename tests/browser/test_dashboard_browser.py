@@ -85,6 +85,8 @@ def test_an_admin_watches_gpus_registers_a_model_and_runs_a_job(
         page.wait_for_selector("h1:has-text('llama-mini')")
         model = db_call(lambda: ServedModel.objects.get(name="llama-mini"))
         assert (model.tensor_parallel_size, model.slo_ttft_p99_ms) == (2, 400.0)
+        # Its page draws the SLO charts with the app's own plotly.js.
+        page.wait_for_function("() => window.Plotly && document.querySelector('#chart-ttft .main-svg')")
         screenshot(page, "dashboard-model-registered")
 
         # Start a noop job and watch its progress bar reach 100%.
@@ -110,6 +112,8 @@ def test_an_admin_watches_gpus_registers_a_model_and_runs_a_job(
         assert any(0 < v < 1 for v in seen), seen  # the bar moved through intermediate values
         job = db_call(lambda: Job.objects.get())
         assert (job.status, job.progress) == (JobStatus.SUCCEEDED, 1.0)
+        page.wait_for_selector("#job-result")  # the page reloads to show the result
+        assert "'steps_done': 10" in page.locator("#job-result").inner_text()
         screenshot(page, "dashboard-job-done")
     finally:
         worker.stop()
