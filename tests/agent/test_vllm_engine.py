@@ -7,6 +7,7 @@ coordinator socket handed to the connector.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 from pathlib import Path
@@ -16,7 +17,8 @@ import pytest
 
 from gpu_agent.aqua import AquaHost
 from gpu_agent.engines import EngineManager, VllmLauncher
-from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
+from gpu_agent.engines.metrics import ITL, parse_metrics
+from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, EngineSample, ModelSpec
 from tests.agent.ws_server import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,21 +76,44 @@ async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) ->
         )
         assert statuses[-1].state == "running", statuses[-1].error
         port = statuses[-1].port
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+        seen: list[EngineSample] = []
+
+        async def watch() -> None:
+            # Each scrape window lasts ~1 s: record every sample while the request runs.
+            while True:
+                seen.append(manager.samples()[0])
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
             assert (await http.get("/health")).status_code == 200
-            body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
+            before = parse_metrics((await http.get("/metrics")).text)
+            body = {
+                "model": "tiny",
+                "prompt": "The quick brown fox",
+                "max_tokens": 48,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
             resp = await http.post("/v1/completions", json=body)
             assert resp.status_code == 200, resp.text
-
-        def ttft_seen() -> bool:
-            s = manager.samples()[0]
-            return s.ttft is not None and s.ttft.count >= 1
-
-        # The window holding the request's TTFT is the one scraped right after it finished.
-        await wait_for(ttft_seen, timeout=10, interval=0.05)
-        sample = manager.samples()[0]
-        assert sample.ttft is not None and sample.ttft.p50 is not None and sample.ttft.p50 > 0
-        assert sample.kv_cache_usage is not None and sample.running == 0 and sample.waiting == 0
+            assert resp.json()["usage"]["completion_tokens"] == 48
+            await asyncio.sleep(2.5)  # the windows after it finished
+            watcher.cancel()
+            after = parse_metrics((await http.get("/metrics")).text)
+        # A window's sample object is returned until the next scrape replaces it.
+        windows = list({id(x): x for x in seen}.values())
+        ttfts = [x.ttft for x in windows if x.ttft is not None and x.ttft.count > 0]
+        assert len(ttfts) == 1 and ttfts[0].count == 1  # one request: one first token, in one window
+        assert ttfts[0].p50 is not None and ttfts[0].p50 > 0
+        # The windows partition the engine's own histogram: their counts add up to its growth.
+        itl_in_windows = sum(x.itl.count for x in windows if x.itl is not None)
+        itl_grew = after.histograms[ITL].count - (
+            before.histograms[ITL].count if ITL in before.histograms else 0
+        )
+        assert itl_in_windows == itl_grew > 0
+        assert max(x.running for x in seen) == 1 and seen[-1].running + seen[-1].waiting <= 1
+        assert all(x.kv_cache_usage is not None for x in seen if x.state == "running")
         sup = manager.supervisor("tiny-1")
         assert sup is not None and sup.pid is not None
         pid = sup.pid
