@@ -34,7 +34,9 @@ $(VENV)/.browser:
 venv: $(VENV)/.core
 venv-vllm: $(VENV)/.vllm
 
-run: $(VENV)/.core
+# The local agent serves the bundled tiny model on vLLM's CPU build (LOCAL_AGENT=0 to skip it);
+# SIMULATE=1 adds a simulated 8xH100 host.
+run: $(VENV)/.core $(VENV)/.vllm
 	$(PY) scripts/run_local.py
 
 lint: $(VENV)/.dev

@@ -99,22 +99,23 @@ def prepare(env: dict[str, str]) -> None:
 def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
     """One local agent (serving the tiny model on vLLM's CPU build when it is installed; none with
     LOCAL_AGENT=0) and, with SIMULATE=1 (or SIMULATE=<COUNT>x<GPU>, e.g. 4xA100), one simulated
-    host. Each gets a host and a fresh token from `manage.py local_agent`, passed in the
-    environment (not on argv)."""
-    if env.get("LOCAL_AGENT", "1").strip().lower() in ("0", "false", "no", "off"):
-        return []
+    host, whatever LOCAL_AGENT says. Each gets a host and a fresh token from
+    `manage.py local_agent`, passed in the environment (not on argv)."""
+    off = ("0", "false", "no", "off")
     manage = [sys.executable, str(ROOT / "manage.py"), "local_agent"]
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     url = f"http://{host}:{config.port}"
     state = Path(env.get("VAR_DIR") or ROOT / "var")
     local = ["local"]
-    if importlib.util.find_spec("vllm") is not None:
+    with_local = env.get("LOCAL_AGENT", "1").strip().lower() not in off
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if with_local and has_vllm:
         built = subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
             cwd=ROOT, env=env, check=True, capture_output=True, text=True,
         )  # fmt: skip
         local += ["--tiny-model", built.stdout.strip().splitlines()[-1]]
-    else:
+    elif with_local:
         print("[run] vLLM's CPU build is not installed (make venv-vllm): the local agent serves no model")
 
     def agent(name: str, prepare_args: list[str], extra: list[str]) -> ProcessSpec:
@@ -125,9 +126,9 @@ def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
         argv += ["--address", "127.0.0.1", "--state-dir", str(state / "agents" / prepare_args[0]), *extra]
         return ProcessSpec(name, argv, {"GPU_AGENT_TOKEN": token})
 
-    specs = [agent("agent", local, [])]
+    specs = [agent("agent", local, [])] if with_local else []
     simulate = env.get("SIMULATE", "").strip()
-    if simulate and simulate.lower() not in ("0", "false", "no", "off"):
+    if simulate and simulate.lower() not in off:
         kind = "8xH100" if simulate.lower() in ("1", "true", "yes", "on") else simulate
         specs.append(agent("sim", [f"sim-{kind.lower()}", "--simulated"], ["--simulate", kind]))
     return specs

@@ -76,7 +76,17 @@ def test_it_serves_the_api_with_a_live_worker_and_stops_everything_on_ctrl_c(tmp
         "CELERY_BROKER_DIR",
     )
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update({"VAR_DIR": str(tmp_path / "var"), "PORT": str(port), "CELERY_CONCURRENCY": "1"})
+    # No vLLM engine here (minutes on 2 cores; tests/fleet covers it), but a simulated host, so the
+    # agent path of `make run` is exercised too.
+    env.update(
+        {
+            "VAR_DIR": str(tmp_path / "var"),
+            "PORT": str(port),
+            "CELERY_CONCURRENCY": "1",
+            "LOCAL_AGENT": "0",
+            "SIMULATE": "2xH100",
+        }
+    )
     process = subprocess.Popen(
         [sys.executable, "scripts/run_local.py"],
         cwd=ROOT,
@@ -102,7 +112,7 @@ def test_it_serves_the_api_with_a_live_worker_and_stops_everything_on_ctrl_c(tmp
         password = re.search(r"with password: (\S+)", output)
         assert password, output
         children = [int(pid) for pid in re.findall(r"\[run\] started \w+ \(pid (\d+)\)", output)]
-        assert len(children) == 2
+        assert len(children) == 3  # web, worker, simulated agent
 
         base = f"http://127.0.0.1:{port}"
         assert _call("GET", f"{base}/api/health/")["status"] == "ok"
@@ -120,6 +130,15 @@ def test_it_serves_the_api_with_a_live_worker_and_stops_everything_on_ctrl_c(tmp
         assert job["result"] == {"steps_done": 3}
         with urllib.request.urlopen(f"{base}/api/docs/", timeout=10) as docs:
             assert b"swagger-ui" in docs.read()
+        hosts: list[dict[str, Any]] = []
+        while time.monotonic() < deadline + 60:
+            hosts = _call("GET", f"{base}/api/v1/hosts/", token=token)
+            hosts = hosts["results"] if isinstance(hosts, dict) else hosts
+            if any(h["simulated"] and h["status"] == "online" for h in hosts):
+                break
+            time.sleep(0.5)
+        assert [h["simulated"] for h in hosts] == [True], hosts
+        assert len(hosts[0]["devices"]) == 2
     finally:
         process.send_signal(signal.SIGINT)
         code = process.wait(timeout=60)
