@@ -213,9 +213,10 @@ else:
     CELERY_TASK_IGNORE_RESULT = True
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# How long a host may stay silent before it counts as stale, then offline (seconds).
-HOST_STALE_AFTER_S = env_float("HOST_STALE_AFTER_S", 15.0, minimum=1.0)
-HOST_OFFLINE_AFTER_S = env_float("HOST_OFFLINE_AFTER_S", 60.0, minimum=1.0)
+# How long a host may stay silent before it counts as stale, then offline (seconds). Agents send a
+# heartbeat every second: stale = two missed heartbeats (plus half a second of jitter).
+HOST_STALE_AFTER_S = env_float("HOST_STALE_AFTER_S", 2.5, minimum=1.0)
+HOST_OFFLINE_AFTER_S = env_float("HOST_OFFLINE_AFTER_S", 30.0, minimum=1.0)
 if HOST_OFFLINE_AFTER_S < HOST_STALE_AFTER_S:
     raise ImproperlyConfigured(f"{HOST_OFFLINE_AFTER_S=} must be >= {HOST_STALE_AFTER_S=}")
 

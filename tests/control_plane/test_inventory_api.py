@@ -69,8 +69,9 @@ def test_it_authenticates_agents_by_their_latest_token_only(gpu_host: Host) -> N
 def test_it_derives_host_status_from_the_last_heartbeat(gpu_host: Host) -> None:
     now = timezone.now()
     assert status_at(None, now) == HostStatus.OFFLINE
-    assert status_at(now - timedelta(seconds=5), now) == HostStatus.ONLINE
-    assert status_at(now - timedelta(seconds=30), now) == HostStatus.STALE
+    assert status_at(now - timedelta(seconds=1), now) == HostStatus.ONLINE
+    assert status_at(now - timedelta(seconds=5), now) == HostStatus.STALE  # 2 heartbeats missed
+    assert status_at(now - timedelta(seconds=29), now) == HostStatus.STALE
     assert status_at(now - timedelta(seconds=300), now) == HostStatus.OFFLINE
 
     Host.objects.filter(pk=gpu_host.pk).update(
