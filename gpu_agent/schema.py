@@ -10,6 +10,7 @@ path of the offending value, e.g. ``devices[2].memory_total_bytes``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -52,8 +53,7 @@ def decode(cls: type[T], data: Any, path: str = "") -> T:
     """
     if not isinstance(data, dict):
         raise ProtocolError(path, f"expected an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints, fields = _layout(cls)  # type: ignore[arg-type]  # classes are hashable
     for key in data:
         if key not in fields:
             raise ProtocolError(_join(path, str(key)), "unknown field")
@@ -70,6 +70,14 @@ def decode(cls: type[T], data: Any, path: str = "") -> T:
     except ProtocolError as exc:
         # __post_init__ checks name the field relative to the object; prefix our path.
         raise ProtocolError(_join(path, exc.field), exc.reason) from None
+
+
+@functools.cache
+def _layout(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """A dataclass's resolved annotations and fields. Resolving string annotations is most of the
+    cost of decoding a frame, and frame classes never change, so it is done once per class."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    return typing.get_type_hints(cls), fields
 
 
 def _value(tp: Any, value: Any, path: str) -> Any:
