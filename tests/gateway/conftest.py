@@ -83,7 +83,12 @@ def stack(
                 max_context_length=2048,
                 slo_ttft_p99_ms=2000,
                 slo_tbt_p99_ms=500,
-                engine_options={"cpu_kvcache_space_gib": 1, "seed": 0, "enforce_eager": True},
+                engine_options={
+                    "cpu_kvcache_space_gib": 1,
+                    "seed": 0,
+                    "enforce_eager": True,
+                    "extra_args": ["--enable-log-requests"],  # vLLM logs "Aborted request" only then
+                },
             )
             deployment = create_deployment(model, host, list(Device.objects.filter(host=host)))
 
