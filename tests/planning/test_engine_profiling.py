@@ -36,7 +36,7 @@ def test_a_profile_job_probes_a_real_engine_through_its_agent_and_stores_the_cur
         "vllm-host",
         tmp_path / "agent",
         "--health-timeout-s",
-        "300",
+        str(ENGINE_START_S),
     )
     agent.start()
     try:
@@ -86,6 +86,8 @@ def test_a_profile_job_probes_a_real_engine_through_its_agent_and_stores_the_cur
                 point["kv_capacity_bytes"] > 0
                 and 0 < point["peak_kv_used_bytes"] < point["kv_capacity_bytes"]
             )
+        # the agent timed engine steps: a cost model was fitted from them, or the profile says why not
+        assert result["cost_model"] is not None or result["fit_error"], "no iteration samples came back"
         stored = ModelProfile.objects.get(model=model)
         assert stored.backend == "engine" and stored.job_id == job.pk and stored.data["curve"] == curve
         assert stored.role == "producer" and stored.lendable_bytes > 0  # 1 GiB of KV, barely used
