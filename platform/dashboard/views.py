@@ -155,7 +155,12 @@ def job_start(request: HttpRequest) -> HttpResponse:
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(Job, pk=pk)
     plan = PlacementPlan.objects.filter(job=job).first()
-    context = {"job": job, "row": snapshots.job_row(job), "plan": plan, "grid": _plan_grid(plan)}
+    context = {
+        "job": job,
+        "plan": plan,
+        "grid": _plan_grid(plan),
+        "notice": request.session.pop("dashboard_notice", None),
+    }
     return _page(request, "job_detail.html", context)
 
 

@@ -67,6 +67,7 @@ def test_it_draws_the_plan_as_a_grid_marks_the_changes_and_lets_admins_apply_it(
     assert placement() == {"p10": ("host-a", [0]), "p6": ("host-a", [1])}
     response = admin_client.post(f"/jobs/{place_job.pk}/apply/")
     assert response.status_code == 302
+    assert 'id="notice">Applied 3 change(s).' in admin_client.get(response["Location"]).content.decode()
     plan.refresh_from_db()
     assert plan.applied_at is not None
     assert placement() == {model: (server, list(gpus)) for model, (server, gpus) in planned.items()}

@@ -36,8 +36,12 @@
   function draw() {
     for (const chart of charts) Plotly.newPlot(chart.id, traces(chart), layout(chart), { displayModeBar: false, responsive: true });
   }
-  function append(dep, points) {
+  function append(dep, incoming) {
     if (!(dep in history)) { history[dep] = []; deployments.push(dep); draw(); }
+    // The socket's first push may repeat samples the page already drew: keep only newer ones.
+    const known = history[dep].length ? history[dep][history[dep].length - 1].ts : "";
+    const points = incoming.filter((p) => p.ts > known);
+    if (!points.length) return;
     history[dep].push(...points);
     const index = deployments.indexOf(dep);
     for (const chart of charts) {

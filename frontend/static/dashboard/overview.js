@@ -13,8 +13,10 @@
   function bar(card) {
     const b = el("div", "membar");
     const total = card.total || 1;
-    // used includes what a producer lent out; show lent separately from the producer's own use.
-    const own = Math.max(card.used - card.lent - card.borrowed, 0);
+    // A producer's "used" includes what it lent out (that memory is on this GPU): show the two
+    // apart. A consumer's borrowed bytes live on its lender's GPU; they are drawn after its own
+    // use (clipped by the bar) so the card shows how much extra room the engine has.
+    const own = Math.max(card.used - card.lent, 0);
     for (const [cls, n] of [["used", own], ["lent", card.lent], ["borrowed", card.borrowed]]) {
       const seg = el("span", "seg " + cls);
       seg.style.width = (100 * n / total).toFixed(2) + "%";
