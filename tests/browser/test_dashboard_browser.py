@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from accounts.models import User
-from inventory.models import Device, Host
+from deployments.models import Deployment
+from django.utils import timezone
+from inventory.models import Device, DeviceKind, Host
 from inventory.services import issue_agent_token, register_host
 from jobs.models import Job, JobStatus
 from registry.models import ServedModel
 
 from tests.browser.conftest import db_call, screenshot, sign_in
 from tests.control_plane.worker import CeleryWorker
+from tests.dashboard.helpers import GIB, add_engine_sample
 from tests.fleet.servers import AgentProcess, AsgiServer, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def _deploy_with_a_sample(model: ServedModel) -> Deployment:
+    host = register_host("gpu-h", "127.0.0.1")
+    device = Device.objects.create(
+        host=host, index=0, uuid="GPU-h-0", name="H100", kind=DeviceKind.GPU, memory_total_bytes=80 * GIB
+    )
+    deployment = Deployment.objects.create(model=model, host=host)
+    deployment.devices.set([device])
+    add_engine_sample(deployment, timezone.now() - timedelta(seconds=1))
+    return deployment
 
 
 def _card_times(page: Any) -> list[str]:
@@ -152,6 +167,16 @@ def test_a_viewer_sees_no_admin_action_and_is_refused_when_forcing_one(
         model.pk,
     )
     assert statuses == [403, 403, 403, 403]
+
+    # The model page: history drawn at load, then new engine samples appended live (no reload).
+    deployment = db_call(_deploy_with_a_sample, model)
+    page.goto(f"/models/{model.pk}/")
+    points = "() => document.getElementById('chart-ttft').data?.[0]?.x.length ?? 0"
+    page.wait_for_function(f"({points})() === 1")
+    db_call(lambda: add_engine_sample(deployment, timezone.now(), ttft_p99=0.9))  # misses the 500 ms SLO
+    page.wait_for_function(f"({points})() === 2")
+    page.wait_for_function("() => document.getElementById('attainment').textContent === '50.0%'")
+    screenshot(page, "dashboard-model-live")
     assert not db_call(lambda: ServedModel.objects.filter(name="forced").exists())
     assert db_call(lambda: ServedModel.objects.get(pk=model.pk).slo_ttft_p99_ms) == 500
     assert db_call(lambda: Job.objects.count()) == 0

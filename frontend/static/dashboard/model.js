@@ -25,9 +25,20 @@
     }
     return out;
   }
+  // Plotly's autorange ignores shapes: scale SLO charts so the SLO line is always in view.
+  function sloRange(chart) {
+    let top = chart.slo;
+    for (const dep of deployments) {
+      for (const [field, , scale] of chart.series) {
+        for (const p of history[dep]) if (p[field] !== null) top = Math.max(top, p[field] * scale);
+      }
+    }
+    return [0, top * 1.15];
+  }
   function layout(chart) {
     const l = { title: { text: chart.title }, height: 260, margin: { l: 50, r: 10, t: 40, b: 40 }, xaxis: { type: "date" } };
     if (chart.slo) {
+      l.yaxis = { range: sloRange(chart) };
       l.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: chart.slo, y1: chart.slo, line: { color: "#c0392b", dash: "dash" } }];
       l.annotations = [{ xref: "paper", x: 1, y: chart.slo, text: "SLO", showarrow: false, xanchor: "right", yanchor: "bottom" }];
     }
@@ -54,6 +65,7 @@
         which.push(index * n + i);
       });
       Plotly.extendTraces(chart.id, update, which, 3600);
+      if (chart.slo) Plotly.relayout(chart.id, { "yaxis.range": sloRange(chart) });
     }
   }
   window.addEventListener("load", function () {
@@ -62,7 +74,7 @@
       if (message.type === "points") append(String(message.deployment), message.points);
       if (message.type === "summary" && "attainment" in message.set) {
         const a = message.set.attainment;
-        document.getElementById("attainment").textContent = a === null ? "no samples yet" : a + "%";
+        document.getElementById("attainment").textContent = a === null ? "no samples yet" : a.toFixed(1) + "%";
       }
     });
   });
