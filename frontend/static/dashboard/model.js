@@ -19,7 +19,7 @@
         const pts = history[dep];
         out.push({
           x: pts.map((p) => p.ts), y: pts.map((p) => (p[field] === null ? null : p[field] * scale)),
-          name: "#" + dep + " " + name, mode: "lines", type: "scatter",
+          name: "#" + dep + " " + name, mode: "lines+markers", type: "scatter",
         });
       }
     }
