@@ -19,6 +19,7 @@ from inventory.models import Device
 from inventory.services import issue_agent_token, register_host
 from registry.models import ServedModel
 
+from tests.browser.conftest import browser  # noqa: F401  (the headless Chromium fixture)
 from tests.fleet.servers import ROOT, AgentProcess, AsgiServer, wait_until
 from tests.fleet.test_vllm_deployment import ENGINE_START_S, tiny_model
 from tests.gateway.gateway_stack import Stack
@@ -38,7 +39,7 @@ def live_test_database(session: pytest.Session) -> Iterator[None]:
         or {"db", "transactional_db"} & set(getattr(item, "fixturenames", ()))
         for item in session.items
     )
-    created = None if asked else setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    created = None if asked else setup_databases(verbosity=0, interactive=False, aliases={"default": None})
     try:
         name = str(connection.settings_dict["NAME"])
         assert "test" in Path(name).name, f"refusing to run the live stack on database {name}"

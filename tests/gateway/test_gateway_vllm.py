@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 import time
 import urllib.request
+from typing import Any
 
 import openai
 import pytest
+from accounts.models import Role, User
 from accounts.services import create_api_key
 from agents.models import Replica
 from deployments.models import Deployment, ObservedState
@@ -16,6 +18,7 @@ from django.utils import timezone
 from gateway.models import RequestSample, Usage
 from inventory.services import mark_seen, register_host
 
+from tests.browser.conftest import PASSWORD, db_call, sign_in
 from tests.fleet.servers import free_port, wait_until
 from tests.gateway.gateway_stack import Stack
 
@@ -168,3 +171,24 @@ def test_it_fails_over_when_a_replica_refuses_connections(stack: Stack) -> None:
     finally:
         dead.delete()
         dead_host.delete()
+
+
+@pytest.mark.browser
+def test_the_playground_streams_the_engines_tokens_into_the_page(stack: Stack, browser: Any) -> None:
+    db_call(lambda: User.objects.create_user("pg-user", password=PASSWORD, role=Role.VIEWER))
+    page = sign_in(browser, stack.server.url, "pg-user", "/playground/")
+    page.fill("#pg-max-tokens", "16")
+    page.fill("#pg-input", "Tell me a story")
+    page.click("#pg-send")
+    page.wait_for_function(
+        "() => document.querySelector('#pg-stats').textContent.includes('completion tokens')"
+    )
+    assert page.inner_text(".msg.assistant").strip(), "the streamed reply is on the page"
+
+    def playground_usage() -> list[int]:
+        rows = Usage.objects.filter(key__owner__username="pg-user", key__name="playground")
+        return list(rows.values_list("completion_tokens", flat=True))
+
+    wait_until(lambda: bool(db_call(playground_usage)), 10, "the playground's usage to be recorded")
+    (completion,) = db_call(playground_usage)
+    assert 0 < completion <= 16 and f"+ {completion} completion tokens" in page.inner_text("#pg-stats")
