@@ -10,7 +10,9 @@ JSON keys: per run p50/p99 TTFT and TBT (seconds) and throughput (generated toke
 makespan); `p99_ttft_ratio` (default/ours, target >= 25), `throughput_ratio` (ours/default, target
 >= 0.95), `resume_cost_ratio` (recomputing a resumed request's KV / restoring it, target >= 5) and
 `copy_bandwidth_fraction` (the aggregated gather+copy's bandwidth over a plain memcpy of the same
-bytes, target >= 0.8).
+bytes, target >= 0.8). Two more engines attribute the result (`attribution`): `sched_only`
+(AquaScheduler, recompute preemption, no connector) and `default_with_connector` (vLLM's scheduler
+with the Aqua connector loaded). All engines stay up and the workload alternates between them.
 """
 
 from __future__ import annotations
@@ -99,7 +101,12 @@ async def _workload(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, Any]:
     }
 
 
-def _make(name: str, cfg: dict[str, Any], ours: bool) -> tuple[Any, Path, float]:
+# Extra engines that attribute the difference: the scheduler alone (recompute preemption) and
+# vLLM's scheduler with the connector loaded (no rotations, so almost no offloads).
+VARIANTS = ("default", "ours", "sched_only", "default_with_connector")
+
+
+def _make(name: str, cfg: dict[str, Any]) -> tuple[Any, Path, float]:
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -109,9 +116,10 @@ def _make(name: str, cfg: dict[str, Any], ours: bool) -> tuple[Any, Path, float]
     model = build_model()
     stats = Path(tempfile.mkdtemp(prefix=f"aqua-burst-{name}-"))
     kwargs: dict[str, Any] = {}
-    if ours:
+    if name in ("ours", "sched_only"):
         kwargs["scheduler_cls"] = engines.AQUA_SCHEDULER
         kwargs["additional_config"] = {"aqua_policy": "aqua", "aqua_stats_dir": str(stats)}
+    if name in ("ours", "default_with_connector"):
         kwargs["kv_transfer_config"] = engines.aqua_kv_transfer(dram_bytes=1 << 30, stats_dir=str(stats))
     args = AsyncEngineArgs(
         model=str(model),
@@ -137,10 +145,10 @@ async def _bench(cfg: dict[str, Any], rounds: int) -> dict[str, Any]:
     """Both engines live at once; the workload alternates between them `rounds` times, so load
     from other processes on a shared machine hits both alike. Per config the round with the
     shortest makespan (the least disturbed) is reported; every round is kept in `rounds`."""
-    made = {name: _make(name, cfg, ours=name == "ours") for name in ("default", "ours")}
+    made = {name: _make(name, cfg) for name in VARIANTS}
     out: dict[str, Any] = {}
     try:
-        runs: dict[str, list[dict[str, Any]]] = {"default": [], "ours": []}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
         for rnd in range(rounds):
             for name, (llm, _, _) in made.items():
                 res = await _workload(llm, cfg, tag=f"r{rnd}")
@@ -259,6 +267,14 @@ def main() -> None:
     t0 = time.perf_counter()
     runs = asyncio.run(_bench(cfg, rounds=1 if args.quick else 2))
     default, ours, resume = runs["default"], runs["ours"], runs["resume"]
+    attribution = {
+        name: {
+            "p99_ttft_ratio": default["burst_ttft_p99_s"] / runs[name]["burst_ttft_p99_s"],
+            "throughput_ratio": runs[name]["throughput_tok_s"] / default["throughput_tok_s"],
+            "tbt_p50_s": runs[name]["tbt_p50_s"],
+        }
+        for name in VARIANTS[2:]
+    }
     bw = copy_bandwidth(quick=args.quick)
     result = {
         "config": cfg,
@@ -266,6 +282,9 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "default": default,
         "ours": ours,
+        "sched_only": runs["sched_only"],
+        "default_with_connector": runs["default_with_connector"],
+        "attribution": attribution,
         "p99_ttft_ratio": default["burst_ttft_p99_s"] / ours["burst_ttft_p99_s"],
         "p50_ttft_ratio": default["burst_ttft_p50_s"] / ours["burst_ttft_p50_s"],
         "throughput_ratio": ours["throughput_tok_s"] / default["throughput_tok_s"],
