@@ -116,8 +116,18 @@ class LentRegionStore(KVStore):
         try:
             pending = self.client.pending_reclaims(self.consumer_id)
         except Exception as exc:
-            logger.warning("aqua: pending_reclaims failed (%s); treating the region as withdrawn", exc)
-            pending = [self._alloc]
+            # Our session is over, and with it the allocation: the coordinator has freed it and
+            # may already have given the bytes to another consumer. Nothing stored there can be
+            # trusted, so nothing is evacuated: the requests recompute (get() now misses).
+            logger.warning(
+                "aqua: pending_reclaims failed (%s); dropping %d stored request(s) of lent region %s",
+                exc,
+                len(self._entries),
+                self._alloc.region_id,
+            )
+            self._entries.clear()
+            self._reclaiming = True
+            return
         if any(a.alloc_id == self._alloc.alloc_id for a in pending):
             self._reclaiming = True
 

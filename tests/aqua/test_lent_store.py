@@ -1,0 +1,64 @@
+"""The KV connector's lent-region store against a real coordinator and a real shm region."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from serving.aqua.coordinator import AquaClient, CoordinatorServer
+from serving.aqua.memory.shm import ShmRegion
+from serving.aqua.offload.lent import LentRegionStore
+
+NBYTES = 1 << 16
+
+
+@pytest.fixture
+def lender(server: CoordinatorServer, sock_path: str) -> Iterator[tuple[AquaClient, str]]:
+    """A producer that leases one shm region; yields its client and the region id."""
+    region = ShmRegion.create(NBYTES)
+    client = AquaClient(sock_path, name="producer")
+    region_id = client.lease("producer", "cpu0", NBYTES, region.handle())
+    yield client, region_id
+    client.close()
+    region.close()
+
+
+def _store_one(store: LentRegionStore) -> torch.Tensor:
+    buf = store.reserve("req-1", 4096)
+    assert buf is not None, "the store should allocate from the lent region"
+    buf.copy_(torch.arange(4096, dtype=torch.int64).to(torch.uint8))
+    return buf.clone()
+
+
+def test_it_hands_back_stored_keys_for_evacuation_on_reclaim_then_frees(
+    lender: tuple[AquaClient, str], sock_path: str
+) -> None:
+    producer, region_id = lender
+    store = LentRegionStore(sock_path, "consumer", NBYTES)
+    try:
+        expected = _store_one(store)
+        assert producer.request_reclaim(region_id) == "pending"
+        assert store.poll() == ["req-1"]  # evacuate these first
+        got = store.get("req-1")
+        assert got is not None and torch.equal(got, expected)  # still readable until discarded
+        store.discard("req-1")
+        assert producer.reclaim_status(region_id) == "done"
+        assert store.get("req-1") is None  # nothing is read from a freed region
+    finally:
+        store.close()
+
+
+def test_it_drops_its_data_instead_of_evacuating_when_the_coordinator_is_gone(
+    lender: tuple[AquaClient, str], server: CoordinatorServer, sock_path: str
+) -> None:
+    store = LentRegionStore(sock_path, "consumer", NBYTES)
+    try:
+        _store_one(store)
+        server.stop()  # the session ends: the coordinator no longer vouches for the allocation
+        assert store.poll() == []  # nothing to evacuate: reading those bytes could restore wrong KV
+        assert store.get("req-1") is None  # the request recomputes
+        assert store.keys() == []
+    finally:
+        store.close()
