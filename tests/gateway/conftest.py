@@ -63,7 +63,8 @@ def stack(
     with blocker.unblock(), live_test_database(request.session):
         model_dir = tiny_model(ROOT / "var" / "models" / "tiny-llama")
         state_dir = tmp_path_factory.mktemp("gateway-agent")
-        server = AsgiServer(AGENTS_DESIRED_POLL_S="0.5")
+        # The failover test registers a host that never heartbeats; keep it "online" long enough.
+        server = AsgiServer(AGENTS_DESIRED_POLL_S="0.5", HOST_STALE_AFTER_S="30", HOST_OFFLINE_AFTER_S="60")
         server.start()
         host = register_host("gateway-host")
         agent = AgentProcess(

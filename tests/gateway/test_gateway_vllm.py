@@ -165,11 +165,17 @@ def test_it_fails_over_when_a_replica_refuses_connections(stack: Stack) -> None:
             model="tiny", prompt="Once", max_tokens=200, stream=True, extra_body={"ignore_eos": True}
         )
         next(iter(busy))
+        mark_seen(dead_host)  # online now, however long the first token took
         answer = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=3)
         busy.close()
         assert answer.choices[0].finish_reason == "length"
         assert answer.usage is not None and answer.usage.completion_tokens == 3
-        assert f"replica {dead.replica.pk} failed before the first byte" in stack.server.log()
+        # The server's log reaches its file a little after the response: wait for the line.
+        expected = f"replica {dead.replica.pk} failed before the first byte"
+        deadline = time.monotonic() + 10
+        while expected not in stack.server.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert expected in stack.server.log()
         latest = RequestSample.objects.filter(stream=False).latest("ts")
         assert latest.deployment_id == stack.deployment.pk
     finally:
