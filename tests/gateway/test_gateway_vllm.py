@@ -151,27 +151,29 @@ def test_it_fails_over_when_a_replica_refuses_connections(stack: Stack) -> None:
     mark_seen(dead_host)
     dead = Deployment.objects.create(model=stack.model, host=dead_host, observed_state=ObservedState.RUNNING)
     dead_port = free_port()  # nothing listens there: connections are refused
+    # With no request outstanding, ties go to the lower replica id. Hand the live replica's row
+    # (the lower id) to the dead deployment and give the live one a new row, so the dead replica
+    # is deterministically the first choice (holding the live one busy instead races the engine).
+    live = stack.deployment.replica
+    live_url, live_port = live.base_url, live.port
+    Replica.objects.filter(pk=live.pk).update(
+        deployment=dead, port=dead_port, base_url=f"http://127.0.0.1:{dead_port}", reported_at=timezone.now()
+    )
     Replica.objects.create(
-        deployment=dead,
+        deployment=stack.deployment,
         state="running",
-        port=dead_port,
-        base_url=f"http://127.0.0.1:{dead_port}",
+        port=live_port,
+        base_url=live_url,
         reported_at=timezone.now(),
     )
     try:
         client, _ = client_for(stack)
-        # Hold the live replica busy so that the dead one (fewer outstanding) is tried first.
-        busy = client.completions.create(
-            model="tiny", prompt="Once", max_tokens=200, stream=True, extra_body={"ignore_eos": True}
-        )
-        next(iter(busy))
-        mark_seen(dead_host)  # online now, however long the first token took
+        mark_seen(dead_host)
         answer = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=3)
-        busy.close()
         assert answer.choices[0].finish_reason == "length"
         assert answer.usage is not None and answer.usage.completion_tokens == 3
         # The server's log reaches its file a little after the response: wait for the line.
-        expected = f"replica {dead.replica.pk} failed before the first byte"
+        expected = f"replica {live.pk} failed before the first byte"
         deadline = time.monotonic() + 10
         while expected not in stack.server.log() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -179,7 +181,7 @@ def test_it_fails_over_when_a_replica_refuses_connections(stack: Stack) -> None:
         latest = RequestSample.objects.filter(stream=False).latest("ts")
         assert latest.deployment_id == stack.deployment.pk
     finally:
-        dead.delete()
+        dead.delete()  # and with it the dead replica's row; the live deployment keeps its new row
         dead_host.delete()
 
 
