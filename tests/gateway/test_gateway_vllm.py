@@ -81,7 +81,10 @@ def test_it_streams_chat_and_records_the_usage_the_client_received(stack: Stack)
         final.usage.prompt_tokens,
         final.usage.completion_tokens,
     )
-    sample = RequestSample.objects.filter(deployment=stack.deployment, stream=True).latest("ts")
+    # The gateway stores the sample after the last chunk has gone out: wait for it.
+    streamed = RequestSample.objects.filter(deployment=stack.deployment, stream=True)
+    wait_until(streamed.exists, 10, "the request's latency sample")
+    sample = streamed.latest("ts")
     assert sample.outcome == "completed" and sample.ttft_s is not None and sample.tbt_mean_s is not None
     assert 0 < sample.ttft_s < 60 and sample.tbt_mean_s > 0
 
@@ -140,7 +143,9 @@ def test_a_client_that_disconnects_aborts_the_engine_request(stack: Stack) -> No
     generated = engine_metric(stack, "vllm:generation_tokens_total") - generated_before
     assert generated < 1500, f"the engine generated {generated} tokens: it ran to max_tokens"
     wait_until(lambda: "Aborted request" in stack.engine_log(), 10, "vLLM to log the abort")
-    sample = RequestSample.objects.filter(outcome="disconnected").latest("ts")
+    disconnected = RequestSample.objects.filter(outcome="disconnected")
+    wait_until(disconnected.exists, 10, "the disconnected request's sample")
+    sample = disconnected.latest("ts")
     assert 5 <= sample.completion_tokens < 1500
     assert usage_of(key_id).completion_tokens == sample.completion_tokens
     print(f"engine stopped {stopped_after:.2f} s after the disconnect, {generated:.0f} tokens generated")
