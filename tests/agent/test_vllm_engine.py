@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -95,7 +96,9 @@ async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) ->
                 "temperature": 0,
                 "ignore_eos": True,
             }
+            started = time.monotonic()
             resp = await http.post("/v1/completions", json=body)
+            request_s = time.monotonic() - started
             assert resp.status_code == 200, resp.text
             assert resp.json()["usage"]["completion_tokens"] == 48
             await asyncio.sleep(2.5)  # the windows after it finished
@@ -112,7 +115,9 @@ async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) ->
             before.histograms[ITL].count if ITL in before.histograms else 0
         )
         assert itl_in_windows == itl_grew > 0
-        assert max(x.running for x in seen) == 1 and seen[-1].running + seen[-1].waiting <= 1
+        assert max(x.running for x in seen) <= 1 and seen[-1].running + seen[-1].waiting <= 1
+        if request_s > 2.5:  # it spanned a whole scrape window: a scrape must have seen it running
+            assert max(x.running for x in seen) == 1
         assert all(x.kv_cache_usage is not None for x in seen if x.state == "running")
         sup = manager.supervisor("tiny-1")
         assert sup is not None and sup.pid is not None
