@@ -17,6 +17,7 @@ async def test_it_serves_http_through_the_asgi_app() -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)  # Channels closes stale DB connections on every message
 async def test_it_refuses_browser_sockets_opened_from_another_site() -> None:
     communicator = WebsocketCommunicator(
         application, "/ws/jobs/", headers=[(b"origin", b"https://evil.example")]
