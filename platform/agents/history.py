@@ -12,39 +12,16 @@ from typing import Any, Literal
 
 from django.db.models import Model
 
+from agents.ingest import DEVICE_COLUMNS, ENGINE_COLUMNS
 from agents.models import DeviceMinute, DeviceSample, EngineMinute, EngineSample
 from agents.retention import DEVICE_SPEC, ENGINE_SPEC, INTEGER_FIELDS, Spec, fold, merge, raw_cutoff
 
 Resolution = Literal["raw", "minute"]
 RESOLUTIONS = ("auto", "raw", "minute")
 
-DEVICE_RAW_FIELDS = [
-    "ts",
-    "memory_used_bytes",
-    "memory_free_bytes",
-    "utilization_pct",
-    "temperature_c",
-    "power_w",
-    "aqua_role",
-    "lent_bytes",
-    "borrowed_bytes",
-    "paired_with",
-]
-ENGINE_RAW_FIELDS = [
-    "ts",
-    "state",
-    "ttft_count",
-    "ttft_p50",
-    "ttft_p99",
-    "itl_count",
-    "itl_p50",
-    "itl_p99",
-    "kv_cache_usage",
-    "running",
-    "waiting",
-    "preemptions_total",
-    "bytes_offloaded",
-]
+# The stored columns of a sample, less the device / deployment it belongs to.
+DEVICE_RAW_FIELDS = DEVICE_COLUMNS[1:]
+ENGINE_RAW_FIELDS = ENGINE_COLUMNS[1:]
 
 
 def choose_resolution(requested: str, since: datetime, now: datetime) -> Resolution:
