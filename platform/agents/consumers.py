@@ -20,6 +20,7 @@ import json
 import logging
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -83,6 +84,20 @@ class AgentConsumer(AsyncWebsocketConsumer):
         log.info("Agent of %s disconnected (code %s).", self.host.name, code)
 
     # ---- incoming -----------------------------------------------------------------------------
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch without its per-message ``aclose_old_connections()`` thread hop.
+
+        Channels (>= 4.2) runs ``close_old_connections`` in the sync thread before every handler,
+        for consumers that use the ORM without `database_sync_to_async`. Every database access of
+        this consumer goes through `database_sync_to_async`, which closes old connections around
+        each call itself, so the hop bought nothing here and cost a thread round trip per
+        telemetry frame (see benchmarks/telemetry_ingest.py).
+        """
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if text_data is None:
