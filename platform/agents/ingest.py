@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 LINK_TOUCH_EVERY_S = 5.0
 # A writer holding this many unwritten rows makes submitters wait (back-pressure to the sockets).
 MAX_PENDING_ROWS = 20_000
+# The writing thread keeps writing newly queued frames for at most this long per hop (seconds).
+WRITE_STRETCH_S = 0.2
 
 DEVICE_COLUMNS = [
     "device_id",
@@ -158,24 +161,32 @@ def store_telemetry(linked: LinkedHost, frame: Telemetry, now: datetime | None =
 
 class TelemetryWriter:
     """Group commit for one event loop: `submit()` queues a batch; one task writes everything
-    queued so far, then everything queued meanwhile, until nothing is left (then it ends)."""
+    queued so far, then everything queued meanwhile, until nothing is left (then it ends).
+
+    While frames keep arriving the writing thread keeps taking them itself for up to
+    ``WRITE_STRETCH_S``, so a busy stretch is one `database_sync_to_async` call: one thread hop
+    and one database connection for many transactions (with SQLite, where Django closes the
+    connection after every such call, a hop per write opened a connection per write). Then it
+    returns, so that other database calls queued for the same thread (heartbeats, registrations)
+    get their turn, and Django's connection clean-up runs as after any other call."""
 
     def __init__(self, max_pending_rows: int = MAX_PENDING_ROWS) -> None:
+        self._lock = threading.Lock()  # guards _pending and _pending_rows (loop and writing thread)
         self._pending: list[Batch] = []
         self._pending_rows = 0
         self._max_pending_rows = max_pending_rows
         self._task: asyncio.Task[None] | None = None
-        self._drained = asyncio.Event()
+        self._drained = asyncio.Event()  # set: room for more (touched on the event loop only)
         self._drained.set()
 
     async def submit(self, batch: Batch) -> None:
         """Queue ``batch``; waits first while the writer is too far behind."""
         while self._pending_rows >= self._max_pending_rows:
-            await self._drained.wait()
-        self._pending.append(batch)
-        self._pending_rows += len(batch.devices) + len(batch.engines)
-        if self._pending_rows >= self._max_pending_rows:
             self._drained.clear()
+            await self._drained.wait()
+        with self._lock:
+            self._pending.append(batch)
+            self._pending_rows += len(batch.devices) + len(batch.engines)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="telemetry-writer")
 
@@ -185,13 +196,26 @@ class TelemetryWriter:
             await asyncio.shield(self._task)
 
     async def _run(self) -> None:
-        while self._pending:
+        loop = asyncio.get_running_loop()
+        while self._pending:  # re-checked on the loop: a batch queued as the thread finished
+            await database_sync_to_async(self._write_pending)(loop)
+
+    def _take(self) -> list[Batch]:
+        with self._lock:
             batches, self._pending, self._pending_rows = self._pending, [], 0
-            self._drained.set()  # room again: submitters queue the next write while this one runs
+        return batches
+
+    def _write_pending(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In the database thread: write what is queued, again and again, until nothing is or
+        ``WRITE_STRETCH_S`` has passed."""
+        deadline = time.monotonic() + WRITE_STRETCH_S
+        while time.monotonic() < deadline and (batches := self._take()):
+            loop.call_soon_threadsafe(self._drained.set)  # room again for submitters
             try:
-                await database_sync_to_async(write_rows)(batches)
+                write_rows(batches)
             except Exception:
                 log.exception("Writing %d telemetry frame(s) failed; they are lost", len(batches))
+                return  # back to the loop: Django's clean-up drops a broken connection first
 
 
 _writers: dict[asyncio.AbstractEventLoop, TelemetryWriter] = {}
