@@ -77,9 +77,11 @@ class Frame:
 
 
 def _non_negative(obj: Any, *names: str) -> None:
+    # Telemetry runs this for every sample: the message is only formatted for a bad value.
     for name in names:
         value = getattr(obj, name)
-        check(value is None or value >= 0, name, f"must be >= 0, got {value!r}")
+        if value is not None and value < 0:
+            raise ProtocolError(name, f"must be >= 0, got {value!r}")
 
 
 # ---- agent -> control plane -------------------------------------------------------------------
@@ -160,7 +162,8 @@ class DeviceSample:
         _non_negative(self, "index", "memory_used_bytes", "memory_free_bytes", "power_w")
         _non_negative(self, "lent_bytes", "borrowed_bytes")
         u = self.utilization_pct
-        check(u is None or 0 <= u <= 100, "utilization_pct", f"must be in [0, 100], got {u!r}")
+        if u is not None and not 0 <= u <= 100:
+            raise ProtocolError("utilization_pct", f"must be in [0, 100], got {u!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +183,8 @@ class EngineSample:
     def __post_init__(self) -> None:
         _non_negative(self, "running", "waiting", "preemptions_total", "bytes_offloaded")
         k = self.kv_cache_usage
-        check(k is None or 0 <= k <= 1, "kv_cache_usage", f"must be in [0, 1], got {k!r}")
+        if k is not None and not 0 <= k <= 1:
+            raise ProtocolError("kv_cache_usage", f"must be in [0, 1], got {k!r}")
 
 
 @dataclass(frozen=True, slots=True)

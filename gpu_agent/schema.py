@@ -1,6 +1,7 @@
 """Strict decoding of JSON values into typed dataclasses, used by the wire protocol.
 
-`decode(cls, data, path)` walks the dataclass's resolved type hints and checks every value:
+`decode(cls, data, path)` checks every value against the dataclass's resolved type hints, with
+a decoder built once per class (see `_decoder`; telemetry frames arrive many times a second):
 `int` (never a bool), `float` (an int is accepted and widened), `str`, `bool`, `list[X]`,
 `dict[str, Any]` (any JSON object), `Literal[...]`, `X | None` and nested dataclasses. Unknown keys
 and missing required keys are errors. Every error is a `ProtocolError` whose `field` is the dotted
@@ -14,6 +15,7 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 T = TypeVar("T")
@@ -34,7 +36,12 @@ class ProtocolError(ValueError):
 
 
 def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
+    """``path`` + a field below it: ``a.b``, or ``a[3]`` when ``name`` is a list index ``[3]``."""
+    if not path:
+        return name
+    if not name:
+        return path
+    return f"{path}{name}" if name.startswith("[") else f"{path}.{name}"
 
 
 def decode(cls: type[T], data: Any, path: str = "") -> T:
@@ -51,89 +58,165 @@ def decode(cls: type[T], data: Any, path: str = "") -> T:
     Raises:
         ProtocolError: naming the first bad field.
     """
-    if not isinstance(data, dict):
-        raise ProtocolError(path, f"expected an object, got {type(data).__name__}")
-    hints, fields = _layout(cls)  # type: ignore[arg-type]  # classes are hashable
-    for key in data:
-        if key not in fields:
-            raise ProtocolError(_join(path, str(key)), "unknown field")
-    kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        if name not in data:
-            no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            if no_default:
-                raise ProtocolError(_join(path, name), "required field is missing")
-            continue
-        kwargs[name] = _value(hints[name], data[name], _join(path, name))
     try:
-        return cls(**kwargs)
+        return _decoder(cls)(data)  # type: ignore[arg-type]  # classes are hashable
     except ProtocolError as exc:
-        # __post_init__ checks name the field relative to the object; prefix our path.
+        if not path:
+            raise
         raise ProtocolError(_join(path, exc.field), exc.reason) from None
 
 
+# A decoder checks one JSON value against one annotation and returns the Python value. It raises
+# ProtocolError with `field` relative to the value ("" for the value itself); the decoder of the
+# enclosing object or list puts the field name or index in front. Paths are thus only built for
+# the one value that is wrong, not for every value of every frame.
+Decoder = Callable[[Any], Any]
+
+
 @functools.cache
-def _layout(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
-    """A dataclass's resolved annotations and fields. Resolving string annotations is most of the
-    cost of decoding a frame, and frame classes never change, so it is done once per class."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    return typing.get_type_hints(cls), fields
-
-
-def _value(tp: Any, value: Any, path: str) -> Any:
+def _decoder(tp: Any) -> Decoder:
+    """The decoder of annotation `tp`, built once per annotation (frame classes never change)."""
     origin = get_origin(tp)
     if tp is Any:
-        return value
+        return _identity
     if origin in (Union, types.UnionType):
-        options = get_args(tp)
-        if value is None:
-            if type(None) in options:
-                return None
-            raise ProtocolError(path, "must not be null")
-        non_null = [o for o in options if o is not type(None)]
-        if len(non_null) != 1:
-            raise TypeError(f"unsupported union {tp!r} at {path}")
-        return _value(non_null[0], value, path)
+        return _optional_decoder(tp)
     if origin is Literal:
-        allowed = get_args(tp)
-        if value not in allowed or isinstance(value, bool):
-            raise ProtocolError(path, f"must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-        return value
+        return _literal_decoder(get_args(tp))
     if origin is list:
-        if not isinstance(value, list):
-            raise ProtocolError(path, f"expected a list, got {type(value).__name__}")
-        (item_tp,) = get_args(tp)
-        return [_value(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return _list_decoder(_decoder(get_args(tp)[0]))
     if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ProtocolError(path, "expected an object with string keys")
-        _, val_tp = get_args(tp)
-        return {k: _value(val_tp, v, _join(path, k)) for k, v in value.items()}
+        return _dict_decoder(_decoder(get_args(tp)[1]))
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return decode(tp, value, path)
-    return _scalar(tp, value, path)
+        return _object_decoder(tp)
+    scalar = _SCALARS.get(tp)
+    if scalar is None:
+        raise TypeError(f"unsupported annotation {tp!r}")
+    return scalar
 
 
-def _scalar(tp: Any, value: Any, path: str) -> Any:
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ProtocolError(path, f"expected a boolean, got {type(value).__name__}")
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _optional_decoder(tp: Any) -> Decoder:
+    options = get_args(tp)
+    non_null = [o for o in options if o is not type(None)]
+    if len(non_null) != 1:
+        raise TypeError(f"unsupported union {tp!r}")
+    inner = _decoder(non_null[0])
+    nullable = type(None) in options
+
+    def optional(value: Any) -> Any:
+        if value is None:
+            if nullable:
+                return None
+            raise ProtocolError("", "must not be null")
+        return inner(value)
+
+    return optional
+
+
+def _literal_decoder(allowed: tuple[Any, ...]) -> Decoder:
+    def literal(value: Any) -> Any:
+        if value not in allowed or isinstance(value, bool):
+            raise ProtocolError("", f"must be one of {', '.join(map(repr, allowed))}, got {value!r}")
         return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProtocolError(path, f"expected an integer, got {type(value).__name__}")
+
+    return literal
+
+
+def _list_decoder(item: Decoder) -> Decoder:
+    def list_of(value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise ProtocolError("", f"expected a list, got {type(value).__name__}")
+        out = []
+        for i, v in enumerate(value):
+            try:
+                out.append(item(v))
+            except ProtocolError as exc:
+                raise ProtocolError(_join(f"[{i}]", exc.field), exc.reason) from None
+        return out
+
+    return list_of
+
+
+def _dict_decoder(item: Decoder) -> Decoder:
+    def dict_of(value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ProtocolError("", "expected an object with string keys")
+        out = {}
+        for k, v in value.items():
+            try:
+                out[k] = item(v)
+            except ProtocolError as exc:
+                raise ProtocolError(_join(k, exc.field), exc.reason) from None
+        return out
+
+    return dict_of
+
+
+def _object_decoder(cls: type) -> Decoder:
+    # Resolving string annotations (get_type_hints) is costly: done here, once per class.
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        specs.append((f.name, required, _decoder(hints[f.name])))
+    names = frozenset(name for name, _, _ in specs)
+
+    def obj(data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ProtocolError("", f"expected an object, got {type(data).__name__}")
+        if not names.issuperset(data):
+            unknown = next(key for key in data if key not in names)
+            raise ProtocolError(str(unknown), "unknown field")
+        kwargs: dict[str, Any] = {}
+        for name, required, field_decoder in specs:
+            if name in data:
+                try:
+                    kwargs[name] = field_decoder(data[name])
+                except ProtocolError as exc:
+                    raise ProtocolError(_join(name, exc.field), exc.reason) from None
+            elif required:
+                raise ProtocolError(name, "required field is missing")
+        # __post_init__ checks raise ProtocolError naming the field relative to the object.
+        return cls(**kwargs)
+
+    return obj
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError("", f"expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if type(value) is int:  # the common case first; bool is a subclass of int, not int itself
         return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ProtocolError(path, f"expected a number, got {type(value).__name__}")
-        if not math.isfinite(value):
-            raise ProtocolError(path, "must be a finite number")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ProtocolError(path, f"expected a string, got {type(value).__name__}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError("", f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _float(value: Any) -> float:
+    if type(value) is float and math.isfinite(value):  # the common case first
         return value
-    raise TypeError(f"unsupported annotation {tp!r} at {path}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProtocolError("", f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ProtocolError("", "must be a finite number")
+    return float(value)
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError("", f"expected a string, got {type(value).__name__}")
+    return value
+
+
+_SCALARS: dict[Any, Decoder] = {bool: _bool, int: _int, float: _float, str: _str}
 
 
 def encode(obj: Any) -> Any:
