@@ -2,12 +2,15 @@
 
 from serving.distserve.decode import DecodeLaneSim, Handoff
 from serving.distserve.disagg import DisaggDeployment, PhaseSpec, run_colocated, run_disaggregated
+from serving.distserve.oracle import Bisection, PhaseOracle
 from serving.distserve.parallel import IB_HDR, NVLINK3, LaneModel, Parallelism, feasible, lane_model
-from serving.distserve.search import PhaseOracle, Placement, high_affinity_search, low_affinity_search
+from serving.distserve.search import Placement, high_affinity_search, low_affinity_search
+from serving.distserve.vllm_v0 import VllmV0Config, VllmV0Sim, run_colocated_vllm_v0
 
 __all__ = [
     "IB_HDR",
     "NVLINK3",
+    "Bisection",
     "DecodeLaneSim",
     "DisaggDeployment",
     "Handoff",
@@ -16,10 +19,13 @@ __all__ = [
     "PhaseOracle",
     "PhaseSpec",
     "Placement",
+    "VllmV0Config",
+    "VllmV0Sim",
     "feasible",
     "high_affinity_search",
     "lane_model",
     "low_affinity_search",
     "run_colocated",
+    "run_colocated_vllm_v0",
     "run_disaggregated",
 ]

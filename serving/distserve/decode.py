@@ -68,12 +68,19 @@ class DecodeLaneSim:
             )
         )
         landing: list[tuple[float, int, RequestRecord]] = []  # heap of (KV landed, req_id, record)
-        running: list[RequestRecord] = []
+        # Every running request gets a token at the end of every iteration, so a request's tokens
+        # are the end times of a run of consecutive iterations: record the iteration end times
+        # once and, per request, where its run starts and ends (O(1) work per iteration, not O(batch)).
+        ends: list[float] = []  # end time of every iteration
+        finishing: dict[int, list[RequestRecord]] = {}  # iteration index -> requests it finishes
+        spans: list[tuple[RequestRecord, int, int]] = []  # (record, first iteration, tokens to add)
+        n_running = 0
         ctx_total = 0  # sum of running requests' context lengths
         link_free = 0.0
         slots = self.max_num_seqs
         now = 0.0
-        while queue or landing or running:
+        d = self.cost.decode
+        while queue or landing or n_running:
             # Pull while there is room: slot and blocks are taken when the pull starts.
             while (
                 queue
@@ -92,9 +99,14 @@ class DecodeLaneSim:
                 heapq.heappush(landing, (link_free, h.record.req_id, h.record))
             while landing and landing[0][0] <= now:
                 _, _, rec = heapq.heappop(landing)
-                running.append(rec)
-                ctx_total += rec.prompt_tokens + len(rec.token_times)
-            if not running:
+                have = len(rec.token_times)
+                rest = rec.output_tokens - have
+                first = len(ends)
+                spans.append((rec, first, rest))
+                finishing.setdefault(first + rest - 1, []).append(rec)
+                n_running += 1
+                ctx_total += rec.prompt_tokens + have
+            if not n_running:
                 nxt = min(
                     landing[0][0] if landing else float("inf"),
                     queue[0].ready if queue and slots > 0 else float("inf"),
@@ -103,17 +115,15 @@ class DecodeLaneSim:
                     raise RuntimeError("decode lane stalled: requests wait but nothing can run or land")
                 now = max(now, nxt)
                 continue
-            d = self.cost.decode
-            now = now + (d.a + d.b * ctx_total + d.c * len(running))
+            now = now + (d.a + d.b * ctx_total + d.c * n_running)
+            done = finishing.pop(len(ends), ())
+            ends.append(now)
             self.iterations += 1
-            still: list[RequestRecord] = []
-            for rec in running:
-                rec.token_times.append(now)
-                if len(rec.token_times) >= rec.output_tokens:
-                    self.free_blocks += self._blocks(rec)
-                    slots += 1
-                    ctx_total -= rec.prompt_tokens + len(rec.token_times) - 1
-                else:
-                    still.append(rec)
-            ctx_total += len(still)
-            running = still
+            for rec in done:
+                self.free_blocks += self._blocks(rec)
+                slots += 1
+                ctx_total -= rec.prompt_tokens + rec.output_tokens - 1
+            n_running -= len(done)
+            ctx_total += n_running
+        for rec, first, rest in spans:
+            rec.token_times.extend(ends[first : first + rest])

@@ -1,16 +1,9 @@
 """DistServe's placement searches (OSDI'24, Sec. 4, Algorithms 1 and 2) with the simulator as oracle.
 
 Both searches score a placement by its per-GPU goodput: the highest request rate per GPU at which
-at least `target` of the requests meet their SLO. As in the paper, each phase is simulated on its
-own to find the goodput of one instance of a given parallelism (`PhaseOracle`):
-  prefill goodput  g_p(tp, pp): highest rate at which >= target of requests get TTFT <= ttft_s;
-  decode goodput   g_d(tp, pp): highest rate at which >= target of requests get TPOT <= tpot_s,
-                   requests arriving with their KV ready and pulled over the placement's KV link.
-A placement with n_p prefill and n_d decode instances then sustains min(n_p g_p, n_d g_d). The
-lanes of a pipelined instance are identical and get equal shares of its requests, so one lane is
-simulated and its goodput multiplied by pp. Each goodput search is bracketed by the lane's capacity
-bound (prefill: 1 / prefill time of a mean prompt; decode: the largest batch whose step fits the
-TPOT, over TPOT x mean output), then bisected to `rel_tol`.
+at least `target` of the requests meet their SLO. A placement with n_p prefill and n_d decode
+instances sustains min(n_p g_p, n_d g_d), from the per-instance phase goodputs g_p and g_d that
+`PhaseOracle` simulates (serving/distserve/oracle.py).
 
 High node-affinity (Algorithm 1): the cluster's network is fast enough to move KV between any two
     GPUs (InfiniBand), so the prefill and decode parallelism are chosen independently: every
@@ -20,24 +13,30 @@ Low node-affinity (Algorithm 2): KV may only cross NVLink, so the prefill and de
     n_p prefill segments of tp_p GPUs and n_d decode segments of tp_d GPUs with
     n_p tp_p + n_d tp_d <= GPUs per node, pipeline stages cross nodes (over InfiniBand), KV moves
     over NVLink. A unit spans pp nodes; the cluster holds nodes // pp units.
-Ties are broken towards more total goodput, then fewer GPUs, then the smaller configuration.
+Ties are broken towards more total goodput, then fewer GPUs, then the earlier configuration in the
+enumeration order (prefill parallelism, decode parallelism, n_p, n_d).
+
+Branch and bound: every candidate placement is enumerated (cheap arithmetic), but a phase goodput is
+simulated only as far as needed. Each phase's goodput search is a bracket [lower, upper] that holds
+its final value; a placement's per-GPU goodput then lies between the same formula over the lower
+and over the upper bounds. Placements whose upper bound is below the best lower bound cannot win
+and are dropped; the bracket of the most promising remaining placement is bisected one probe at a
+time, until every remaining placement is scored by fully refined goodputs. The answer is the one
+the exhaustive search (`prune=False`: refine every bracket, then enumerate) gives: a dropped
+placement's true score is strictly below the winner's, and the remaining ones are compared by the
+same exact values, tie-break and enumeration order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from serving.costmodel import Link
-from serving.distserve.decode import Handoff
-from serving.distserve.disagg import PhaseSpec, run_decode, run_prefill
-from serving.distserve.parallel import IB_HDR, NVLINK3, LaneModel, Parallelism, feasible, lane_model
-from serving.metrics import goodput
-from serving.metrics.latency import tpot
-from serving.metrics.records import RequestRecord
-from serving.workload.request import Request
-
-Workload = Callable[[float], list[Request]]  # rate (req/s) -> requests
+from serving.distserve.disagg import PhaseSpec
+from serving.distserve.oracle import Bisection, PhaseOracle
+from serving.distserve.parallel import IB_HDR, NVLINK3, Parallelism, feasible
 
 
 @dataclass(frozen=True)
@@ -67,84 +66,6 @@ class Placement:
         return self.units * (self.prefill.gpus + self.decode.gpus)
 
 
-@dataclass
-class PhaseOracle:
-    """Simulated goodput of one instance of each phase, memoised by (phase, parallelism, link).
-
-    Attributes:
-        model, gpu: Cost-model preset names.
-        workload: rate -> requests (seeded, so repeated probes agree); a fixed number of requests
-            per probe keeps every probe equally cheap.
-        ttft_s, tpot_s: The SLO.
-        target: Fraction of requests that must meet it.
-        rel_tol: Relative precision of each goodput search.
-        prefill_max_tokens: Token budget of one prefill iteration.
-    """
-
-    model: str
-    gpu: str
-    workload: Workload
-    ttft_s: float
-    tpot_s: float
-    target: float = 0.9
-    rel_tol: float = 0.03
-    prefill_max_tokens: int = 1024
-    simulations: int = 0
-    _cache: dict[tuple[str, int, int, str], float] = field(default_factory=dict)
-
-    def prefill(self, par: Parallelism, stage_link: Link) -> float:
-        key = ("prefill", par.tp, par.pp, stage_link.name if par.pp > 1 else "-")
-        if key not in self._cache:
-            lane = lane_model(self.model, self.gpu, par, stage_link)
-
-            one = LaneModel(lane.cost, 1, lane.kv_tokens_per_lane)
-
-            def att(rate: float) -> float:
-                self.simulations += 1
-                recs = run_prefill(self.workload(rate), one, 1, self.prefill_max_tokens)
-                ok = sum(1 for r in recs if r.token_times and r.token_times[0] - r.arrival <= self.ttft_s)
-                return ok / len(recs) if recs else 1.0
-
-            # Bracket from the capacity bound: lanes / prefill time of a mean prompt.
-            hi = 1.2 / lane.cost.prefill_time([round(self._mean_lengths()[0])])
-            self._cache[key] = lane.lanes * goodput(att, self.target, lo=hi / 4, hi=hi, rel_tol=self.rel_tol)
-        return self._cache[key]
-
-    def _mean_lengths(self) -> tuple[float, float]:
-        reqs = self.workload(1.0)
-        return (
-            sum(r.prompt_tokens for r in reqs) / len(reqs),
-            sum(r.output_tokens for r in reqs) / len(reqs),
-        )
-
-    def decode(self, par: Parallelism, stage_link: Link, kv_link: Link) -> float:
-        key = ("decode", par.tp, par.pp, f"{stage_link.name if par.pp > 1 else '-'}/{kv_link.name}")
-        if key not in self._cache:
-            lane = lane_model(self.model, self.gpu, par, stage_link)
-
-            one = LaneModel(lane.cost, 1, lane.kv_tokens_per_lane)
-
-            def att(rate: float) -> float:
-                self.simulations += 1
-                reqs = self.workload(rate)
-                recs = [
-                    RequestRecord(r.req_id, r.arrival, r.prompt_tokens, r.output_tokens, [r.arrival])
-                    for r in reqs
-                ]
-                run_decode([Handoff(r.arrival, r) for r in recs], one, 1, kv_link)
-                ok = sum(1 for r in recs if (tpot(r) or 0.0) <= self.tpot_s)
-                return ok / len(recs) if recs else 1.0
-
-            # Bracket from the capacity bound: the largest batch whose decode step fits the TPOT.
-            prompt, output = self._mean_lengths()
-            batch = 1
-            while lane.cost.decode_time([round(prompt + output / 2)] * (batch + 1)) <= self.tpot_s:
-                batch += 1
-            hi = 1.2 * batch / (self.tpot_s * output)
-            self._cache[key] = lane.lanes * goodput(att, self.target, lo=hi / 4, hi=hi, rel_tol=self.rel_tol)
-        return self._cache[key]
-
-
 def _parallelisms(model: str, gpu: str, max_tp: int, max_pp: int, max_gpus: int) -> list[Parallelism]:
     out = []
     tp = 1
@@ -157,60 +78,130 @@ def _parallelisms(model: str, gpu: str, max_tp: int, max_pp: int, max_gpus: int)
     return out
 
 
-def _better(a: tuple[float, float, int], b: tuple[float, float, int] | None) -> bool:
-    # (per-GPU goodput, total goodput, -GPUs): larger is better; exact ties keep the earlier one.
-    return b is None or a > b
+@dataclass
+class _Options:
+    """Candidate placements in enumeration order, as parallel arrays, with their phase brackets."""
+
+    brackets: list[Bisection]  # distinct phase brackets, by index
+    specs: list[tuple[PhaseSpec, PhaseSpec]]  # option -> (prefill, decode)
+    p_idx: list[int]  # option -> index of its prefill bracket
+    d_idx: list[int]  # option -> index of its decode bracket
+    n_p: list[int]
+    n_d: list[int]
+    gpus: list[int]  # GPUs the score divides by
+
+    def add(self, p: Bisection, d: Bisection, ps: PhaseSpec, ds: PhaseSpec, gpus: int) -> None:
+        ids = {id(b): i for i, b in enumerate(self.brackets)}
+        for b in (p, d):
+            if id(b) not in ids:
+                ids[id(b)] = len(self.brackets)
+                self.brackets.append(b)
+        self.specs.append((ps, ds))
+        self.p_idx.append(ids[id(p)])
+        self.d_idx.append(ids[id(d)])
+        self.n_p.append(ps.instances)
+        self.n_d.append(ds.instances)
+        self.gpus.append(gpus)
+
+
+def _new_options() -> _Options:
+    return _Options([], [], [], [], [], [], [])
+
+
+def _choose(opts: _Options, prune: bool) -> tuple[tuple[PhaseSpec, PhaseSpec], float]:
+    """The best option and its per-GPU goodput (see the module docstring for the pruning)."""
+    if not opts.specs:
+        raise ValueError("no feasible placement: the model does not fit the cluster")
+    if not prune:
+        for b in opts.brackets:
+            b.value()
+    pi, di = np.array(opts.p_idx), np.array(opts.d_idx)
+    n_p, n_d, gpus = np.array(opts.n_p), np.array(opts.n_d), np.array(opts.gpus, dtype=float)
+    alive = np.arange(len(opts.specs))
+    while True:
+        lo = np.array([b.lower for b in opts.brackets])
+        hi = np.array([b.upper for b in opts.brackets])
+        a_pi, a_di, a_np, a_nd, a_g = pi[alive], di[alive], n_p[alive], n_d[alive], gpus[alive]
+        lower = np.minimum(a_np * lo[a_pi], a_nd * lo[a_di]) / a_g
+        upper = np.minimum(a_np * hi[a_pi], a_nd * hi[a_di]) / a_g
+        keep = upper >= lower.max()  # a dropped option's score is < the best option's
+        alive, upper = alive[keep], upper[keep]
+        done = np.array([b.done for b in opts.brackets])
+        open_ = ~(done[pi[alive]] & done[di[alive]])
+        if not open_.any():
+            break
+        top = alive[open_][np.argmax(upper[open_])]  # the most promising unsettled option
+        for b in (opts.brackets[pi[top]], opts.brackets[di[top]]):
+            b.step()
+    best: tuple[float, float, int] | None = None
+    choice = opts.specs[int(alive[0])]
+    for k in alive.tolist():  # enumeration order: exact ties keep the earlier option
+        rate = min(
+            opts.n_p[k] * opts.brackets[opts.p_idx[k]].value(),
+            opts.n_d[k] * opts.brackets[opts.d_idx[k]].value(),
+        )
+        score = (rate / opts.gpus[k], rate, -opts.gpus[k])
+        if best is None or score > best:
+            best, choice = score, opts.specs[k]
+    assert best is not None
+    return choice, best[0]
 
 
 def high_affinity_search(
-    oracle: PhaseOracle, nodes: int, gpus_per_node: int, max_pp: int = 4, kv_link: Link = IB_HDR
+    oracle: PhaseOracle,
+    nodes: int,
+    gpus_per_node: int,
+    max_pp: int = 4,
+    kv_link: Link = IB_HDR,
+    prune: bool = True,
 ) -> Placement:
-    """Algorithm 1: prefill and decode parallelism and instance counts chosen independently."""
+    """Algorithm 1: prefill and decode parallelism and instance counts chosen independently.
+
+    `prune=False` simulates every phase goodput to the end (the exhaustive search); the answer is
+    the same either way.
+    """
     total = nodes * gpus_per_node
     pars = _parallelisms(oracle.model, oracle.gpu, gpus_per_node, max_pp, gpus_per_node)
-    gp = {p: oracle.prefill(p, NVLINK3) for p in pars}
-    gd = {p: oracle.decode(p, NVLINK3, kv_link) for p in pars}
-    best: tuple[float, float, int] | None = None
-    choice: tuple[PhaseSpec, PhaseSpec] | None = None
+    opts = _new_options()
     for pp_par in pars:
+        gp = oracle.prefill_bracket(pp_par, NVLINK3)
         for dp_par in pars:
+            gd = oracle.decode_bracket(dp_par, NVLINK3, kv_link)
             for n_p in range(1, total // pp_par.gpus + 1):
                 left = total - n_p * pp_par.gpus
                 for n_d in range(1, left // dp_par.gpus + 1):
                     gpus = n_p * pp_par.gpus + n_d * dp_par.gpus
-                    rate = min(n_p * gp[pp_par], n_d * gd[dp_par])
-                    score = (rate / gpus, rate, -gpus)
-                    if _better(score, best):
-                        best, choice = score, (PhaseSpec(pp_par, n_p), PhaseSpec(dp_par, n_d))
-    if best is None or choice is None:
-        raise ValueError("no feasible placement: the model does not fit the cluster")
-    unit_gpus = choice[0].gpus + choice[1].gpus
-    return Placement("high", choice[0], choice[1], total // unit_gpus, best[0], kv_link, NVLINK3)
+                    opts.add(gp, gd, PhaseSpec(pp_par, n_p), PhaseSpec(dp_par, n_d), gpus)
+    (ps, ds), per_gpu = _choose(opts, prune)
+    return Placement("high", ps, ds, total // (ps.gpus + ds.gpus), per_gpu, kv_link, NVLINK3)
 
 
 def low_affinity_search(
-    oracle: PhaseOracle, nodes: int, gpus_per_node: int, max_pp: int = 4, stage_link: Link = IB_HDR
+    oracle: PhaseOracle,
+    nodes: int,
+    gpus_per_node: int,
+    max_pp: int = 4,
+    stage_link: Link = IB_HDR,
+    prune: bool = True,
 ) -> Placement:
-    """Algorithm 2: shared pipeline depth; stage segments of both phases share a node (NVLink KV)."""
-    best: tuple[float, float, int] | None = None
-    choice: tuple[PhaseSpec, PhaseSpec] | None = None
+    """Algorithm 2: shared pipeline depth; stage segments of both phases share a node (NVLink KV).
+
+    `prune=False` simulates every phase goodput to the end (the exhaustive search); the answer is
+    the same either way.
+    """
+    opts = _new_options()
     for pp in range(1, min(max_pp, nodes) + 1):
         pars = _parallelisms(oracle.model, oracle.gpu, gpus_per_node, 1, gpus_per_node)
         segs = [
             Parallelism(p.tp, pp) for p in pars if feasible(oracle.model, oracle.gpu, Parallelism(p.tp, pp))
         ]
-        gp = {p: oracle.prefill(p, stage_link) for p in segs}
-        gd = {p: oracle.decode(p, stage_link, NVLINK3) for p in segs}
         for ps in segs:
+            gp = oracle.prefill_bracket(ps, stage_link)
             for ds in segs:
+                gd = oracle.decode_bracket(ds, stage_link, NVLINK3)
                 for n_p in range(1, gpus_per_node // ps.tp + 1):
                     for n_d in range(1, (gpus_per_node - n_p * ps.tp) // ds.tp + 1):
                         gpus = pp * (n_p * ps.tp + n_d * ds.tp)
-                        rate = min(n_p * gp[ps], n_d * gd[ds])
-                        score = (rate / gpus, rate, -gpus)
-                        if _better(score, best):
-                            best, choice = score, (PhaseSpec(ps, n_p), PhaseSpec(ds, n_d))
-    if best is None or choice is None:
-        raise ValueError("no feasible placement: the model does not fit the cluster")
-    units = nodes // choice[0].par.pp
-    return Placement("low", choice[0], choice[1], units, best[0], NVLINK3, stage_link)
+                        opts.add(gp, gd, PhaseSpec(ps, n_p), PhaseSpec(ds, n_d), gpus)
+    (p_spec, d_spec), per_gpu = _choose(opts, prune)
+    return Placement("low", p_spec, d_spec, nodes // p_spec.par.pp, per_gpu, NVLINK3, stage_link)

@@ -12,6 +12,7 @@ from serving.costmodel import Link, get_preset
 from serving.distserve import (
     IB_HDR,
     NVLINK3,
+    Bisection,
     DisaggDeployment,
     Parallelism,
     PhaseOracle,
@@ -22,6 +23,7 @@ from serving.distserve import (
     run_colocated,
     run_disaggregated,
 )
+from serving.metrics import goodput
 from serving.workload.request import Request
 
 MODEL, GPU = "llama-2-13b", "a100"
@@ -82,22 +84,42 @@ def test_pipeline_lanes_keep_latency_and_split_the_kv_cache() -> None:
 
 @dataclass
 class TableOracle(PhaseOracle):
-    """An oracle with given per-instance goodputs, to check the searches' combination logic."""
+    """An oracle with given per-instance goodputs, to check the searches' combination logic.
+
+    With `probed`, each goodput is found the way the simulated oracle finds it, by bisection over
+    probes (here: "rate <= the table's value"), from a bracket 4x wide; else it is known exactly.
+    """
 
     table_p: dict[tuple[int, int], float] = field(default_factory=dict)
     table_d: dict[tuple[int, int], float] = field(default_factory=dict)
+    probed: bool = False
+    made: dict[tuple[str, int, int], Bisection] = field(default_factory=dict)
 
-    def prefill(self, par: Parallelism, stage_link: Link) -> float:
-        return self.table_p[(par.tp, par.pp)]
+    def _bracket(self, phase: str, value: float, par: Parallelism) -> Bisection:
+        key = (phase, par.tp, par.pp)
+        if key not in self.made:
+            if not self.probed:
+                self.made[key] = Bisection.exact(value)
+            else:
 
-    def decode(self, par: Parallelism, stage_link: Link, kv_link: Link) -> float:
-        return self.table_d[(par.tp, par.pp)]
+                def meets(rate: float) -> bool:
+                    self.simulations += 1
+                    return rate <= value
+
+                self.made[key] = Bisection(meets, value / 2.5, value * 1.6, self.rel_tol)
+        return self.made[key]
+
+    def prefill_bracket(self, par: Parallelism, stage_link: Link) -> Bisection:
+        return self._bracket("prefill", self.table_p[(par.tp, par.pp)], par)
+
+    def decode_bracket(self, par: Parallelism, stage_link: Link, kv_link: Link) -> Bisection:
+        return self._bracket("decode", self.table_d[(par.tp, par.pp)], par)
 
 
-def table_oracle() -> TableOracle:
+def table_oracle(probed: bool = False) -> TableOracle:
     keys = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (4, 2)]
     return TableOracle(
-        MODEL, GPU, lambda r: [], 0.4, 0.04,
+        MODEL, GPU, lambda r: [], 0.4, 0.04, probed=probed,
         table_p={k: v for k, v in zip(keys, [10.0, 23.0, 40.0, 19.0, 44.0, 37.0, 78.0], strict=True)},
         table_d={k: v for k, v in zip(keys, [22.0, 54.0, 70.0, 41.0, 100.0, 76.0, 140.0], strict=True)},
     )  # fmt: skip
@@ -122,6 +144,37 @@ def test_high_affinity_search_returns_the_enumerated_best_on_a_tiny_cluster() ->
         Parallelism(2, 1), 1, Parallelism(1, 1), 1,
     )  # fmt: skip
     assert got.per_gpu_goodput == pytest.approx(22.0 / 3)
+    # The same when each goodput must be found by probing and the search prunes.
+    probed = high_affinity_search(table_oracle(probed=True), nodes=1, gpus_per_node=4)
+    assert (probed.prefill, probed.decode) == (got.prefill, got.decode)
+
+
+def test_pruned_searches_return_the_exhaustive_answer_with_fewer_probes() -> None:
+    full, pruned = table_oracle(probed=True), table_oracle(probed=True)
+    want = high_affinity_search(full, nodes=2, gpus_per_node=4, prune=False)
+    got = high_affinity_search(pruned, nodes=2, gpus_per_node=4)
+    assert got == want
+    assert pruned.simulations < full.simulations
+    assert any(not b.done for b in pruned.made.values())  # some goodputs were never fully searched
+    full, pruned = table_oracle(probed=True), table_oracle(probed=True)
+    want = low_affinity_search(full, nodes=2, gpus_per_node=4, max_pp=2, prune=False)
+    got = low_affinity_search(pruned, nodes=2, gpus_per_node=4, max_pp=2)
+    assert got == want
+    assert pruned.simulations < full.simulations
+
+
+def test_bisection_returns_what_the_goodput_search_returns() -> None:
+    for threshold, lo, hi in ((7.3, 2.0, 8.0), (7.3, 8.0, 9.0), (7.3, 0.5, 1.0), (0.0, 1.0, 2.0)):
+
+        def att(rate: float, t: float = threshold) -> float:
+            return 1.0 if rate <= t else 0.5
+
+        def meets(rate: float, t: float = threshold) -> bool:
+            return att(rate, t) >= 0.9
+
+        b = Bisection(meets, lo, hi, 0.01, scale=2.0)
+        assert b.lower <= b.upper
+        assert b.value() == 2.0 * goodput(att, 0.9, lo=lo, hi=hi, rel_tol=0.01)
 
 
 def test_low_affinity_search_shares_the_pipeline_depth_and_fits_segments_in_a_node() -> None:
@@ -139,3 +192,14 @@ def test_the_simulated_oracle_prefers_more_gpus_for_more_goodput() -> None:
     assert (
         oracle.decode(Parallelism(1, 1), NVLINK3, NVLINK3) > one
     )  # decode of 64 tokens is cheaper per request
+
+
+def test_the_pruned_search_over_simulated_goodputs_matches_the_exhaustive_one() -> None:
+    def oracle() -> PhaseOracle:
+        return PhaseOracle(MODEL, GPU, lambda r: poisson(r, 150, 64), 0.4, 0.04, rel_tol=0.05)
+
+    full, pruned = oracle(), oracle()
+    want = high_affinity_search(full, nodes=1, gpus_per_node=4, max_pp=1, prune=False)
+    got = high_affinity_search(pruned, nodes=1, gpus_per_node=4, max_pp=1)
+    assert got == want
+    assert pruned.simulations <= full.simulations
