@@ -2,7 +2,7 @@
 """`make run`: the whole platform on one machine, as a small process supervisor.
 
 Prepares the database (migrate, first admin user), then starts every process in ``process_specs``
-(the ASGI server and a Celery worker on the embedded filesystem broker; later a local GPU agent)
+(the ASGI server, a Celery worker with embedded beat on the filesystem broker, local GPU agents)
 and watches them. Ctrl-C (SIGINT) or SIGTERM stops them all: each child runs in its own process
 group, gets SIGTERM, and whatever is left after a grace period gets SIGKILL. If one child dies on
 its own, the others are stopped too and the exit status is non-zero.
@@ -63,6 +63,11 @@ def base_env() -> dict[str, str]:
     return env
 
 
+def var_dir(env: dict[str, str] | None = None) -> Path:
+    """Where run-time state goes (settings' VAR_DIR)."""
+    return Path((os.environ if env is None else env).get("VAR_DIR") or ROOT / "var")
+
+
 def process_specs(config: RunConfig) -> list[ProcessSpec]:
     """The processes `make run` starts, in start order. Add new long-running processes here."""
     python = sys.executable
@@ -84,6 +89,9 @@ def process_specs(config: RunConfig) -> list[ProcessSpec]:
                 f"--concurrency={config.worker_concurrency}",
                 "--without-gossip",
                 "--without-mingle",
+                # Embedded beat: the periodic tasks of settings.CELERY_BEAT_SCHEDULE (lost jobs).
+                "--beat",
+                f"--schedule={var_dir() / 'celerybeat-schedule'}",
             ],
         ),
     ]
@@ -105,7 +113,7 @@ def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
     manage = [sys.executable, str(ROOT / "manage.py"), "local_agent"]
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     url = f"http://{host}:{config.port}"
-    state = Path(env.get("VAR_DIR") or ROOT / "var")
+    state = var_dir(env)
     local = ["local"]
     with_local = env.get("LOCAL_AGENT", "1").strip().lower() not in off
     has_vllm = importlib.util.find_spec("vllm") is not None

@@ -231,7 +231,12 @@ AGENTS_SWEEP_IN_ASGI = env_bool("AGENTS_SWEEP_IN_ASGI", True)
 AGENTS_SWEEP_INTERVAL_S = env_float("AGENTS_SWEEP_INTERVAL_S", 1.0, minimum=0.1)
 TELEMETRY_DOWNSAMPLE_INTERVAL_S = env_float("TELEMETRY_DOWNSAMPLE_INTERVAL_S", 60.0, minimum=1.0)
 AGENTS_DESIRED_POLL_S = env_float("AGENTS_DESIRED_POLL_S", 2.0, minimum=0.1)
+# A running job's worker stamps it every JOBS_HEARTBEAT_S; one silent for JOBS_LOST_AFTER_S is failed
+# as lost (jobs/liveness.py) by the beat task below and by every worker at start.
+JOBS_HEARTBEAT_S = env_float("JOBS_HEARTBEAT_S", 10.0, minimum=0.1)
+JOBS_LOST_AFTER_S = env_float("JOBS_LOST_AFTER_S", 120.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE = {
+    "jobs-lost": {"task": "jobs.fail_lost_jobs", "schedule": 30.0},
     "agents-liveness": {"task": "agents.sweep_liveness", "schedule": 5.0},
     "agents-retention": {"task": "agents.downsample_telemetry", "schedule": TELEMETRY_DOWNSAMPLE_INTERVAL_S},
 }

@@ -1,6 +1,7 @@
 """Background jobs run by Celery workers; the row is the job's single source of truth.
 
-Status moves queued -> running -> succeeded | failed, or to cancelled from queued/running.
+Status moves queued -> running -> succeeded | failed, or to cancelled from queued/running. A running
+job whose worker stops sending heartbeats is failed as lost (jobs/liveness.py).
 Workers write progress and the outcome here (so no Celery result backend is needed), and check
 the status between steps to honour cancellation.
 """
@@ -36,6 +37,9 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Written by the worker while the job runs (jobs/liveness.py): who runs it, last sign of life.
+    worker = models.CharField(max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

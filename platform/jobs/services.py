@@ -17,6 +17,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
+from jobs.liveness import Heartbeat, worker_name
 from jobs.models import ACTIVE_STATUSES, Job, JobStatus
 from jobs.registry import JobCancelled, JobContext, get_kind
 
@@ -111,13 +112,15 @@ class _RowContext(JobContext):
 def execute_job(job_id: int, *, retrying: bool = False) -> JobStatus | None:
     """Run a job in this (worker) process; returns its final status, ``None`` if not run.
 
-    A job runs only if it is queued (or, on a Celery retry of the same task, still running). Errors
+    A job runs only if it is queued (or, on a Celery retry of the same task, still running); while
+    it runs, a heartbeat thread shows the worker is alive (jobs/liveness.py). Errors
     from the runner are recorded as ``failed`` with the error text; transient database errors are
     re-raised so the task's retry policy applies.
     """
     claimable = ACTIVE_STATUSES if retrying else (JobStatus.QUEUED,)
+    now = timezone.now()
     claimed = Job.objects.filter(pk=job_id, status__in=claimable).update(
-        status=JobStatus.RUNNING, started_at=timezone.now(), error=""
+        status=JobStatus.RUNNING, started_at=now, error="", worker=worker_name(), heartbeat_at=now
     )
     if not claimed:
         logger.info("job %s is not queued (cancelled, finished or missing); skipping", job_id)
@@ -125,7 +128,8 @@ def execute_job(job_id: int, *, retrying: bool = False) -> JobStatus | None:
     job = Job.objects.get(pk=job_id)
     ctx = _RowContext(job_id)
     try:
-        result = get_kind(job.kind).run(job.params, ctx)
+        with Heartbeat(job_id):
+            result = get_kind(job.kind).run(job.params, ctx)
     except JobCancelled:
         logger.info("job %s cancelled; stopped", job_id)
         return JobStatus.CANCELLED

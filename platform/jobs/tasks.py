@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_ready
 
-from jobs import services
+from jobs import liveness, services
 
 
 @shared_task(
@@ -22,3 +24,18 @@ def run_job(self: Any, job_id: int) -> str | None:
     """Run job ``job_id``; transient database errors are retried with backoff."""
     status = services.execute_job(job_id, retrying=self.request.retries > 0)
     return None if status is None else str(status)
+
+
+@shared_task(name="jobs.fail_lost_jobs", ignore_result=True)
+def fail_lost_jobs() -> list[int]:
+    """Fail running jobs whose worker stopped sending heartbeats (scheduled by Celery beat)."""
+    return liveness.fail_lost_jobs()
+
+
+@worker_ready.connect
+def _fail_lost_jobs_on_start(**_: Any) -> None:
+    """A (re)started worker clears what its predecessor left running, even without beat."""
+    try:
+        liveness.fail_lost_jobs()
+    except Exception:
+        logging.getLogger(__name__).exception("lost-job sweep at worker start failed")

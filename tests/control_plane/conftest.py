@@ -75,16 +75,17 @@ def anon_client() -> APIClient:
 
 
 @pytest.fixture
-def start_worker(transactional_db: None) -> Iterator[Callable[[], CeleryWorker]]:
+def start_worker(transactional_db: None) -> Iterator[Callable[..., CeleryWorker]]:
     """Start a real Celery worker subprocess on this run's broker and test database.
 
-    Returns a callable so a test can enqueue work before the worker exists. Every worker started
-    is stopped (SIGTERM, then SIGKILL) before the database is flushed.
+    Returns a callable (taking extra environment variables of the worker) so a test can enqueue
+    work before the worker exists. Every worker started is stopped (SIGTERM, then SIGKILL) before
+    the database is flushed.
     """
     workers: list[CeleryWorker] = []
 
-    def start() -> CeleryWorker:
-        worker = CeleryWorker()
+    def start(**extra_env: str) -> CeleryWorker:
+        worker = CeleryWorker(**extra_env)
         workers.append(worker)
         worker.start()
         return worker

@@ -19,8 +19,8 @@ def compose() -> dict[str, Any]:
     return data
 
 
-def test_it_defines_the_five_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"postgres", "redis", "web", "worker", "agent"}
+def test_it_defines_the_six_services(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {"postgres", "redis", "web", "worker", "beat", "agent"}
 
 
 def test_it_builds_the_control_plane_and_agent_from_existing_dockerfiles(compose: dict[str, Any]) -> None:
@@ -28,6 +28,7 @@ def test_it_builds_the_control_plane_and_agent_from_existing_dockerfiles(compose
     expected = {
         "web": "control-plane.Dockerfile",
         "worker": "control-plane.Dockerfile",
+        "beat": "control-plane.Dockerfile",
         "agent": "agent.Dockerfile",
     }
     for name, dockerfile in expected.items():
@@ -36,7 +37,7 @@ def test_it_builds_the_control_plane_and_agent_from_existing_dockerfiles(compose
         context = (DOCKER / build["context"]).resolve()
         assert (context / build["dockerfile"]).is_file()
         assert (context / "requirements.txt").is_file()
-    assert services["web"]["image"] == services["worker"]["image"]
+    assert services["web"]["image"] == services["worker"]["image"] == services["beat"]["image"]
     assert services["postgres"]["image"].startswith("postgres:")
     assert services["redis"]["image"].startswith("redis:")
 
@@ -44,7 +45,7 @@ def test_it_builds_the_control_plane_and_agent_from_existing_dockerfiles(compose
 def test_it_points_web_and_worker_at_postgres_and_redis(compose: dict[str, Any]) -> None:
     services = compose["services"]
     postgres_env = services["postgres"]["environment"]
-    for name in ("web", "worker"):
+    for name in ("web", "worker", "beat"):
         env = services[name]["environment"]
         user, password, db = (
             postgres_env["POSTGRES_USER"],
@@ -60,6 +61,7 @@ def test_it_points_web_and_worker_at_postgres_and_redis(compose: dict[str, Any])
         assert depends["redis"]["condition"] == "service_healthy"
     assert "migrate" in " ".join(services["web"]["command"])
     assert services["worker"]["command"][:4] == ["celery", "-A", "config.celery", "worker"]
+    assert services["beat"]["command"][:4] == ["celery", "-A", "config.celery", "beat"]
 
 
 def test_it_gives_the_agent_gpus_and_the_control_plane_url(compose: dict[str, Any]) -> None:

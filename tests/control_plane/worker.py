@@ -22,7 +22,8 @@ READY_TIMEOUT_S = 60.0
 class CeleryWorker:
     """``celery worker`` (solo pool) consuming this test run's queue, with its log captured."""
 
-    def __init__(self) -> None:
+    def __init__(self, **extra_env: str) -> None:
+        self.extra_env = extra_env
         self.queue = settings.CELERY_TASK_DEFAULT_QUEUE
         self.lines: list[str] = []
         self._ready = threading.Event()
@@ -40,6 +41,7 @@ class CeleryWorker:
         env["CELERY_QUEUE"] = self.queue
         env["CELERY_BROKER_DIR"] = str(settings.BROKER_DIR)
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
         return env
 
     def start(self) -> None:
@@ -80,6 +82,12 @@ class CeleryWorker:
 
     def log(self) -> str:
         return "".join(self.lines)
+
+    def kill(self) -> None:
+        """SIGKILL: the worker dies mid-job, writing nothing."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

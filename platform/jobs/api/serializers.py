@@ -31,6 +31,8 @@ class JobSerializer(StrictModelSerializer):
             "created_at",
             "started_at",
             "finished_at",
+            "worker",
+            "heartbeat_at",
         ]
         read_only_fields = [
             "id",
@@ -43,6 +45,8 @@ class JobSerializer(StrictModelSerializer):
             "created_at",
             "started_at",
             "finished_at",
+            "worker",
+            "heartbeat_at",
         ]
 
     def validate_kind(self, value: str) -> str:

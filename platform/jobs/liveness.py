@@ -1,0 +1,92 @@
+"""Jobs whose worker died: a heartbeat while a job runs, and a sweep that fails the silent ones.
+
+A worker killed mid-job (SIGKILL, OOM, a lost machine) cannot write the outcome, so without this
+its job would stay "running" forever. While a job runs, a thread of the worker stamps the row's
+``heartbeat_at`` every ``JOBS_HEARTBEAT_S``; ``fail_lost_jobs`` marks a running job failed once its
+last stamp is older than ``JOBS_LOST_AFTER_S``. The sweep runs on Celery beat (see settings) and
+once whenever a worker starts. Both writes are conditional on ``status=running``, so a job that
+finishes or is cancelled meanwhile keeps its own outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from datetime import datetime, timedelta
+from types import TracebackType
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.models import Job, JobStatus
+
+logger = logging.getLogger(__name__)
+
+
+def worker_name() -> str:
+    """This process as the job's ``worker``: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def beat(job_id: int) -> bool:
+    """Stamp a running job's heartbeat; False when it no longer runs."""
+    return bool(Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).update(heartbeat_at=timezone.now()))
+
+
+class Heartbeat:
+    """``with Heartbeat(job_id):`` stamps the job's row from a thread until the block ends."""
+
+    def __init__(self, job_id: int, interval_s: float | None = None) -> None:
+        self.job_id = job_id
+        self.interval_s = float(settings.JOBS_HEARTBEAT_S if interval_s is None else interval_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"job-{job_id}-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=max(self.interval_s, 5.0))
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    if not beat(self.job_id):
+                        return  # finished, cancelled or failed as lost: nothing left to stamp
+                except DatabaseError:
+                    logger.warning("heartbeat of job %s not written", self.job_id, exc_info=True)
+        finally:
+            connection.close()  # this thread's own connection
+
+
+def fail_lost_jobs(now: datetime | None = None) -> list[int]:
+    """Fail every running job silent for longer than ``JOBS_LOST_AFTER_S``; returns their ids."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.JOBS_LOST_AFTER_S)
+    silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
+    failed = []
+    for job in Job.objects.filter(silent, status=JobStatus.RUNNING).only("id", "worker", "heartbeat_at"):
+        last = job.heartbeat_at.isoformat() if job.heartbeat_at else "its start"
+        error = (
+            f"Worker lost: no heartbeat from {job.worker or 'its worker'} since {last} "
+            f"(more than {settings.JOBS_LOST_AFTER_S:g} s); the job did not finish."
+        )
+        # Re-checked in the UPDATE: a heartbeat or an outcome written since the SELECT wins.
+        updated = (
+            Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING)
+            .filter(silent)
+            .update(status=JobStatus.FAILED, error=error, finished_at=now)
+        )
+        if updated:
+            logger.warning("job %s failed: %s", job.pk, error)
+            failed.append(job.pk)
+    return failed

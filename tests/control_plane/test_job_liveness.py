@@ -1,0 +1,115 @@
+"""A job whose worker dies is failed as lost, not left "running" forever (jobs/liveness.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+from django.utils import timezone
+from jobs.liveness import Heartbeat, fail_lost_jobs
+from jobs.models import Job, JobStatus
+from jobs.services import create_job, execute_job
+from jobs.tasks import fail_lost_jobs as sweep_task
+from rest_framework.test import APIClient
+
+from .test_worker import URL, wait_for
+from .worker import CeleryWorker
+
+LOST_AFTER_S = 60.0
+
+
+def _job(status: JobStatus, *, silent_s: float | None, started_s: float = 600.0) -> Job:
+    now = timezone.now()
+    beat = None if silent_s is None else now - timedelta(seconds=silent_s)
+    return Job.objects.create(
+        kind="noop",
+        status=status,
+        worker="gpu-box:4242",
+        started_at=now - timedelta(seconds=started_s),
+        heartbeat_at=beat,
+    )
+
+
+@pytest.mark.django_db
+@override_settings(JOBS_LOST_AFTER_S=LOST_AFTER_S)
+def test_it_fails_only_running_jobs_silent_for_longer_than_the_limit() -> None:
+    silent = _job(JobStatus.RUNNING, silent_s=LOST_AFTER_S + 5)
+    never_beat = _job(JobStatus.RUNNING, silent_s=None)
+    alive = _job(JobStatus.RUNNING, silent_s=LOST_AFTER_S - 5)
+    just_started = _job(JobStatus.RUNNING, silent_s=None, started_s=1.0)
+    queued = _job(JobStatus.QUEUED, silent_s=None)
+    done = _job(JobStatus.SUCCEEDED, silent_s=LOST_AFTER_S * 10)
+    cancelled = _job(JobStatus.CANCELLED, silent_s=LOST_AFTER_S * 10)
+
+    assert sorted(fail_lost_jobs()) == sorted([silent.pk, never_beat.pk])
+
+    for job in (silent, never_beat):
+        job.refresh_from_db()
+        assert job.status == JobStatus.FAILED and job.finished_at is not None
+        assert job.error.startswith("Worker lost: no heartbeat from gpu-box:4242")
+    expected = {alive: "running", just_started: "running", queued: "queued", done: "succeeded"}
+    expected[cancelled] = "cancelled"
+    for job, status in expected.items():
+        job.refresh_from_db()
+        assert job.status == status and not job.error
+    assert fail_lost_jobs() == []  # nothing is failed twice
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_stamps_the_running_job_until_its_block_ends() -> None:
+    job = _job(JobStatus.RUNNING, silent_s=LOST_AFTER_S * 10)
+    first = job.heartbeat_at
+    assert first is not None
+    with Heartbeat(job.pk, interval_s=0.05):
+        deadline = time.monotonic() + 10
+        while Job.objects.get(pk=job.pk).heartbeat_at == first:
+            assert time.monotonic() < deadline, "no heartbeat was written"
+            time.sleep(0.02)
+    stamped = Job.objects.get(pk=job.pk).heartbeat_at
+    time.sleep(0.3)  # six intervals: a heartbeat still running would stamp again
+    assert Job.objects.get(pk=job.pk).heartbeat_at == stamped
+
+
+@pytest.mark.django_db(transaction=True)
+def test_running_a_job_records_its_worker_and_a_heartbeat() -> None:
+    job = create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
+    assert execute_job(job.pk) == JobStatus.SUCCEEDED
+    job.refresh_from_db()
+    assert ":" in job.worker and job.heartbeat_at is not None and job.started_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_whose_worker_is_killed_is_failed_by_the_next_worker(
+    start_worker: Callable[..., CeleryWorker], admin_client: APIClient
+) -> None:
+    quick = {"JOBS_HEARTBEAT_S": "0.2", "JOBS_LOST_AFTER_S": "2"}
+    doomed = start_worker(**quick)
+    created = admin_client.post(
+        URL, {"kind": "noop", "params": {"steps": 600, "delay_s": 0.1}}, format="json"
+    )
+    job_id = created.data["id"]
+    wait_for(job_id, lambda j: j.status == JobStatus.RUNNING and j.progress > 0)
+    beats = Job.objects.get(pk=job_id).heartbeat_at
+    wait_for(job_id, lambda j: j.heartbeat_at != beats)  # the worker is alive and stamping
+
+    doomed.kill()
+    time.sleep(2.5)  # longer than JOBS_LOST_AFTER_S: the job is now silent enough to be lost
+    assert Job.objects.get(pk=job_id).status == JobStatus.RUNNING  # nothing recovers it by itself
+
+    start_worker(**quick)  # sweeps once on start
+    job = wait_for(job_id, lambda j: j.status != JobStatus.RUNNING, timeout_s=60)
+    assert job.status == JobStatus.FAILED and job.error.startswith("Worker lost"), job.error
+    assert job.progress < 1.0
+
+    # The new worker runs jobs as usual (the sweep did not take it down).
+    created = admin_client.post(URL, {"kind": "noop", "params": {"steps": 2, "delay_s": 0.0}}, format="json")
+    assert wait_for(created.data["id"], lambda j: not j.is_active).status == JobStatus.SUCCEEDED
+
+
+def test_beat_schedules_the_sweep() -> None:
+    scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert sweep_task.name in scheduled
