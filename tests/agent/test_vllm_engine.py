@@ -8,7 +8,6 @@ coordinator socket handed to the connector.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -21,23 +20,9 @@ from gpu_agent.engines import EngineManager, VllmLauncher
 from gpu_agent.engines.metrics import ITL, parse_metrics
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, EngineSample, ModelSpec
 from tests.agent.ws_server import wait_for
-
-REPO = Path(__file__).resolve().parents[2]
-BUILDER = REPO / "scripts" / "build_tiny_model.py"
+from tests.fleet.tiny_stack import tiny_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio]
-
-
-def tiny_model(out: Path) -> Path:
-    if not BUILDER.exists():
-        pytest.skip("scripts/build_tiny_model.py (the tiny model builder) is not in the repo yet")
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM's CPU build is not installed (make venv-vllm)")
-    spec = importlib.util.spec_from_file_location("build_tiny_model", BUILDER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Path(module.build_model(out))
 
 
 def alive(pid: int) -> bool:
@@ -50,7 +35,7 @@ def alive(pid: int) -> bool:
 
 
 async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) -> None:
-    model_dir = tiny_model(tmp_path / "tiny-llama")
+    model_dir = tiny_model()
     statuses: list[DeploymentStatus] = []
     aqua = AquaHost(str(tmp_path / "aqua.sock"))
     assert aqua.start()

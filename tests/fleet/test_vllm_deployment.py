@@ -3,7 +3,6 @@ the control plane; killing the engine gets it restarted (slow: marked vllm and i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -13,29 +12,12 @@ from pathlib import Path
 import psutil
 import pytest
 from agents.models import EngineSample, Replica
-from deployments.models import Deployment, ObservedState
-from deployments.services import create_deployment
-from inventory.models import Device
-from inventory.services import issue_agent_token, register_host
-from registry.models import ServedModel
+from deployments.models import ObservedState
 
-from .servers import ROOT, AgentProcess, AsgiServer, wait_until
+from .servers import wait_until
+from .tiny_stack import ENGINE_START_S, tiny_deployment
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-BUILDER = ROOT / "scripts" / "build_tiny_model.py"
-ENGINE_START_S = 480  # vLLM CPU starts in 15-25 s on an idle machine; this one is shared by many
-
-
-def tiny_model(out: Path) -> Path:
-    if not BUILDER.exists():
-        pytest.skip("scripts/build_tiny_model.py (the tiny model builder) is not in the repo")
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM's CPU build is not installed (make venv-vllm)")
-    spec = importlib.util.spec_from_file_location("build_tiny_model", BUILDER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Path(module.build_model(out))
 
 
 def engine_pid(port: int) -> int:
@@ -50,40 +32,8 @@ def engine_pid(port: int) -> int:
 def test_a_deployment_runs_a_real_engine_whose_metrics_and_restarts_reach_the_control_plane(
     tmp_path: Path,
 ) -> None:
-    model_dir = tiny_model(ROOT / "var" / "models" / "tiny-llama")
-    server = AsgiServer(AGENTS_DESIRED_POLL_S="0.5")
-    server.start()
-    host = register_host("vllm-host")
-    agent = AgentProcess(
-        server.url,
-        issue_agent_token(host).plaintext,
-        "vllm-host",
-        tmp_path / "agent",
-        "--health-timeout-s",
-        str(ENGINE_START_S),
-    )
-    agent.start()
-    try:
-        wait_until(lambda: Device.objects.filter(host=host).exists(), 60, "the agent to register")
-        model = ServedModel.objects.create(
-            name="tiny",
-            source=str(model_dir),
-            dtype="float32",
-            max_context_length=256,
-            slo_ttft_p99_ms=2000,
-            slo_tbt_p99_ms=500,
-            engine_options={"cpu_kvcache_space_gib": 1, "seed": 0, "enforce_eager": True},
-        )
-        # Created in this (test) process: the server learns of it by polling, as from a worker.
-        deployment = create_deployment(model, host, list(Device.objects.filter(host=host)))
-
-        def observed() -> str:
-            return str(Deployment.objects.get(pk=deployment.pk).observed_state)
-
-        wait_until(lambda: observed() in ("running", "failed"), ENGINE_START_S, "the engine to start", 0.5)
-        deployment.refresh_from_db()
-        assert deployment.observed_state == ObservedState.RUNNING, deployment.observed_message
-        replica = Replica.objects.get(deployment=deployment)
+    with tiny_deployment(tmp_path / "agent") as stack:
+        deployment, replica = stack.deployment, stack.replica
         assert replica.base_url == f"http://127.0.0.1:{replica.port}" and replica.restarts == 0
 
         body = json.dumps({"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 8}).encode()
@@ -106,9 +56,4 @@ def test_a_deployment_runs_a_real_engine_whose_metrics_and_restarts_reach_the_co
             return r.restarts >= 1 and r.state == "running"
 
         wait_until(restarted, ENGINE_START_S, "the engine to be restarted and running", 0.5)
-        assert observed() == ObservedState.RUNNING
-    finally:
-        agent.stop(grace_s=30)
-        server.stop()
-        for log in sorted((tmp_path / "agent" / "logs").glob("*.log")):
-            print(f"--- engine log {log.name} (tail) ---\n" + "".join(log.read_text().splitlines(True)[-40:]))
+        assert stack.observed() == ObservedState.RUNNING

@@ -11,17 +11,13 @@ import pytest
 from accounts.models import Role, User
 from agents.models import Replica
 from deployments.models import Deployment, ObservedState
-from deployments.services import create_deployment
 from django.core.management import call_command
 from django.db import connection
 from django.test.utils import setup_databases, teardown_databases
-from inventory.models import Device
-from inventory.services import issue_agent_token, register_host
 from registry.models import ServedModel
 
 from tests.browser.conftest import browser  # noqa: F401  (the headless Chromium fixture)
-from tests.fleet.servers import ROOT, AgentProcess, AsgiServer, wait_until
-from tests.fleet.test_vllm_deployment import ENGINE_START_S, tiny_model
+from tests.fleet.tiny_stack import tiny_deployment
 from tests.gateway.gateway_stack import Stack
 
 
@@ -61,53 +57,29 @@ def stack(
 ) -> Iterator[Stack]:
     blocker = django_db_blocker
     with blocker.unblock(), live_test_database(request.session):
-        model_dir = tiny_model(ROOT / "var" / "models" / "tiny-llama")
         state_dir = tmp_path_factory.mktemp("gateway-agent")
         # The failover test registers a host that never heartbeats; keep it "online" long enough.
-        server = AsgiServer(AGENTS_DESIRED_POLL_S="0.5", HOST_STALE_AFTER_S="30", HOST_OFFLINE_AFTER_S="60")
-        server.start()
-        host = register_host("gateway-host")
-        agent = AgentProcess(
-            server.url,
-            issue_agent_token(host).plaintext,
-            "gateway-host",
+        server_env = {"HOST_STALE_AFTER_S": "30", "HOST_OFFLINE_AFTER_S": "60"}
+        # vLLM logs "Aborted request" only with --enable-log-requests.
+        engine_options = {"extra_args": ["--enable-log-requests"]}
+        with tiny_deployment(
             state_dir,
-            "--health-timeout-s",
-            str(ENGINE_START_S),
-        )
-        agent.start()
-        try:
-            wait_until(lambda: Device.objects.filter(host=host).exists(), 60, "the agent to register")
-            model = ServedModel.objects.create(
-                name="tiny",
-                source=str(model_dir),
-                dtype="float32",
-                max_context_length=2048,
-                slo_ttft_p99_ms=2000,
-                slo_tbt_p99_ms=500,
-                engine_options={
-                    "cpu_kvcache_space_gib": 1,
-                    "seed": 0,
-                    "enforce_eager": True,
-                    "extra_args": ["--enable-log-requests"],  # vLLM logs "Aborted request" only then
-                },
-            )
-            deployment = create_deployment(model, host, list(Device.objects.filter(host=host)))
-
-            def observed() -> str:
-                return str(Deployment.objects.get(pk=deployment.pk).observed_state)
-
-            wait_until(
-                lambda: observed() in ("running", "failed"), ENGINE_START_S, "the engine to start", 0.5
-            )
-            deployment.refresh_from_db()
-            assert deployment.observed_state == ObservedState.RUNNING, deployment.observed_message
-            replica = Replica.objects.get(deployment=deployment)
+            "gateway-host",
+            server_env=server_env,
+            max_context_length=2048,
+            engine_options=engine_options,
+        ) as started:
             user = User.objects.create_user(username="enduser", password="enduser-pw-7x", role=Role.VIEWER)
-            yield Stack(server, agent, host, model, deployment, replica.base_url, user, state_dir / "logs")
-        finally:
-            agent.stop(grace_s=30)
-            server.stop()
+            yield Stack(
+                started.server,
+                started.agent,
+                started.host,
+                started.model,
+                started.deployment,
+                started.replica.base_url,
+                user,
+                started.log_dir,
+            )
 
 
 @pytest.fixture
@@ -122,7 +94,7 @@ def gateway_data(transactional_db: None) -> dict[str, Any]:
     """A user with a key, the model "tiny" with two running replicas (a, b) on an online host."""
     from accounts.services import create_api_key
     from django.utils import timezone
-    from inventory.services import mark_seen
+    from inventory.services import mark_seen, register_host
 
     user = User.objects.create_user(username="alice", password="alice-pw-4k9", role=Role.VIEWER)
     issued = create_api_key(user, "unit", requests_per_minute=100, tokens_per_day=10_000)

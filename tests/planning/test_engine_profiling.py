@@ -7,18 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deployments.models import Deployment, ObservedState
-from deployments.services import create_deployment
-from inventory.models import Device
-from inventory.services import issue_agent_token, register_host
 from jobs.kinds.profile import ProfileParams
 from jobs.models import Job, JobStatus
 from jobs.tasks import run_job
 from planning.models import ModelProfile, ProbeRequest, ProbeStatus
-from registry.models import ServedModel
 
-from tests.fleet.servers import ROOT, AgentProcess, AsgiServer, wait_until
-from tests.fleet.test_vllm_deployment import tiny_model
+from tests.fleet.tiny_stack import tiny_deployment
 from tests.planning.helpers import result_of
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -26,38 +20,13 @@ ENGINE_START_S = 900  # 15-25 s on an idle machine; this one is shared by severa
 
 
 def test_a_profile_job_probes_a_real_engine_through_its_agent_and_stores_the_curve(tmp_path: Path) -> None:
-    model_dir = tiny_model(ROOT / "var" / "models" / "tiny-llama")
-    server = AsgiServer(AGENTS_DESIRED_POLL_S="0.5")
-    server.start()
-    host = register_host("vllm-host")
-    agent = AgentProcess(
-        server.url,
-        issue_agent_token(host).plaintext,
-        "vllm-host",
+    with tiny_deployment(
         tmp_path / "agent",
-        "--health-timeout-s",
-        str(ENGINE_START_S),
-    )
-    agent.start()
-    try:
-        wait_until(lambda: Device.objects.filter(host=host).exists(), 60, "the agent to register")
-        model = ServedModel.objects.create(
-            name="tiny",
-            source=str(model_dir),
-            dtype="float32",
-            max_context_length=256,
-            slo_ttft_p99_ms=10_000,  # generous: 2 shared CPU cores
-            slo_tbt_p99_ms=5_000,
-            engine_options={"cpu_kvcache_space_gib": 1, "seed": 0, "enforce_eager": True},
-        )
-        deployment = create_deployment(model, host, list(Device.objects.filter(host=host)))
-
-        def observed() -> str:
-            return str(Deployment.objects.get(pk=deployment.pk).observed_state)
-
-        wait_until(lambda: observed() in ("running", "failed"), ENGINE_START_S, "the engine to start", 0.5)
-        assert observed() == ObservedState.RUNNING, Deployment.objects.get(pk=deployment.pk).observed_message
-
+        engine_start_s=ENGINE_START_S,
+        slo_ttft_p99_ms=10_000,  # generous: 2 shared CPU cores
+        slo_tbt_p99_ms=5_000,
+    ) as stack:
+        model = stack.model
         # Few requests, two rates: 1 req/s passes, 2 req/s is the ceiling.
         params = ProfileParams(
             data={
@@ -93,8 +62,3 @@ def test_a_profile_job_probes_a_real_engine_through_its_agent_and_stores_the_cur
         assert stored.role == "producer" and stored.lendable_bytes > 0  # 1 GiB of KV, barely used
         probes = ProbeRequest.objects.filter(job=job)
         assert probes.count() == 2 and set(probes.values_list("status", flat=True)) == {ProbeStatus.DONE}
-    finally:
-        agent.stop(grace_s=30)
-        server.stop()
-        for log in sorted((tmp_path / "agent" / "logs").glob("*.log")):
-            print(f"--- engine log {log.name} (tail) ---\n" + "".join(log.read_text().splitlines(True)[-40:]))
