@@ -34,20 +34,7 @@ class JobSerializer(StrictModelSerializer):
             "worker",
             "heartbeat_at",
         ]
-        read_only_fields = [
-            "id",
-            "status",
-            "progress",
-            "result",
-            "error",
-            "celery_id",
-            "created_by",
-            "created_at",
-            "started_at",
-            "finished_at",
-            "worker",
-            "heartbeat_at",
-        ]
+        read_only_fields = [name for name in fields if name not in ("kind", "params")]  # set by workers
 
     def validate_kind(self, value: str) -> str:
         if value not in kind_names():
