@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREEMPTION_MODES = ("recompute", "offload_dram", "offload_peer")
+SCHEDULERS = ("v1", "v0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,9 @@ class EngineConfig:
         fast_forward: Run several identical decode-only iterations in one step when the policy
             declares its decisions invariant over them (`decode_invariant`); the result is exactly
             the same as stepping one iteration at a time.
+        scheduler: "v1" (vLLM V1: chunked prefill, decodes first, prompts fill the rest of the
+            budget) or "v0" (paper-era vLLM V0: whole prompts in prefill-only iterations that stall
+            decodes, admission above a 1% free-block watermark; see serving/sim/v0.py).
     """
 
     max_num_batched_tokens: int = 2048
@@ -34,6 +38,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     peer_capacity_bytes: int = 0
     fast_forward: bool = True
+    scheduler: str = "v1"
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -46,6 +51,10 @@ class EngineConfig:
             raise ValueError(f"{self.num_kv_blocks=} must be positive")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"{self.preemption_mode=} is not one of {', '.join(PREEMPTION_MODES)}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"{self.scheduler=} is not one of {', '.join(SCHEDULERS)}")
+        if self.scheduler == "v0" and self.preemption_mode != "recompute":
+            raise ValueError(f"{self.scheduler=} supports only preemption_mode='recompute'")
         if self.peer_capacity_bytes < 0:
             raise ValueError(f"{self.peer_capacity_bytes=} must be >= 0")
         if self.peer_capacity_bytes and self.preemption_mode != "offload_peer":

@@ -39,6 +39,7 @@ from serving.sim.fastforward import decode_run
 from serving.sim.kv import KVCache
 from serving.sim.preemption import DramStore, PeerStore
 from serving.sim.state import FINISHED, REJECTED, RUNNING, WAITING, SimRequest
+from serving.sim.v0 import step_v0, watermark_blocks
 from serving.workload.request import Request
 
 # Called after every iteration with (start, duration, prefill tokens, decodes, transfer seconds).
@@ -78,6 +79,7 @@ class EngineSim:
         # A policy that keeps the base prefill cap (the whole budget) need not be asked for it.
         self._default_cap = type(policy).prefill_token_cap is SchedulingPolicy.prefill_token_cap
         self._fast_forward = config.fast_forward and policy.decode_invariant
+        self._v0 = config.scheduler == "v0"
 
     def run(
         self,
@@ -104,6 +106,10 @@ class EngineSim:
         inf = float("inf")
         horizon = inf if until is None else until
         cap_tokens = self.kv.total * self.kv.block_size
+        # V0 prefills a (recomputed) sequence in one iteration, so it must fit the token budget,
+        # and never admits below its watermark of free blocks.
+        seq_limit = self.config.max_num_batched_tokens if self._v0 else inf
+        wm_tokens = watermark_blocks(self.kv.total) * self.kv.block_size if self._v0 else 0
         last_progress = -inf
         while True:
             now = self.now
@@ -118,7 +124,8 @@ class EngineSim:
                 r = reqs[ai]
                 ai += 1
                 # The peak KV a request needs is its whole sequence but the last token.
-                if r.num_prompt_tokens + r.target_output_tokens - 1 > cap_tokens:
+                peak = r.num_prompt_tokens + r.target_output_tokens - 1
+                if peak > cap_tokens - wm_tokens or peak > seq_limit:
                     r.state = REJECTED
                     self.stats.rejected += 1
                 else:
@@ -138,7 +145,7 @@ class EngineSim:
                 if k:
                     self.stats.fast_forwarded_iterations += k
                     continue
-            progressed, plain_decode = self._step()
+            progressed, plain_decode = step_v0(self) if self._v0 else self._step()
             if not progressed:
                 if next_t == inf and horizon < inf:
                     # Nothing can run before the horizon; a later run() may bring arrivals.

@@ -1,0 +1,76 @@
+"""The paper-era vLLM V0 scheduler step: prefill-only iterations, whole prompts, watermark."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from serving.sim.config import EngineConfig
+from serving.workload.request import Request
+from tests.serving.conftest import make_cost, make_engine, make_requests
+
+
+def test_a_new_prompt_stalls_running_decodes_for_its_whole_prefill() -> None:
+    cost = make_cost()
+    engine = make_engine(cost=cost, scheduler="v0", max_num_batched_tokens=4096, fast_forward=False)
+    log: list[tuple[float, float, int, int, float]] = []
+    engine.on_iteration = lambda *row: log.append(row)
+    a, b = engine.run([Request(0, 0.0, 100, 10), Request(1, 0.001, 3000, 3)])
+    # Iteration 2 prefills B's whole prompt alone (V1 would chunk it and decode A beside it).
+    assert (log[1][2], log[1][3]) == (3000, 0)
+    assert log[1][1] == pytest.approx(cost.prefill_time([3000]))
+    # A's second token waits for the end of that prefill.
+    assert a.token_times[1] == pytest.approx(log[1][0] + log[1][1] + cost.decode_time([101, 3001]))
+    assert b.token_times[0] == pytest.approx(log[1][0] + log[1][1])
+
+
+def test_v1_on_the_same_requests_chunks_the_prompt_and_keeps_decoding() -> None:
+    engine = make_engine(max_num_batched_tokens=2048, fast_forward=False)
+    log: list[tuple[float, float, int, int, float]] = []
+    engine.on_iteration = lambda *row: log.append(row)
+    engine.run([Request(0, 0.0, 100, 10), Request(1, 0.001, 3000, 3)])
+    assert (log[1][2], log[1][3]) == (2047, 1)
+
+
+def test_it_rejects_a_sequence_longer_than_the_budget() -> None:
+    engine = make_engine(scheduler="v0", max_num_batched_tokens=512)
+    fits, too_long = engine.run([Request(0, 0.0, 400, 100), Request(1, 0.0, 500, 100)])
+    assert fits.finished and not too_long.token_times and engine.stats.rejected == 1
+
+
+def test_it_keeps_a_watermark_of_free_blocks_at_admission() -> None:
+    # 200 blocks, watermark 2. A holds 100 blocks and grows; B needs 99, which would leave 1 free:
+    # V0 holds B back until A finishes, where V1 admits it at once and then runs short.
+    reqs = [Request(0, 0.0, 1600, 20), Request(1, 0.001, 99 * 16, 2)]
+    v0 = make_engine(scheduler="v0", num_kv_blocks=200, max_num_batched_tokens=4096)
+    a, b = v0.run(reqs)
+    assert b.token_times[0] > a.token_times[-1] and v0.stats.preemptions == 0
+    v1 = make_engine(num_kv_blocks=200, max_num_batched_tokens=4096)
+    a1, b1 = v1.run(reqs)
+    assert b1.token_times[0] < a1.token_times[-1]
+
+
+def test_it_refuses_a_sequence_that_only_fits_below_the_watermark() -> None:
+    engine = make_engine(scheduler="v0", num_kv_blocks=200, max_num_batched_tokens=4096)
+    (rec,) = engine.run([Request(0, 0.0, 199 * 16, 1)])
+    assert not rec.token_times and engine.stats.rejected == 1
+
+
+def test_it_preempts_by_recompute_and_still_finishes_everything() -> None:
+    reqs = make_requests(300, rate=40, seed=3)
+    base = EngineConfig(num_kv_blocks=300, scheduler="v0", max_num_batched_tokens=4096)
+    fast = make_engine(**dataclasses.asdict(base))
+    slow = make_engine(**{**dataclasses.asdict(base), "fast_forward": False})
+    a, b = fast.run(reqs), slow.run(reqs)
+    assert fast.stats.preemptions == slow.stats.preemptions > 0
+    assert all(r.finished for r in a)
+    assert sum(r.recomputed_tokens for r in a) > 0
+    assert [r.token_times for r in a] == [r.token_times for r in b]
+
+
+def test_it_needs_recompute_preemption() -> None:
+    with pytest.raises(ValueError, match="scheduler='v0'"):
+        EngineConfig(scheduler="v0", preemption_mode="offload_dram")
+    with pytest.raises(ValueError, match="scheduler='v2'"):
+        EngineConfig(scheduler="v2")
