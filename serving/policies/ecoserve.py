@@ -21,7 +21,12 @@ admission_limit (KV reservation with pipelining)
     waiting request is admitted only if the peak of the summed trajectories stays within
     `kv_target` of the cache; without pipelining the sum of full reservations must. The decode
     batch is also capped so that a decode-only iteration stays within `decode_share` of the TPOT
-    SLO.
+    SLO. Requests whose TTFT is already lost (last in the PT queue) are admitted only while the KV
+    held by the running requests, with what they would take, stays within `late_kv_share` of the
+    cache: under overload a late request that takes the last free blocks holds them for its whole
+    response and makes the on-time arrivals behind it late too (the paper orders both queues by
+    SLO urgency so that KV goes first to requests that can still meet their SLO). Late requests
+    still run whenever the cache is not that full, and every request finishes.
 prefill_token_cap (time-synced batching)
     Prefill tokens added to an iteration are capped so that the iteration, with its decodes, stays
     within `sync_factor` x the TPOT SLO (from the cost model); with no decodes, the whole budget.
@@ -65,11 +70,14 @@ class EcoServePolicy(SchedulingPolicy):
         decode_share: float = 0.8,
         sync_factor: float = 2.0,
         default_prediction: int | None = None,
+        late_kv_share: float = 0.5,
     ) -> None:
         if not ttft_slo_s > 0 or not tpot_slo_s > 0:
             raise ValueError(f"SLOs must be positive, got {ttft_slo_s=}, {tpot_slo_s=}")
         if not 0 < kv_target <= 1 or not 0 < decode_share <= 1:
             raise ValueError(f"{kv_target=} and {decode_share=} must be in (0, 1]")
+        if not 0 <= late_kv_share <= 1:
+            raise ValueError(f"{late_kv_share=} must be in [0, 1]")
         if not sync_factor > 0:
             raise ValueError(f"{sync_factor=} must be positive")
         if default_prediction is not None and default_prediction < 1:
@@ -86,6 +94,7 @@ class EcoServePolicy(SchedulingPolicy):
         self.decode_share = decode_share
         self.sync_factor = sync_factor
         self.default_prediction = default_prediction
+        self.late_kv_share = late_kv_share
         self._decode_ctx: list[int] = []  # context lengths of this iteration's GTs (order_running)
 
     # -- request views -------------------------------------------------------------------------
@@ -172,6 +181,8 @@ class EcoServePolicy(SchedulingPolicy):
             n_ok = min(n_ok, self._batch_room(running, waiting))
         if self.reserve and self._has_predictions(running, waiting):
             n_ok = min(n_ok, self._kv_room(running, waiting, ctx))
+        if self.late_kv_share < 1:
+            n_ok = min(n_ok, self._late_room(running, waiting, ctx))
         return max(0, n_ok)
 
     # -- admission helpers ---------------------------------------------------------------------
@@ -194,6 +205,17 @@ class EcoServePolicy(SchedulingPolicy):
             n += 1
             if d.a + d.b * total + d.c * n > limit:
                 return k
+        return len(waiting)
+
+    def _late_room(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> int:
+        """How many of `waiting` to admit before a late request would push KV past `late_kv_share`."""
+        cap = self.late_kv_share * ctx.total_kv_blocks * ctx.block_size
+        used = sum(r.num_prompt_tokens + r.num_output_tokens for r in running)
+        for k, r in enumerate(waiting):
+            late = r.num_output_tokens == 0 and self.ttft_slack(r, ctx.now) < 0
+            if late and used + r.num_prompt_tokens + self.predicted_output(r) > cap:
+                return k
+            used += r.num_prompt_tokens + r.num_output_tokens
         return len(waiting)
 
     def _kv_room(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> int:

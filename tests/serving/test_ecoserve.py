@@ -113,3 +113,19 @@ def test_the_engine_honours_admission_limits_and_passes_predictions() -> None:
     firsts = sorted(r.token_times[0] for r in recs)
     assert firsts[0] < firsts[1] < firsts[2]  # one admission per iteration, so distinct first tokens
     assert policy.seen == {0: 7, 1: None, 2: 9}
+
+
+def test_late_requests_wait_while_the_cache_is_filling_on_time_ones_do_not() -> None:
+    # 100 blocks x 16 = 1,600 tokens; the running request holds 900 (56%).
+    running = [req(0, 0.0, 800, 400, 300, out=100)]
+    on_time = req(1, 9.9, 100, 40, 30)
+    late = req(2, 5.0, 100, 40, 30)  # arrived 5 s ago: its 1 s TTFT is lost
+    c = ctx(total_blocks=100)
+    policy = EcoServePolicy(reserve=False, late_kv_share=0.5)
+    waiting = policy.order_waiting([late, on_time], c)
+    assert [r.req_id for r in waiting] == [1, 2]
+    assert policy.admission_limit(running, waiting, c) == 1
+    # Without the gate, or with a cache that is mostly free, the late request runs too.
+    assert EcoServePolicy(reserve=False, late_kv_share=1.0).admission_limit(running, waiting, c) == 2
+    small = [req(0, 0.0, 100, 400, 300, out=10)]
+    assert policy.admission_limit(small, waiting, c) == 2
