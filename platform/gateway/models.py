@@ -39,7 +39,8 @@ class Usage(models.Model):
 
 
 class RateWindow(models.Model):
-    """Requests a key started within one fixed one-minute window (the DB rate limiter)."""
+    """Requests a key started within one calendar minute (the sliding-window rate limiter's
+    counters: the current and the previous minute are kept)."""
 
     key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
     window_start = models.DateTimeField()

@@ -1,8 +1,11 @@
 """Per-key limits, kept in the database so that every ASGI process shares them.
 
-- Requests per minute: a fixed one-minute window per key (``RateWindow``), incremented with one
-  atomic UPDATE; a request over the limit is not counted and gets 429 with the seconds left in
-  the window as Retry-After. A fixed window admits up to twice the rate across a window edge.
+- Requests per minute: a sliding window, estimated from one-minute counters per key
+  (``RateWindow``, incremented with one atomic UPDATE): the current minute's count plus the
+  previous minute's, weighted by the part of the sliding minute that still overlaps it. Unlike a
+  fixed window, a burst at the end of one minute is still counted at the start of the next, so a
+  key cannot get twice its rate across a window edge. A request over the limit is not counted and
+  gets 429 with Retry-After: the seconds until the same request would be admitted.
 - Tokens per day: the key's ``Usage`` rows of the current UTC day. A request is refused once the
   day's total reached the quota; the request that crosses it is served in full (its size is only
   known when it ends), so a key can overshoot by one response.
@@ -10,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 from accounts.models import ApiKey
@@ -18,6 +22,8 @@ from django.db.models import F, Sum
 
 from gateway.errors import rate_limited
 from gateway.models import RateWindow, Usage
+
+MINUTE = timedelta(minutes=1)
 
 
 def day_start(now: datetime) -> datetime:
@@ -45,22 +51,38 @@ def check_token_quota(key: ApiKey, now: datetime) -> None:
 
 
 def take_request(key: ApiKey, now: datetime) -> None:
-    """Count one request in the key's current minute, or raise 429 if that would exceed the limit."""
+    """Count one request in the key's sliding minute, or raise 429 if that would exceed the limit."""
     window = now.replace(second=0, microsecond=0)
+    previous = window - MINUTE
     rows = RateWindow.objects.filter(key=key, window_start=window)
     if not rows.update(count=F("count") + 1):
         try:
             with transaction.atomic():
                 RateWindow.objects.create(key=key, window_start=window, count=1)
-            RateWindow.objects.filter(key=key, window_start__lt=window).delete()  # past windows
+            RateWindow.objects.filter(key=key, window_start__lt=previous).delete()  # no longer needed
         except IntegrityError:  # another request created it first
             rows.update(count=F("count") + 1)
-    count = rows.values_list("count", flat=True).first() or 0
-    if count > key.requests_per_minute:
+    counts = dict(
+        RateWindow.objects.filter(key=key, window_start__in=(previous, window)).values_list(
+            "window_start", "count"
+        )
+    )
+    current, before = counts.get(window, 0), counts.get(previous, 0)
+    elapsed = (now - window) / MINUTE
+    limit = key.requests_per_minute
+    if before * (1.0 - elapsed) + current > limit + 1e-9:  # (float noise at exact boundaries)
         rows.update(count=F("count") - 1)
-        retry = window + timedelta(minutes=1) - now
         raise rate_limited(
-            f"Rate limit exceeded: {key.requests_per_minute} requests per minute.",
-            int(retry.total_seconds()) + 1,
+            f"Rate limit exceeded: {limit} requests per minute.",
+            max(1, math.ceil(_seconds_until_admitted(before, current - 1, limit, elapsed))),
             "rate_limit_exceeded",
         )
+
+
+def _seconds_until_admitted(before: int, current: int, limit: int, elapsed: float) -> float:
+    """When one more request fits: ``before`` and ``current`` count the previous and current
+    minutes without it, ``elapsed`` is the fraction of the current minute gone."""
+    if current + 1 <= limit:  # later in this minute, as the previous minute's weight fades
+        return max(0.0, 1.0 - (limit - current - 1) / before - elapsed) * 60.0
+    # Only in the next minute, once this minute's weight (now the previous one) has faded enough.
+    return (1.0 - elapsed) * 60.0 + max(0.0, 1.0 - (limit - 1) / current) * 60.0

@@ -22,12 +22,38 @@ def test_it_refuses_the_request_over_the_per_minute_limit_with_retry_after(
     for _ in range(3):
         take_request(key, NOW)
     with pytest.raises(GatewayError) as caught:
-        take_request(key, NOW + timedelta(seconds=5))
+        take_request(key, NOW + timedelta(seconds=5))  # 10:20:50
     assert caught.value.status == 429 and caught.value.code == "rate_limit_exceeded"
-    assert caught.value.retry_after_s == 11  # 10 s left in the minute, rounded up
+    # Not before 10:21:20: 10 s left in this minute, then until this minute's 3 weigh at most 2.
+    assert caught.value.retry_after_s == 30
     assert RateWindow.objects.get(key=key).count == 3, "a refused request is not counted"
-    take_request(key, NOW + timedelta(minutes=1))  # the next window starts empty
-    assert RateWindow.objects.filter(key=key).count() == 1, "past windows are deleted"
+    with pytest.raises(GatewayError):
+        take_request(key, NOW + timedelta(seconds=5 + 29))
+    take_request(key, NOW + timedelta(seconds=5 + 30))  # admitted once Retry-After has passed
+    take_request(key, NOW + timedelta(minutes=3))
+    assert RateWindow.objects.filter(key=key).count() == 1, "windows older than the previous are deleted"
+
+
+def test_a_burst_at_a_minute_edge_still_counts_in_the_next_minute(gateway_data: dict[str, Any]) -> None:
+    key = create_api_key(gateway_data["user"], "edge", requests_per_minute=10).record
+    edge = NOW.replace(second=59)
+    for _ in range(10):
+        take_request(key, edge)
+    # A fixed window would admit 10 more at 10:21:01: twice the rate within two seconds.
+    admitted = 0
+    for _ in range(10):
+        try:
+            take_request(key, edge + timedelta(seconds=2))
+            admitted += 1
+        except GatewayError as refused:
+            assert refused.retry_after_s is not None and refused.retry_after_s > 0
+    assert admitted == 0
+    # Half a minute on, half of the previous minute's 10 still counts: 5 more fit.
+    half = edge + timedelta(seconds=31)  # 10:21:30
+    for _ in range(5):
+        take_request(key, half)
+    with pytest.raises(GatewayError):
+        take_request(key, half)
 
 
 def test_it_refuses_requests_once_the_days_tokens_are_used(gateway_data: dict[str, Any]) -> None:
