@@ -60,6 +60,11 @@ class SchedRequest(Protocol):
         """A response-length prediction when a predictor is configured, else None."""
         ...
 
+    @property
+    def slo_class(self) -> str | None:
+        """The request's SLO class (e.g. its application); None for the engine's default SLO."""
+        ...
+
 
 R = TypeVar("R", bound=SchedRequest)
 

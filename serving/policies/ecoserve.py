@@ -34,6 +34,11 @@ prefill_token_cap (time-synced batching)
     prompt run longer than the mean allows while the decode-only ones (capped at `decode_share` of
     the SLO) make up for it.
 
+SLOs are per request: `class_slos` maps a request's `slo_class` (e.g. its application) to its
+(TTFT, TPOT) targets and the defaults apply to other requests (the paper's SLOs differ by
+application and request). Slack uses the request's own TTFT; the TPOT-based caps use the strictest
+TPOT among the requests that share the iteration.
+
 Without a cost model the TTFT slack ignores prefill time and the TPOT-based caps are off. A request
 without a prediction is assumed to need `default_prediction` tokens; when that is None (the
 default) it reserves only the KV it holds; with no predictions at all there is no reservation: the
@@ -42,7 +47,7 @@ policy allocates on demand like vLLM and relies on preemption (victims chosen as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -71,9 +76,11 @@ class EcoServePolicy(SchedulingPolicy):
         sync_factor: float = 2.0,
         default_prediction: int | None = None,
         late_kv_share: float = 0.5,
+        class_slos: Mapping[str, tuple[float, float]] | None = None,
     ) -> None:
-        if not ttft_slo_s > 0 or not tpot_slo_s > 0:
-            raise ValueError(f"SLOs must be positive, got {ttft_slo_s=}, {tpot_slo_s=}")
+        slos = [(ttft_slo_s, tpot_slo_s), *(class_slos or {}).values()]
+        if not all(t > 0 and p > 0 for t, p in slos):
+            raise ValueError(f"SLOs must be positive, got {ttft_slo_s=}, {tpot_slo_s=}, {class_slos=}")
         if not 0 < kv_target <= 1 or not 0 < decode_share <= 1:
             raise ValueError(f"{kv_target=} and {decode_share=} must be in (0, 1]")
         if not 0 <= late_kv_share <= 1:
@@ -95,7 +102,16 @@ class EcoServePolicy(SchedulingPolicy):
         self.sync_factor = sync_factor
         self.default_prediction = default_prediction
         self.late_kv_share = late_kv_share
+        self.class_slos = dict(class_slos or {})  # slo_class -> (TTFT s, TPOT s)
         self._decode_ctx: list[int] = []  # context lengths of this iteration's GTs (order_running)
+        self._tpot_now = tpot_slo_s  # the strictest TPOT SLO among this iteration's GTs
+
+    def slo_of(self, r: SchedRequest) -> tuple[float, float]:
+        """(TTFT, TPOT) targets of `r`: its class's entry in `class_slos`, else the defaults."""
+        c = r.slo_class
+        if c is not None and c in self.class_slos:
+            return self.class_slos[c]
+        return self.ttft_slo_s, self.tpot_slo_s
 
     # -- request views -------------------------------------------------------------------------
 
@@ -126,7 +142,7 @@ class EcoServePolicy(SchedulingPolicy):
         """Seconds to spare before the TTFT deadline once the rest of the prompt is prefilled."""
         left = r.num_prompt_tokens - r.num_computed_prompt_tokens
         prefill = self.cost.prefill_time([left]) if self.cost is not None and left > 0 else 0.0
-        return r.arrival_time + self.ttft_slo_s - now - prefill
+        return r.arrival_time + self.slo_of(r)[0] - now - prefill
 
     @staticmethod
     def is_gt(r: SchedRequest) -> bool:
@@ -155,6 +171,7 @@ class EcoServePolicy(SchedulingPolicy):
         slack = {id(r): self.ttft_slack(r, ctx.now) for r in pts}
         pts.sort(key=lambda r: (slack[id(r)] < 0, slack[id(r)], r.admission_seq))
         self._decode_ctx = [r.num_prompt_tokens + r.num_output_tokens for r in gts]
+        self._tpot_now = min((self.slo_of(r)[1] for r in gts), default=self.tpot_slo_s)
         return [*gts, *pts]
 
     def prefill_token_cap(self, ctx: SchedContext, num_decodes: int) -> int:
@@ -162,7 +179,7 @@ class EcoServePolicy(SchedulingPolicy):
             return ctx.token_budget
         p = self.cost.prefill
         spare = (
-            self.sync_factor * self.tpot_slo_s
+            self.sync_factor * self._tpot_now
             - self.cost.decode_time(self._decode_ctx)
             + min(p.a, self.cost.decode.a)
             - p.a
@@ -197,12 +214,14 @@ class EcoServePolicy(SchedulingPolicy):
         """How many of `waiting` can join before a decode-only iteration exceeds its TPOT share."""
         assert self.cost is not None
         d = self.cost.decode
-        limit = self.tpot_slo_s * self.decode_share
+        tpot = min((self.slo_of(r)[1] for r in running), default=self.tpot_slo_s)
         total = sum(r.num_prompt_tokens + r.num_output_tokens for r in running)
         n = len(running)
         for k, r in enumerate(waiting):
             total += r.num_prompt_tokens + r.num_output_tokens
             n += 1
+            tpot = min(tpot, self.slo_of(r)[1])
+            limit = tpot * self.decode_share
             if d.a + d.b * total + d.c * n > limit:
                 return k
         return len(waiting)

@@ -35,6 +35,7 @@ class SimRequest:
         "predicted_output_tokens",
         "record",
         "req_id",
+        "slo_class",
         "state",
         "target_output_tokens",
         "token_times",
@@ -46,6 +47,7 @@ class SimRequest:
         self.num_prompt_tokens: int = request.prompt_tokens
         self.target_output_tokens: int = request.output_tokens
         self.predicted_output_tokens: int | None = predicted_output_tokens
+        self.slo_class: str | None = request.slo_class
         self.num_output_tokens: int = 0
         self.computed: int = 0  # tokens whose KV is in the GPU cache (or saved, when offloaded)
         self.blocks: int = 0  # KV blocks held on the GPU

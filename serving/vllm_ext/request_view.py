@@ -54,3 +54,8 @@ class VllmRequestView:
     @property
     def predicted_output_tokens(self) -> int | None:
         return None
+
+    @property
+    def slo_class(self) -> str | None:
+        # vLLM requests carry no SLO; one could travel in SamplingParams.extra_args.
+        return None

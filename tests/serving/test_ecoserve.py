@@ -129,3 +129,24 @@ def test_late_requests_wait_while_the_cache_is_filling_on_time_ones_do_not() -> 
     assert EcoServePolicy(reserve=False, late_kv_share=1.0).admission_limit(running, waiting, c) == 2
     small = [req(0, 0.0, 100, 400, 300, out=10)]
     assert policy.admission_limit(small, waiting, c) == 2
+
+
+def test_each_request_is_judged_by_its_own_class_slo() -> None:
+    cost = make_cost()
+    loose = SimRequest(Request(0, 9.5, 50, 40, slo_class="summary"), 30)
+    tight = SimRequest(Request(1, 9.9, 50, 40, slo_class="code"), 30)
+    policy = EcoServePolicy(ttft_slo_s=1.0, tpot_slo_s=0.1, class_slos={"code": (0.3, 0.05)})
+    assert policy.slo_of(tight) == (0.3, 0.05) and policy.slo_of(loose) == (1.0, 0.1)
+    # The code request arrived later but has less TTFT slack (0.2 s against 0.5 s): it goes first.
+    assert [r.req_id for r in policy.order_waiting([loose, tight], ctx())] == [1, 0]
+    assert [r.req_id for r in EcoServePolicy().order_waiting([loose, tight], ctx())] == [0, 1]
+    # A GT with a tight TPOT in the batch shrinks the prefill tokens the iteration may carry.
+    gts = [req(i, 0.0, 300, 500, 400, out=10) for i in range(10)]
+    strict = SimRequest(Request(99, 0.0, 300, 500, slo_class="code"), 400)
+    strict.num_output_tokens, strict.computed, strict.state = 10, 309, RUNNING
+    with_cost = EcoServePolicy(tpot_slo_s=0.1, cost=cost, class_slos={"code": (0.3, 0.05)})
+    plain = req(98, 0.0, 300, 500, 400, out=10)
+    with_cost.order_running([*gts, plain], ctx())
+    cap_loose = with_cost.prefill_token_cap(ctx(), len(gts) + 1)
+    with_cost.order_running([*gts, strict], ctx())
+    assert 0 < with_cost.prefill_token_cap(ctx(), len(gts) + 1) < cap_loose
