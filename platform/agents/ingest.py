@@ -198,7 +198,12 @@ class TelemetryWriter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending:  # re-checked on the loop: a batch queued as the thread finished
-            await database_sync_to_async(self._write_pending)(loop)
+            try:
+                await database_sync_to_async(self._write_pending)(loop)
+            except Exception:  # e.g. Django's connection clean-up around the call failed
+                lost = self._take()
+                self._drained.set()
+                log.exception("The telemetry writer failed; %d frame(s) are lost", len(lost))
 
     def _take(self) -> list[Batch]:
         with self._lock:

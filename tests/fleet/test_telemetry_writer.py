@@ -6,21 +6,32 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
+import pytest_asyncio
 from agents import ingest
 from agents.ingest import Batch, TelemetryWriter, rows_for
 from agents.models import DeviceSample
 from agents.services import LinkedHost
 from channels.db import database_sync_to_async
+from django.db import connections
 from inventory.models import Device
 
 from gpu_agent.protocol import Telemetry, parse_frame
 
 from .conftest import AgentHost, device_sample, telemetry_frame
 
-pytestmark = [pytest.mark.asyncio]
+# The database thread's connection clean-up may touch a connection left by an earlier test.
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def _close_worker_thread_connections() -> AsyncIterator[None]:
+    """The writer's ORM calls run on asgiref's worker thread; close its connection after each test
+    (PostgreSQL cannot drop the test database while a session is open)."""
+    yield
+    await database_sync_to_async(connections.close_all)()
 
 
 def batch(host_id: int = 1, devices: int = 1) -> Batch:
@@ -62,8 +73,12 @@ def count_hops(monkeypatch: pytest.MonkeyPatch, writer: TelemetryWriter) -> list
 
 
 async def wait_for(event: threading.Event) -> None:
-    while not event.is_set():
+    """Until the fake write has started (a bound, so that a broken writer fails instead of hanging)."""
+    for _ in range(3000):
+        if event.is_set():
+            return
         await asyncio.sleep(0.01)
+    raise AssertionError("the writer never started writing")
 
 
 async def test_frames_queued_during_a_write_go_in_the_same_hop(
@@ -119,7 +134,6 @@ async def test_submitters_wait_while_the_writer_is_too_far_behind(monkeypatch: p
     assert sum(len(b.devices) for call in fake.calls for b in call) == 6
 
 
-@pytest.mark.django_db(transaction=True)
 async def test_concurrent_frames_are_all_stored(agent_host: AgentHost) -> None:
     device = await database_sync_to_async(Device.objects.create)(
         host=agent_host.host, index=0, uuid="GPU-gpu-a-0", name="H100", memory_total_bytes=80 << 30
