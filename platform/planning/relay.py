@@ -2,16 +2,19 @@
 and store the `probe_result` answers (see planning/engine_probe.py for the whole round trip).
 
 `relay_probes(host_id, send)` runs for the life of a registered agent connection (started by
-agents.consumers.AgentConsumer): every ``PLANNING_PROBE_POLL_S`` seconds (default 0.5) it claims
-the host's pending ProbeRequest rows (a conditional UPDATE, so with several ASGI processes exactly
-one sends each) and sends their frames. `store_probe_result` records an answer.
+agents.consumers.AgentConsumer). One poller per event loop serves all of them: every
+``PLANNING_PROBE_POLL_S`` seconds (default 0.5) it claims the pending ProbeRequest rows of every
+host connected to this process in one database call (a conditional UPDATE per row, so with several
+ASGI processes exactly one sends each) and sends each frame through its host's connection. One
+poll per process, not one per connection: N connected agents cost one query per interval.
+`store_probe_result` records an answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -24,15 +27,20 @@ from planning.models import ProbeRequest, ProbeStatus
 log = logging.getLogger(__name__)
 
 
-def claim_pending(host_id: int) -> list[dict[str, Any]]:
-    """Mark the host's pending probes sent and return their frames, oldest first."""
-    frames: list[dict[str, Any]] = []
-    for row in ProbeRequest.objects.filter(host_id=host_id, status=ProbeStatus.PENDING).order_by("pk"):
-        claimed = ProbeRequest.objects.filter(pk=row.pk, status=ProbeStatus.PENDING).update(
+def claim_pending(host_ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
+    """Mark the hosts' pending probes sent and return their frames by host, oldest first."""
+    frames: dict[int, list[dict[str, Any]]] = {}
+    pending = (
+        ProbeRequest.objects.filter(host_id__in=list(host_ids), status=ProbeStatus.PENDING)
+        .order_by("pk")
+        .values_list("pk", "host_id", "frame")
+    )
+    for pk, host_id, frame in pending:
+        claimed = ProbeRequest.objects.filter(pk=pk, status=ProbeStatus.PENDING).update(
             status=ProbeStatus.SENT, sent_at=timezone.now()
         )
         if claimed:
-            frames.append(row.frame)
+            frames.setdefault(host_id, []).append(frame)
     return frames
 
 
@@ -50,16 +58,67 @@ def store_probe_result(host_id: int, frame: ProbeReport) -> bool:
     )
 
 
-async def relay_probes(host_id: int, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
-    """Forever: send the host's pending probe frames through `send` (cancelled on disconnect)."""
-    interval = float(getattr(settings, "PLANNING_PROBE_POLL_S", 0.5))
-    claim = database_sync_to_async(claim_pending)
-    while True:
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class _Relay:
+    """This event loop's connected hosts (host id -> the `send` of its newest connection) and
+    the one task that polls for all of them while any is connected."""
+
+    def __init__(self) -> None:
+        self.sends: dict[int, list[Send]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, host_id: int, send: Send) -> None:
+        self.sends.setdefault(host_id, []).append(send)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self.poll(), name="probe-relay")
+
+    def remove(self, host_id: int, send: Send) -> None:
+        sends = self.sends.get(host_id, [])
+        if send in sends:
+            sends.remove(send)
+        if not sends:
+            self.sends.pop(host_id, None)
+        if not self.sends and self.task is not None:
+            self.task.cancel()  # nobody left to poll for (a claim under way is for departed hosts)
+            self.task = None
+
+    async def poll(self) -> None:
+        claim = database_sync_to_async(claim_pending)
+        while self.sends:
+            try:
+                for host_id, frames in (await claim(sorted(self.sends))).items():
+                    await self.deliver(host_id, frames)
+            except Exception:
+                log.exception("Claiming probes for the connected agents failed")
+            await asyncio.sleep(float(getattr(settings, "PLANNING_PROBE_POLL_S", 0.5)))
+
+    async def deliver(self, host_id: int, frames: list[dict[str, Any]]) -> None:
+        sends = self.sends.get(host_id)
+        if not sends:  # the connection closed while we claimed: the worker's wait times out
+            log.warning("The agent of host %s left before %d probe(s) could be sent", host_id, len(frames))
+            return
         try:
-            for frame in await claim(host_id):
-                await send(frame)
-        except asyncio.CancelledError:
-            raise
+            for frame in frames:
+                await sends[-1](frame)
         except Exception:
             log.exception("Relaying probes to the agent of host %s failed", host_id)
-        await asyncio.sleep(interval)
+
+
+_relays: dict[asyncio.AbstractEventLoop, _Relay] = {}
+
+
+async def relay_probes(host_id: int, send: Send) -> None:
+    """Forever: send the host's pending probe frames through `send` (cancelled on disconnect)."""
+    loop = asyncio.get_running_loop()
+    relay = _relays.get(loop)
+    if relay is None:
+        for closed in [lp for lp in _relays if lp.is_closed()]:
+            del _relays[closed]
+        relay = _relays[loop] = _Relay()
+    relay.add(host_id, send)
+    try:
+        await loop.create_future()  # never done: runs until the connection cancels it
+    finally:
+        relay.remove(host_id, send)
