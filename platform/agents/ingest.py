@@ -16,6 +16,7 @@ future, where retention would never reach them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -127,18 +128,30 @@ def rows_for(linked: LinkedHost, frame: Telemetry, now: datetime | None = None) 
     return batch
 
 
-def _insert_sql(model: Any, columns: list[str]) -> str:
+@functools.cache
+def _insert_sql_for(vendor: str, table: str, columns: tuple[str, ...]) -> str:
     quote = connection.ops.quote_name
     names = ", ".join(quote(c) for c in columns)
-    marks = ", ".join(["%s"] * len(columns))
-    return f"INSERT INTO {quote(model._meta.db_table)} ({names}) VALUES ({marks})"
+    return f"INSERT INTO {quote(table)} ({names}) VALUES ({', '.join(['%s'] * len(columns))})"
+
+
+def _insert_sql(model: Any, columns: list[str]) -> str:
+    return _insert_sql_for(connection.vendor, model._meta.db_table, tuple(columns))
 
 
 def write_rows(batches: Sequence[Batch]) -> int:
     """Insert the batches' rows in one transaction; returns the device samples written."""
     adapt = connection.ops.adapt_datetimefield_value
-    devices = [(r[0], adapt(r[1]), *r[2:]) for b in batches for r in b.devices]
-    engines = [(r[0], adapt(r[1]), *r[2:]) for b in batches for r in b.engines]
+    adapted: dict[datetime, Any] = {}  # a frame's rows share one timestamp: adapt it once
+
+    def db_ts(value: datetime) -> Any:
+        out = adapted.get(value)
+        if out is None:
+            out = adapted[value] = adapt(value)
+        return out
+
+    devices = [(r[0], db_ts(r[1]), *r[2:]) for b in batches for r in b.devices]
+    engines = [(r[0], db_ts(r[1]), *r[2:]) for b in batches for r in b.engines]
     links = {b.host_id: b.link_update for b in batches if b.link_update is not None}  # the latest wins
     with transaction.atomic(), connection.cursor() as cursor:
         if devices:
