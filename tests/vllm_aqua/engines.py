@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from serving.aqua.offload.stats import read_json
+from serving.vllm_ext.cpu_binding import reserved_cpus_env
 
 REPO = Path(__file__).resolve().parents[2]
 BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 4  # layers x (K, V) x kv heads x head_dim x fp32
@@ -24,11 +25,16 @@ WORDS = _TEXT.split(" ")
 
 
 def engine_env() -> None:
-    """Make `serving` importable in vLLM's spawned engine processes."""
+    """Make `serving` importable in vLLM's spawned engine processes, and give every engine (with
+    or without the Aqua connector) vLLM's no-connector OpenMP core reservation (one core for the
+    engine-core process; see serving/vllm_ext/cpu_binding.py): engines with and without a KV
+    connector then run the same thread binding. Engines without a connector get this value from
+    vLLM anyway."""
     paths = os.environ.get("PYTHONPATH", "")
     if str(REPO) not in paths.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), paths) if p)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.update(reserved_cpus_env(1, os.environ))
 
 
 def make_prompts(n: int, seed: int = 0, min_words: int = 6, max_words: int = 90) -> list[str]:
