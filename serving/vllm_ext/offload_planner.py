@@ -3,7 +3,10 @@
 Bookkeeping (all keyed by request id):
   _live:       for every request scheduled in the last step it ran, its block ids and the number of
                tokens whose KV those blocks hold once that step has run (computed + scheduled).
-               A request found here after vLLM preempted it is turned into a SaveJob.
+               A request found here after vLLM preempted it is turned into a SaveJob. Kept up to
+               date from the scheduler output's own deltas (block ids of new and resumed requests,
+               appended block ids of running ones), so a step without preemptions costs one dict
+               update per scheduled request and copies no block table.
   _offloaded:  requests with a saved buffer and its token count. Optimistic: the worker reports
                saves it could not keep (`lost`), and a load that finds nothing reports its
                blocks as invalid, so vLLM recomputes them. Never wrong tokens, at worst recompute.
@@ -31,6 +34,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class _Extent:
+    """A running request's block ids (appended in place) and the tokens their KV holds."""
+
+    __slots__ = ("block_ids", "num_tokens")
+
+    def __init__(self, block_ids: list[int], num_tokens: int) -> None:
+        self.block_ids = block_ids
+        self.num_tokens = num_tokens
+
+
 class OffloadPlanner:
     """Plans saves on preemption and loads on re-admission (one KV cache group)."""
 
@@ -38,7 +51,7 @@ class OffloadPlanner:
         if block_size <= 0:
             raise ValueError(f"{block_size=} must be positive")
         self.block_size = block_size
-        self._live: dict[str, tuple[list[int], int]] = {}
+        self._live: dict[str, _Extent] = {}
         self._offloaded: dict[str, int] = {}
         self._local_hit: dict[str, int] = {}
         self._meta = AquaConnectorMetadata()
@@ -56,7 +69,7 @@ class OffloadPlanner:
         live = self._live.pop(req_id, None)
         if live is None:
             return
-        block_ids, num_tokens = live
+        block_ids, num_tokens = live.block_ids, live.num_tokens
         n_blocks = math.ceil(num_tokens / self.block_size)
         if num_tokens <= 0 or n_blocks > len(block_ids):
             return
@@ -98,18 +111,31 @@ class OffloadPlanner:
 
     def build_connector_meta(self, so: SchedulerOutput) -> AquaConnectorMetadata:
         """This step's jobs; also records the extent of every scheduled request's KV."""
-        for req_id in sorted(so.preempted_req_ids or ()):
-            self._capture(req_id)
-        computed: dict[str, int] = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
+        if so.preempted_req_ids:
+            for req_id in sorted(so.preempted_req_ids):
+                self._capture(req_id)
+        live = self._live
+        n_sched = so.num_scheduled_tokens
+        for nr in so.scheduled_new_reqs:
+            live[nr.req_id] = _Extent(list(nr.block_ids[0]), nr.num_computed_tokens + n_sched[nr.req_id])
         cached = so.scheduled_cached_reqs
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-        state = so.kv_connector_block_state
-        for req_id, n_sched in so.num_scheduled_tokens.items():
-            groups = state.get_block_ids(req_id) if state is not None else None
-            if groups is None or req_id not in computed:
-                self._live.pop(req_id, None)
-                continue
-            self._live[req_id] = (list(groups[0]), computed[req_id] + n_sched)
+        resumed = cached.resumed_req_ids
+        for req_id, new_ids, computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        ):
+            ext: _Extent | None
+            if req_id in resumed:  # new_ids replace the block table
+                ext = _Extent(list(new_ids[0]), 0) if new_ids is not None else None
+                if ext is not None:
+                    live[req_id] = ext
+            else:  # new_ids (if any) are appended
+                ext = live.get(req_id)  # None: table not seen from its start, cannot be saved
+                if ext is not None and new_ids is not None:
+                    ext.block_ids.extend(new_ids[0])
+            if ext is None:
+                live.pop(req_id, None)
+            else:
+                ext.num_tokens = computed + n_sched[req_id]
         meta, self._meta = self._meta, AquaConnectorMetadata()
         return meta
 

@@ -21,17 +21,29 @@ BS = 32
 
 
 def step(
-    planner: OffloadPlanner, scheduled: dict[str, tuple[int, int, list[int]]], preempted: set[str]
+    planner: OffloadPlanner,
+    scheduled: dict[str, tuple[int, int, list[int]]],
+    preempted: set[str],
+    cached: dict[str, tuple[int, int, list[int] | None]] | None = None,
+    resumed: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> Any:
-    """One scheduler step: scheduled = {req_id: (computed_before, n_scheduled, block_ids)}."""
+    """One scheduler step, as vLLM reports it: scheduled = new requests {req_id: (computed_before,
+    n_scheduled, block_ids)}; cached = running/resumed ones {req_id: (computed_before, n_scheduled,
+    new block ids or None)}, whose new block ids replace the table for `resumed` requests."""
+    cached = cached or {}
     so = SimpleNamespace(
         preempted_req_ids=preempted,
         scheduled_new_reqs=[
-            SimpleNamespace(req_id=r, num_computed_tokens=c) for r, (c, _, _) in scheduled.items()
+            SimpleNamespace(req_id=r, num_computed_tokens=c, block_ids=(b,))
+            for r, (c, _, b) in scheduled.items()
         ],
-        scheduled_cached_reqs=SimpleNamespace(req_ids=[], num_computed_tokens=[]),
-        num_scheduled_tokens={r: n for r, (_, n, _) in scheduled.items()},
-        kv_connector_block_state=SimpleNamespace(get_block_ids=lambda r: (scheduled[r][2],)),
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=list(cached),
+            resumed_req_ids=set(resumed),
+            new_block_ids=[None if b is None else (b,) for _, _, b in cached.values()],
+            num_computed_tokens=[c for c, _, _ in cached.values()],
+        ),
+        num_scheduled_tokens={r: n for r, (_, n, _) in {**scheduled, **cached}.items()},
     )
     return planner.build_connector_meta(so)  # type: ignore[arg-type]
 
@@ -53,6 +65,22 @@ def test_planner_saves_a_preempted_request_and_restores_all_but_the_last_token()
     assert meta.loads == [LoadJob("a", [7, 8, 1], 0, 3)]
     # Running again; a second preemption saves the new extent from its new blocks.
     assert step(p, {}, {"a"}).saves == [SaveJob("a", [7, 8, 1], 71)]
+
+
+def test_planner_follows_appended_and_replaced_block_tables_of_running_requests() -> None:
+    p = OffloadPlanner(BS)
+    step(p, {"a": (0, 30, [4])}, set())
+    step(p, {}, set(), cached={"a": (30, 1, None)})  # decode inside block 4
+    step(p, {}, set(), cached={"a": (31, 2, [9])})  # crosses into a new block
+    assert step(p, {}, {"a"}).saves == [SaveJob("a", [4, 9], 33)]
+    # Resumed (recomputed, no offload left): its new table replaces the old one.
+    p.update_connector_output(AquaWorkerMetadata(lost={"a"}))
+    step(p, {}, set(), cached={"a": (0, 33, [2, 6])}, resumed={"a"})
+    step(p, {}, set(), cached={"a": (33, 1, None)})
+    assert step(p, {}, {"a"}).saves == [SaveJob("a", [2, 6], 34)]
+    # A running request whose table was never seen from its start is not saved.
+    step(p, {}, set(), cached={"b": (40, 1, [7])})
+    assert step(p, {}, {"b"}).saves == []
 
 
 def test_planner_loads_only_beyond_a_local_prefix_hit() -> None:
