@@ -8,10 +8,19 @@ preemption threw that KV away, so service never decreases.
   * order_running: least service first, so prefill chunks go to the prompts with the least
     progress and decode slots to the requests with the fewest generated tokens; the most served
     request is last, i.e. the first victim when a KV allocation fails.
-  * select_rotations: time slicing. A request admitted at least `slice_iters` iterations ago may
-    be preempted in favour of a waiting request that has `min_service_gap` fewer tokens of
-    service, when the waiting request cannot get its KV blocks or a running slot otherwise.
-    Most served victims go first; rotations are planned only when they let the waiting request in.
+  * select_rotations: time slicing. A request that has run `slice_iters` iterations since its
+    admission (the admitting iteration included) may be preempted in favour of a waiting request
+    that has `min_service_gap` fewer tokens of service, when the waiting request cannot get its KV
+    blocks or a running slot otherwise. A waiting request that has received no service at all (a
+    new arrival) may instead preempt any request that has had its first token and has run
+    `first_slice_iters` iterations (default 1): the equivalent of Linux CFS's wakeup preemption,
+    where a woken task whose vruntime trails the running one's preempts it without waiting for the
+    end of its slice (Documentation/scheduler/sched-design-CFS.rst). No request loses its slot
+    before its first token, so this never delays a TTFT, and it bounds a burst's TTFT by one
+    iteration per wave of `max_running` new requests instead of a full slice per wave; victims
+    rejoin the queue as served requests, so the slice and the gap still keep served requests from
+    thrashing among themselves. Most served victims go first; rotations are planned only when
+    they let the waiting request in.
   * prefill_token_cap: prefill chunks may use the budget left after one token for every decode,
     so prefills never starve decodes.
 
@@ -43,18 +52,24 @@ class AquaFairPolicy(SchedulingPolicy):
     """Completely fair: serve the least served first; rotate the most served out on a time slice.
 
     Args:
-        slice_iters: Iterations a request keeps its slot after admission before it may be rotated.
+        slice_iters: Iterations a request runs after admission before it may be rotated out.
         min_service_gap: Minimum service lead (tokens) of a victim over the request it yields to.
+        first_slice_iters: The slice when the waiting request has had no service yet (a new
+            arrival); at most `slice_iters`.
     """
 
-    def __init__(self, slice_iters: int = 4, min_service_gap: int = 16) -> None:
+    def __init__(self, slice_iters: int = 4, min_service_gap: int = 16, first_slice_iters: int = 1) -> None:
         if slice_iters <= 0:
             raise ValueError(f"{slice_iters=} must be positive")
         if min_service_gap < 0:
             raise ValueError(f"{min_service_gap=} must be >= 0")
+        if not 0 < first_slice_iters <= slice_iters:
+            raise ValueError(f"{first_slice_iters=} must be in [1, {slice_iters=}]")
         self.slice_iters = slice_iters
+        self.first_slice_iters = first_slice_iters
         self.min_service_gap = min_service_gap
-        # (req_id, admission_seq) -> iteration at which the policy first saw that admission running.
+        # (req_id, admission_seq) -> iteration at which the policy first saw that admission running
+        # (the one after the iteration that admitted it: order_running runs before admission).
         self._admitted_at: dict[tuple[Hashable, int], int] = {}
 
     def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
@@ -75,13 +90,14 @@ class AquaFairPolicy(SchedulingPolicy):
     def select_rotations(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         if not waiting or not running:
             return []
-        # Candidates: most served first, only those past their time slice.
         since = self._admitted_at
-        candidates = [
-            r
-            for r in reversed(running)
-            if ctx.iteration - since.get((r.req_id, r.admission_seq), ctx.iteration) >= self.slice_iters
-        ]
+
+        def ran(r: R) -> int:  # iterations run since admission, the admitting one included
+            return ctx.iteration + 1 - since.get((r.req_id, r.admission_seq), ctx.iteration + 1)
+
+        # Most served first; waiting is least served first, so once a waiting request finds no
+        # victim with a large enough service lead, no later one would either.
+        by_service = list(reversed(running))
         free = ctx.free_kv_blocks
         slots = ctx.max_running - len(running)
         victims: list[R] = []
@@ -89,14 +105,23 @@ class AquaFairPolicy(SchedulingPolicy):
             need = self._blocks(w.num_prompt_tokens + w.num_output_tokens + 1, ctx)
             if need > ctx.total_kv_blocks:
                 continue
+            taken = {id(v) for v in victims}
+            new_arrival = service(w) == 0
+            if new_arrival:  # wakeup preemption: any victim that has had its first token
+                pool = [
+                    r
+                    for r in by_service
+                    if id(r) not in taken and r.num_output_tokens > 0 and ran(r) >= self.first_slice_iters
+                ]
+            else:
+                pool = [r for r in by_service if id(r) not in taken and ran(r) >= self.slice_iters]
+            candidates = iter(pool)
             planned: list[R] = []
             gained_blocks = 0
             gained_slots = 0
             while free + gained_blocks < need or slots + gained_slots < 1:
-                if len(victims) + len(planned) >= len(candidates):
-                    return victims
-                v = candidates[len(victims) + len(planned)]
-                if service(v) - service(w) < self.min_service_gap:
+                v = next(candidates, None)
+                if v is None or (not new_arrival and service(v) - service(w) < self.min_service_gap):
                     return victims
                 planned.append(v)
                 gained_blocks += self._blocks(v.num_computed_prompt_tokens + v.num_output_tokens, ctx)

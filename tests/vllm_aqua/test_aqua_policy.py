@@ -21,6 +21,7 @@ class Req:
     admission_seq: int = 0
     num_preemptions: int = 0
     predicted_output_tokens: int | None = None
+    slo_class: str | None = None
 
 
 def ctx(iteration: int = 10, free: int = 0, total: int = 64, max_running: int = 8) -> SchedContext:
@@ -57,15 +58,41 @@ def test_it_serves_the_least_served_first_and_puts_the_most_served_last() -> Non
 def test_it_rotates_the_most_served_out_for_a_waiting_request_after_the_time_slice() -> None:
     p = AquaFairPolicy(slice_iters=4, min_service_gap=16)
     running = [Req(f"long-{i}", 32, 32, 200 + i, admission_seq=i) for i in range(4)]
+    # First seen running at iteration 0: admitted (and run) at iteration -1.
     ordered = p.order_running(running, ctx(iteration=0))
-    waiting = [Req("short", 20, arrival_time=9.0)]
-    # Inside the time slice nobody is rotated.
-    assert p.select_rotations(ordered, waiting, ctx(iteration=3, free=0)) == []
-    # After it, the most served one (long-3) makes room for the short request (2 blocks needed).
-    victims = p.select_rotations(ordered, waiting, ctx(iteration=4, free=0))
+    waiting = [Req("resumed", 20, 20, 3, arrival_time=9.0)]  # served before (service 23)
+    # Inside the time slice (3 iterations run) nobody is rotated.
+    assert p.select_rotations(ordered, waiting, ctx(iteration=2, free=0)) == []
+    # After it, the most served one (long-3) makes room for the waiting request (2 blocks needed).
+    victims = p.select_rotations(ordered, waiting, ctx(iteration=3, free=0))
     assert [v.req_id for v in victims] == ["long-3"]
     # With enough free blocks and a free slot, no rotation is needed.
-    assert p.select_rotations(ordered, waiting, ctx(iteration=4, free=8)) == []
+    assert p.select_rotations(ordered, waiting, ctx(iteration=3, free=8)) == []
+
+
+def test_a_new_arrival_preempts_after_the_first_slice() -> None:
+    p = AquaFairPolicy(slice_iters=4, min_service_gap=16, first_slice_iters=2)
+    running = [Req(f"short-{i}", 20, 20, 1, admission_seq=i) for i in range(2)]
+    ordered = p.order_running(running, ctx(iteration=5, max_running=2))  # admitted at iteration 4
+    new = [Req("new", 20, arrival_time=9.0)]
+    assert p.select_rotations(ordered, new, ctx(iteration=5, free=50, max_running=2)) == []
+    victims = p.select_rotations(ordered, new, ctx(iteration=6, free=50, max_running=2))
+    assert len(victims) == 1
+    # A request that was served before (4 prompt tokens: gap 17) waits for the whole slice.
+    served = [Req("served", 20, 4, arrival_time=9.0)]
+    assert p.select_rotations(ordered, served, ctx(iteration=7, free=50, max_running=2)) == []
+    assert len(p.select_rotations(ordered, served, ctx(iteration=8, free=50, max_running=2))) == 1
+    with pytest.raises(ValueError):
+        AquaFairPolicy(slice_iters=2, first_slice_iters=3)
+
+
+def test_a_new_arrival_never_takes_the_slot_of_a_request_before_its_first_token() -> None:
+    p = AquaFairPolicy(slice_iters=4, min_service_gap=16)
+    prefilling = Req("long-prompt", 400, 240, admission_seq=0)  # most served, no token yet
+    decoding = Req("decoding", 8, 8, 2, admission_seq=1)  # service 10, below the gap
+    ordered = p.order_running([prefilling, decoding], ctx(iteration=0, max_running=2))
+    victims = p.select_rotations(ordered, [Req("new", 20)], ctx(iteration=3, free=50, max_running=2))
+    assert [v.req_id for v in victims] == ["decoding"]
 
 
 def test_it_does_not_rotate_for_a_request_that_was_served_as_much() -> None:
