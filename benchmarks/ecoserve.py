@@ -159,6 +159,26 @@ class Bench:
         return goodput(lambda r: self.attainment(run, r), 0.9, lo=lo, hi=hi, rel_tol=rel_tol)
 
 
+SETUP_NOTES: dict[str, str] = {
+    "headline_slo": "per_app: EcoServe (arXiv 2411.06364) judges requests by per-request SLOs that "
+    "differ by application; the values are DistServe's (OSDI'24, Table 1) per-application SLOs, a "
+    "request's application being its corpus category (chat, qa, translate, write = chatbot).",
+    "fcfs": "vLLM V1 scheduler: chunked prefill, max_num_batched_tokens 2048, decodes first, on-demand "
+    "block allocation, recompute preemption of the last-admitted request, no admission in a step "
+    "that preempted. The scheduler of the vLLM the project ships; goodput_ratio is against it.",
+    "fcfs_v0": "paper-era vLLM V0 default scheduler (vLLM 0.2-0.5 Scheduler._schedule_default): whole "
+    "prompts in prefill-only iterations, max_num_batched_tokens = max(max_model_len, 2048) = 4096, "
+    "1% free-block watermark, recompute preemption (serving/sim/v0.py).",
+    "a100_40gb": "memory-constrained: KV capacity of a 40 GB A100 at 0.9 memory utilisation beside "
+    "llama-2-13b's weights; compute from the 80 GB preset (the 40 GB part's lower HBM bandwidth is "
+    "not modelled).",
+    "late_gate": "EcoServe orders both queues by SLO urgency; requests whose TTFT is already lost are "
+    "admitted only while running requests hold <= late_kv_share (0.5) of the KV cache; all finish.",
+    "not_modelled": "vLLM V1 prefix caching (a recomputed request may hit its own freed blocks, "
+    "making recompute preemption cheaper for FCFS); the paper's exact SLO definitions and models.",
+}
+
+
 def slo_json(slo: SLO | dict[str | None, SLO]) -> dict[str, Any]:
     if isinstance(slo, SLO):
         return {"ttft_s": slo.ttft_s, "tpot_s": slo.tbt_s}
@@ -242,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         **{f"attainment_{key(k)}_at_fixed_rate": a for k, a in fixed.items()},
         **{f"attainment_{key(k)}_at_overload_rate": a for k, a in over.items()},
         **{f"preemptions_{key(k)}_at_overload_rate": pre(k, rates[k.split("/")[0]][1]) for k in runs},
+        "setup_notes": SETUP_NOTES,
         "slos": {k: slo_json(v) for k, v in SLOS.items()},
         "target_attainment": 0.9,
         "headline_slo": HEADLINE,
