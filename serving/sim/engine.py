@@ -18,6 +18,9 @@ An iteration (one forward pass), at time `now`:
      time of any KV saved or restored in it; every request whose sequence is then fully computed
      emits a token at the iteration's end.
 
+With `EngineConfig.scheduler == "v0"` each iteration is `serving.sim.v0.step_v0` instead: the
+paper-era vLLM V0 scheduler (whole prompts in prefill-only iterations, a free-block watermark).
+
 Fast forward: when an iteration was decode-only and changed nothing but token counts, and the
 policy declares `decode_invariant = True` (its decisions cannot change while only output counts
 and time advance), the following identical iterations up to the next arrival, finish or block
