@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -107,7 +108,8 @@ def test_it_measures_latencies_and_kv_use_of_a_streaming_engine(engine: str, tmp
     assert report.ok and (report.probe_id, report.deployment_id, report.rate) == ("p", "7", 4.0)
     assert (report.num_requests, report.finished) == (4, 4)
     assert report.ttft_p50_s is not None and TTFT_S <= report.ttft_p50_s < 10 * TTFT_S
-    assert report.tbt_p50_s is not None and TBT_S * 0.9 <= report.tbt_p50_s < 10 * TBT_S
+    # (the client reads chunks late under load, which shortens the gap after: loose lower bounds)
+    assert report.tbt_p50_s is not None and TBT_S * 0.5 <= report.tbt_p50_s < 10 * TBT_S
     assert report.ttft_p99_s is not None and report.tbt_p99_s is not None
     bpt = 2 * 2 * 2 * 64 * 4  # K and V x layers x KV heads x head dim x float32
     assert report.kv_bytes_per_token == bpt == kv_bytes_per_token(CONFIG, "auto")
@@ -121,14 +123,17 @@ def test_it_measures_latencies_and_kv_use_of_a_streaming_engine(engine: str, tmp
     assert all(b["ignore_eos"] and b["stream"] and b["model"] == "m" for b in sent)
     assert all(10 <= t < CONFIG["vocab_size"] for b in sent for t in b["prompt"])
     # cost-model samples: the first request ran alone until its first token (prefill of 20 tokens);
-    # decode gaps are about TBT_S with the contexts of the requests running then
+    # decode gaps are about TBT_S with the contexts of the requests running then. The engine spaces
+    # chunks by at least TBT_S, but one chunk read late makes the next gap short: a single gap is
+    # only bounded loosely, and their median by half of TBT_S.
     prefill = [(s.lens, s.seconds) for s in report.prefill_samples]
     assert prefill and prefill[0][0] == [20] and TTFT_S <= prefill[0][1] < 10 * TTFT_S
     assert all(lens in ([20], [30], [40], [8]) for lens, _ in prefill)
     assert report.decode_samples
     for sample in report.decode_samples:
-        assert 1 <= len(sample.lens) <= 4 and TBT_S * 0.9 <= sample.seconds < 10 * TBT_S
+        assert 1 <= len(sample.lens) <= 4 and 0 < sample.seconds < 10 * TBT_S
         assert all(8 < n <= 45 for n in sample.lens)  # prompt + tokens so far, before the last
+    assert statistics.median(s.seconds for s in report.decode_samples) >= TBT_S * 0.5
 
 
 def test_it_counts_a_failed_request_as_infinitely_late(engine: str, tmp_path: Path) -> None:
