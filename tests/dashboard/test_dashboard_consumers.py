@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from accounts.models import User
 from agents.services import agent_group
 from channels.db import database_sync_to_async
@@ -18,7 +16,6 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from dashboard.consumers import JobsConsumer, LogConsumer, ModelConsumer, OverviewConsumer, stream_group
 from deployments.models import Deployment
-from django.db import connections
 from django.utils import timezone
 from inventory.models import Device, Host
 from jobs.models import Job, JobStatus
@@ -26,15 +23,11 @@ from jobs.models import Job, JobStatus
 from config.asgi import application
 from tests.dashboard.helpers import GIB, add_device_sample, add_engine_sample
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def _close_worker_thread_connections() -> AsyncIterator[None]:
-    """ORM calls of consumers run on asgiref's worker thread; close its connection after each test
-    (PostgreSQL cannot drop the test database while a session is open)."""
-    yield
-    await database_sync_to_async(connections.close_all)()
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio,
+    pytest.mark.usefixtures("close_worker_thread_connections"),
+]
 
 
 ORIGIN = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]

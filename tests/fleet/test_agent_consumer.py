@@ -24,6 +24,7 @@ from .conftest import AgentHost, device_sample, register_frame, telemetry_frame
 pytestmark = [
     pytest.mark.asyncio,
     pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("close_worker_thread_connections"),
 ]
 NO_SWEEP = override_settings(AGENTS_SWEEP_IN_ASGI=False, AGENTS_DESIRED_POLL_S=60.0)
 

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import pytest
-import pytest_asyncio
 from agents import ingest
 from agents.ingest import Batch, TelemetryWriter, rows_for
 from agents.models import DeviceSample
 from agents.services import LinkedHost
 from channels.db import database_sync_to_async
-from django.db import connections
 from inventory.models import Device
 
 from gpu_agent.protocol import Telemetry, parse_frame
@@ -23,15 +21,11 @@ from gpu_agent.protocol import Telemetry, parse_frame
 from .conftest import AgentHost, device_sample, telemetry_frame
 
 # The database thread's connection clean-up may touch a connection left by an earlier test.
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def _close_worker_thread_connections() -> AsyncIterator[None]:
-    """The writer's ORM calls run on asgiref's worker thread; close its connection after each test
-    (PostgreSQL cannot drop the test database while a session is open)."""
-    yield
-    await database_sync_to_async(connections.close_all)()
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("close_worker_thread_connections"),
+]
 
 
 def batch(host_id: int = 1, devices: int = 1) -> Batch:

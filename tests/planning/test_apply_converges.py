@@ -18,7 +18,11 @@ from planning.applying import apply_plan
 from config.asgi import application
 from tests.planning.helpers import GIB, make_model, store_profile
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("close_worker_thread_connections"),
+]
 
 
 def register(host: str) -> dict[str, Any]:

@@ -24,7 +24,11 @@ from config.asgi import application
 from serving.profiler import ProfilingCancelled, ProfilingError, WorkloadSpec
 from tests.planning.helpers import make_model
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("close_worker_thread_connections"),
+]
 SETTINGS = override_settings(
     AGENTS_SWEEP_IN_ASGI=False, AGENTS_DESIRED_POLL_S=60.0, PLANNING_PROBE_POLL_S=0.1
 )

@@ -5,29 +5,22 @@ poller, and a probe of a host with no connection here stays pending for another 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from channels.db import database_sync_to_async
-from django.db import connections
 from django.test import override_settings
 from inventory.models import Host
 from inventory.services import register_host
 from planning import relay
 from planning.models import ProbeRequest, ProbeStatus
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("close_worker_thread_connections"),
+]
 FAST = override_settings(PLANNING_PROBE_POLL_S=0.05)
-
-
-@pytest_asyncio.fixture(autouse=True)
-async def _close_worker_thread_connections() -> AsyncIterator[None]:
-    """The relay's ORM calls run on asgiref's worker thread; close its connection after each test
-    (PostgreSQL cannot drop the test database while a session is open)."""
-    yield
-    await database_sync_to_async(connections.close_all)()
 
 
 @database_sync_to_async
