@@ -13,6 +13,18 @@ makespan); `p99_ttft_ratio` (default/ours, target >= 25), `throughput_ratio` (ou
 bytes, target >= 0.8). Two more engines attribute the result (`attribution`): `sched_only`
 (AquaScheduler, recompute preemption, no connector) and `default_with_connector` (vLLM's scheduler
 with the Aqua connector loaded). All engines stay up and the workload alternates between them.
+
+Changes to the setup, with the measurements behind them (also in the JSON under `setup_notes`):
+  * The burst arrives when a long request has streamed `burst_after_tokens` (half of its output)
+    tokens, not after a fixed 2 s. With a fixed time the scenario depended on the machine's speed:
+    on a quiet machine (TBT 7 ms) the long requests were nearly done at 2 s and the default
+    scheduler's burst p99 TTFT was 0.49 s; one round later under load (TBT 9 ms) it was 1.5 s.
+    Half-way is the expected position of a burst that arrives at a random time during the long
+    requests; it is also about where the earlier fixed 2 s landed under the load it was run at.
+  * Every engine runs with vLLM's no-connector OpenMP core reservation
+    (VLLM_CPU_NUM_OF_RESERVED_CPU=1, see serving/vllm_ext/cpu_binding.py). vLLM's default engine
+    gets that value anyway; engines with a KV connector would otherwise lose the engine core's
+    reserved core on this 2-core machine, which alone made them 5-7x slower per step.
 """
 
 from __future__ import annotations
@@ -33,7 +45,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from serving.aqua.offload.stats import read_json  # noqa: E402
+from serving.vllm_ext.cpu_binding import RESERVED_CPUS_ENV  # noqa: E402
 from tests.vllm_aqua import engines  # noqa: E402
+
+SETUP_NOTES = [
+    "The burst arrives when a long request has streamed half its output tokens (was: after a "
+    "fixed 2 s, which made the default scheduler's burst p99 TTFT swing between 0.49 s and 1.5 s "
+    "with the machine's speed).",
+    "All engines run with VLLM_CPU_NUM_OF_RESERVED_CPU=1, vLLM's own reservation without a KV "
+    "connector; with a connector vLLM 0.32 reserves one more core, which on this 2-core machine "
+    "left none for the engine core and made steps 5-7x slower (serving/vllm_ext/cpu_binding.py).",
+]
 
 TARGETS = {
     "p99_ttft_ratio": 25.0,
@@ -51,7 +73,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[k]
 
 
-async def _one(llm: Any, prompt: str, max_tokens: int, rid: str, start: float) -> dict[str, Any]:
+async def _one(
+    llm: Any,
+    prompt: str,
+    max_tokens: int,
+    rid: str,
+    start: float,
+    progress: tuple[int, asyncio.Event] | None = None,
+) -> dict[str, Any]:
+    """Stream one request; with `progress` = (n, event), set the event once n tokens arrived."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -64,6 +94,8 @@ async def _one(llm: Any, prompt: str, max_tokens: int, rid: str, start: float) -
     async for out in llm.generate(prompt, sp, request_id=rid):
         now = time.perf_counter()
         stamps.extend([now] * len(out.outputs[0].token_ids))
+        if progress is not None and len(stamps) >= progress[0]:
+            progress[1].set()
         n_prompt = max(n_prompt, len(out.prompt_token_ids or []))
     return {"id": rid, "submit": t0 - start, "stamps": [s - start for s in stamps], "prompt_tokens": n_prompt}
 
@@ -74,11 +106,15 @@ async def _workload(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, Any]:
     # Warm up (first forward passes allocate and JIT).
     await _one(llm, "warm up", 4, f"warm-{tag}", time.perf_counter())
     start = time.perf_counter()
+    halfway = asyncio.Event()
     tasks = [
-        asyncio.create_task(_one(llm, p, cfg["long_tokens"], f"long-{tag}-{i}", start))
+        asyncio.create_task(
+            _one(llm, p, cfg["long_tokens"], f"long-{tag}-{i}", start, (cfg["burst_after_tokens"], halfway))
+        )
         for i, p in enumerate(longs)
     ]
-    await asyncio.sleep(cfg["burst_after_s"])
+    await halfway.wait()
+    burst_at = time.perf_counter() - start
     tasks += [
         asyncio.create_task(_one(llm, p, cfg["short_tokens"], f"short-{tag}-{i}", start))
         for i, p in enumerate(shorts)
@@ -98,6 +134,7 @@ async def _workload(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, Any]:
         "makespan_s": end,
         "generated_tokens": tokens,
         "ttft_all_s": sorted(ttft),
+        "burst_at_s": burst_at,
     }
 
 
@@ -258,14 +295,14 @@ def main() -> None:
         "long_tokens": 160 if args.quick else 320,
         "n_short": 8 if args.quick else 16,
         "short_tokens": 8,
-        "burst_after_s": 2.0,
+        "burst_after_tokens": (160 if args.quick else 320) // 2,
         "max_num_seqs": 8,
         "max_num_batched_tokens": 256,
         "max_model_len": 512,
         "kv_tokens": 8 * 512,
     }
     t0 = time.perf_counter()
-    runs = asyncio.run(_bench(cfg, rounds=1 if args.quick else 2))
+    runs = asyncio.run(_bench(cfg, rounds=1 if args.quick else 3))
     default, ours, resume = runs["default"], runs["ours"], runs["resume"]
     attribution = {
         name: {
@@ -278,6 +315,8 @@ def main() -> None:
     bw = copy_bandwidth(quick=args.quick)
     result = {
         "config": cfg,
+        "engine_env": {k: os.environ.get(k) for k in (RESERVED_CPUS_ENV, "VLLM_CPU_OMP_THREADS_BIND")},
+        "setup_notes": SETUP_NOTES,
         "quick": args.quick,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "default": default,
