@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from serving.costmodel import CostModel, Link, PhaseCoeffs
-from serving.distserve import Handoff, LaneModel, VllmV0Config, VllmV0Sim
+from serving.distserve import Handoff, LaneModel, run_vllm_v0
 from serving.distserve.disagg import run_decode, run_prefill
 from serving.metrics import SLO, attainment, goodput
 from serving.metrics.latency import tpot
@@ -97,7 +97,7 @@ def paper_calibrated(cost: CostModel, kv: int, workload: Workload, slo: SLO, lin
     g_d = decode_only(cal, kv, workload, slo.tbt_s, link)
 
     def colocated(rate: float) -> list[RequestRecord]:
-        return VllmV0Sim(cal, VllmV0Config(kv)).run(workload(rate))
+        return run_vllm_v0(workload(rate), LaneModel(cal, 1, kv))
 
     def two_one(rate: float) -> list[RequestRecord]:
         lane = LaneModel(cal, 1, kv)

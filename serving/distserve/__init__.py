@@ -5,7 +5,7 @@ from serving.distserve.disagg import DisaggDeployment, PhaseSpec, run_colocated,
 from serving.distserve.oracle import Bisection, PhaseOracle
 from serving.distserve.parallel import IB_HDR, NVLINK3, LaneModel, Parallelism, feasible, lane_model
 from serving.distserve.search import Placement, high_affinity_search, low_affinity_search
-from serving.distserve.vllm_v0 import VllmV0Config, VllmV0Sim, run_colocated_vllm_v0
+from serving.distserve.vllm_v0 import run_colocated_vllm_v0, run_vllm_v0, vllm_v0_config
 
 __all__ = [
     "IB_HDR",
@@ -19,8 +19,6 @@ __all__ = [
     "PhaseOracle",
     "PhaseSpec",
     "Placement",
-    "VllmV0Config",
-    "VllmV0Sim",
     "feasible",
     "high_affinity_search",
     "lane_model",
@@ -28,4 +26,6 @@ __all__ = [
     "run_colocated",
     "run_colocated_vllm_v0",
     "run_disaggregated",
+    "run_vllm_v0",
+    "vllm_v0_config",
 ]

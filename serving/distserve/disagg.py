@@ -11,7 +11,8 @@ prefill (the property disaggregation exists for), and the transfer shows in the 
 first and second token.
 
 Colocated serving (the baseline) is `n` ordinary engines of one parallelism running both phases
-(FCFS, chunked prefill), requests round-robin.
+(FCFS, chunked prefill), requests round-robin (`run_lanes`, which serving/distserve/vllm_v0.py's
+vLLM v0.2-style baseline uses too).
 """
 
 from __future__ import annotations
@@ -143,6 +144,17 @@ def run_colocated(
     config = EngineConfig(
         max_num_batched_tokens=max_num_batched_tokens, num_kv_blocks=max(1, lane.kv_tokens_per_lane // 16)
     )
+    return run_lanes(requests, lane, instances, config)
+
+
+def run_lanes(
+    requests: Sequence[Request], lane: LaneModel, instances: int, config: EngineConfig
+) -> list[RequestRecord]:
+    """Serve `requests` round-robin (in arrival order) on `instances` x lanes FCFS engines of `config`.
+
+    Returns:
+        One record per request, in request-id order.
+    """
     ordered = sorted(requests, key=lambda r: (r.arrival, r.req_id))
     records: list[RequestRecord] = []
     for part in _round_robin(ordered, lane.lanes * instances):

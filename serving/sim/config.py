@@ -29,6 +29,11 @@ class EngineConfig:
         scheduler: "v1" (vLLM V1: chunked prefill, decodes first, prompts fill the rest of the
             budget) or "v0" (paper-era vLLM V0: whole prompts in prefill-only iterations that stall
             decodes, admission above a 1% free-block watermark; see serving/sim/v0.py).
+        v0_pad_prompts: (v0 only) Pad a prompt batch to its longest prompt, as vLLM v0.2's model
+            runner did: the batch costs len(batch) prompts of the longest length, and its padded
+            size len(batch) x longest must fit `max_num_batched_tokens`.
+        v0_max_paddings: (v0 with padding only) Max padding tokens in one prompt batch (vLLM
+            v0.2's `max_paddings`, 256 by default there); None for no limit.
     """
 
     max_num_batched_tokens: int = 2048
@@ -39,6 +44,8 @@ class EngineConfig:
     peer_capacity_bytes: int = 0
     fast_forward: bool = True
     scheduler: str = "v1"
+    v0_pad_prompts: bool = False
+    v0_max_paddings: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -55,6 +62,12 @@ class EngineConfig:
             raise ValueError(f"{self.scheduler=} is not one of {', '.join(SCHEDULERS)}")
         if self.scheduler == "v0" and self.preemption_mode != "recompute":
             raise ValueError(f"{self.scheduler=} supports only preemption_mode='recompute'")
+        if self.v0_pad_prompts and self.scheduler != "v0":
+            raise ValueError(f"{self.v0_pad_prompts=} needs scheduler='v0'")
+        if self.v0_max_paddings is not None and not self.v0_pad_prompts:
+            raise ValueError(f"{self.v0_max_paddings=} needs v0_pad_prompts=True")
+        if self.v0_max_paddings is not None and self.v0_max_paddings < 0:
+            raise ValueError(f"{self.v0_max_paddings=} must be >= 0")
         if self.peer_capacity_bytes < 0:
             raise ValueError(f"{self.peer_capacity_bytes=} must be >= 0")
         if self.peer_capacity_bytes and self.preemption_mode != "offload_peer":

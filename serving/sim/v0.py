@@ -13,6 +13,13 @@ three ways the simulator can show:
     request of the running order is preempted (recompute), repeatedly, as in V1.
 The policy still decides both orders and may limit admissions, so FCFS on this step is vLLM V0's
 default; the prefill cap and rotations (V1 notions) are not consulted.
+
+With `EngineConfig.v0_pad_prompts`, a prompt batch is padded to its longest prompt as vLLM v0.2's
+model runner did (vllm/worker/model_runner.py `_prepare_prompt`; `Scheduler._schedule` admits while
+len(batch) x longest fits `max_num_batched_tokens` and the padding fits `max_paddings`): the
+iteration costs `prefill_time([longest] * len(batch))`. This is DistServe's colocated baseline
+(serving/distserve/vllm_v0.py). Without padding (the default, and benchmarks/ecoserve.py's V0
+baseline) a batch costs its prompts' own lengths and their sum must fit the budget.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ def step_v0(engine: EngineSim) -> tuple[bool, bool]:
 
     pres: list[SimRequest] = []  # prompts (or recomputed sequences) prefilled whole
     chunks: list[int] = []
+    pad = cfg.v0_pad_prompts
+    max_pad = cfg.v0_max_paddings
+    longest = 0  # the batch's longest prompt (what padding pads to)
     if waiting:
         slots = cfg.max_num_seqs - len(running)
         limit = policy.admission_limit(running, waiting, ctx)
@@ -55,8 +65,17 @@ def step_v0(engine: EngineSim) -> tuple[bool, bool]:
         for r in waiting:
             new = r.num_prompt_tokens + r.num_output_tokens - r.computed
             need = -(-(r.computed + new) // bs)
-            if slots <= 0 or new > budget or kv.free - need < watermark:
+            if pad:
+                padded = (len(pres) + 1) * max(longest, new)
+                real = cfg.max_num_batched_tokens - budget + new  # the batch's tokens, this one's too
+                over = padded > cfg.max_num_batched_tokens or (
+                    max_pad is not None and padded - real > max_pad
+                )
+            else:
+                over = new > budget
+            if slots <= 0 or over or kv.free - need < watermark:
                 break
+            longest = max(longest, new)
             kv.free -= need
             r.blocks = need
             r.state = RUNNING
@@ -97,7 +116,7 @@ def step_v0(engine: EngineSim) -> tuple[bool, bool]:
     if not decs and not pres and xfer == 0.0:
         engine.running = running
         return False, False
-    dt = engine.cost.iteration_time(chunks, dctx) + xfer
+    dt = engine.cost.iteration_time([longest] * len(chunks) if pad else chunks, dctx) + xfer
     engine.stats.transfer_seconds += xfer
     start = engine.now
     now = start + dt

@@ -1,4 +1,5 @@
-"""The paper-era vLLM V0 scheduler step: prefill-only iterations, whole prompts, watermark."""
+"""The paper-era vLLM V0 scheduler step: prefill-only iterations, whole prompts, watermark, and
+(optionally) prompt batches padded to their longest prompt as in vLLM v0.2."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from serving.metrics.records import RequestRecord
 from serving.sim.config import EngineConfig
 from serving.workload.request import Request
 from tests.serving.conftest import make_cost, make_engine, make_requests
@@ -67,6 +69,66 @@ def test_it_preempts_by_recompute_and_still_finishes_everything() -> None:
     assert all(r.finished for r in a)
     assert sum(r.recomputed_tokens for r in a) > 0
     assert [r.token_times for r in a] == [r.token_times for r in b]
+
+
+def test_it_preempts_the_last_admitted_request_and_recomputes_it() -> None:
+    # Room for about three whole sequences: the fourth, admitted last, is preempted as they grow.
+    engine = make_engine(scheduler="v0", num_kv_blocks=2200 // 16, max_num_batched_tokens=4096)
+    recs = engine.run([Request(i, 0.0, 500, 200) for i in range(4)])
+    assert all(r.finished for r in recs) and engine.stats.preemptions > 0
+    assert recs[3].preemptions > 0 and recs[0].preemptions == 0
+    assert recs[3].recomputed_tokens > 500  # its prompt and the tokens it had generated
+
+
+def first_batch(recs: list[RequestRecord]) -> list[int]:
+    """Ids of the requests whose first token came with the earliest one."""
+    t = min(r.token_times[0] for r in recs)
+    return [r.req_id for r in recs if r.token_times[0] == t]
+
+
+def test_a_padded_prompt_batch_costs_its_longest_prompt_times_its_size() -> None:
+    cost = make_cost()
+    reqs = [Request(0, 0.0, 100, 2), Request(1, 0.0, 300, 2)]
+    padded = make_engine(cost=cost, scheduler="v0", max_num_batched_tokens=4096, v0_pad_prompts=True)
+    plain = make_engine(cost=cost, scheduler="v0", max_num_batched_tokens=4096)
+    p, q = padded.run(reqs), plain.run(reqs)
+    assert first_batch(p) == first_batch(q) == [0, 1]
+    assert p[0].token_times[0] == pytest.approx(cost.prefill_time([300, 300]))
+    assert q[0].token_times[0] == pytest.approx(cost.prefill_time([100, 300]))
+
+
+def test_a_padded_prompt_batch_must_fit_the_budget_padded() -> None:
+    # Padded: 3 x 300 = 900 fits 1000, 4 x 300 does not; unpadded the four prompts sum to 1000.
+    reqs = [
+        Request(0, 0.0, 300, 2),
+        Request(1, 0.0, 100, 2),
+        Request(2, 0.0, 300, 2),
+        Request(3, 0.0, 300, 2),
+    ]
+    padded = make_engine(scheduler="v0", max_num_batched_tokens=1000, v0_pad_prompts=True)
+    plain = make_engine(scheduler="v0", max_num_batched_tokens=1000)
+    assert first_batch(padded.run(reqs)) == [0, 1, 2]
+    assert first_batch(plain.run(reqs)) == [0, 1, 2, 3]
+
+
+def test_max_paddings_limits_a_prompt_batch() -> None:
+    # Padding to 500: one 100-token prompt adds 400 padding tokens, a second one 800 in all.
+    reqs = [Request(0, 0.0, 500, 2), Request(1, 0.0, 100, 2), Request(2, 0.0, 100, 2)]
+    limited = make_engine(
+        scheduler="v0", max_num_batched_tokens=4096, v0_pad_prompts=True, v0_max_paddings=500
+    )
+    unlimited = make_engine(scheduler="v0", max_num_batched_tokens=4096, v0_pad_prompts=True)
+    assert first_batch(limited.run(reqs)) == [0, 1]
+    assert first_batch(unlimited.run(reqs)) == [0, 1, 2]
+
+
+def test_padding_options_need_the_v0_scheduler_and_padding() -> None:
+    with pytest.raises(ValueError, match="v0_pad_prompts"):
+        EngineConfig(v0_pad_prompts=True)
+    with pytest.raises(ValueError, match="v0_max_paddings"):
+        EngineConfig(scheduler="v0", v0_max_paddings=256)
+    with pytest.raises(ValueError, match="v0_max_paddings"):
+        EngineConfig(scheduler="v0", v0_pad_prompts=True, v0_max_paddings=-1)
 
 
 def test_it_needs_recompute_preemption() -> None:
