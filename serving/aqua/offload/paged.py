@@ -14,6 +14,7 @@ the scheduler allocated.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Sequence
 
@@ -114,27 +115,41 @@ class PagedKV:
         return flat[: self.nbytes(n)].view(self.word).view(len(self.caches), self.outer, n, self.inner_words)
 
     def _copy_runs(self, block_ids: Sequence[int], buf: torch.Tensor, first: int, to_buffer: bool) -> None:
-        """Host path: one memcpy per run of consecutive block ids, per layer and outer index.
+        """Host path: one memmove per run of consecutive block ids, per layer and outer index.
 
         Each block's bytes are contiguous inside a layer (for every index of the dims before the
-        block dim), so this is a handful of large memcpys rather than an element-wise gather
-        (index_select on these shapes runs at a fraction of memory bandwidth on CPUs).
+        block dim), so this is a handful of large memmoves rather than an element-wise gather
+        (index_select on these shapes runs at a fraction of memory bandwidth on CPUs). The moves
+        go through `ctypes.memmove` on the tensors' addresses: a `copy_` per run costs tens of
+        microseconds of dispatch, which for 128 KB blocks left the gather at 3.3-3.9 GB/s against
+        5.1-5.3 GB/s this way (16 layers x 32 scattered blocks, 2-core development machine).
+        Bounds: `buf` is a [num_layers, outer, n, inner] view of at least n blocks and every
+        block id is checked against the cache, so no move leaves either tensor.
         """
+        n = buf.shape[2]
         runs: list[tuple[int, int, int]] = []  # (position in buffer, first block id, length)
         for j, b in enumerate(block_ids):
+            if not 0 <= b < self.num_blocks:
+                raise IndexError(f"block id {b} outside a cache of {self.num_blocks} blocks")
             if runs and runs[-1][1] + runs[-1][2] == b and runs[-1][0] + runs[-1][2] == first + j:
                 pos, start, length = runs[-1]
                 runs[-1] = (pos, start, length + 1)
             else:
                 runs.append((first + j, b, 1))
+        if runs and runs[-1][0] + runs[-1][2] > n:
+            raise IndexError(f"blocks up to {runs[-1][0] + runs[-1][2]} outside a buffer of {n} blocks")
+        row = self.inner_words * buf.element_size()  # bytes of one block per outer index
+        base = buf.data_ptr()
         for layer, cache in enumerate(self.caches):
-            rows = cache.view(-1).view(self.word).view(self.outer, self.num_blocks, self.inner_words)
-            lbuf = buf[layer]
-            for pos, start, length in runs:
-                if to_buffer:
-                    lbuf[:, pos : pos + length].copy_(rows[:, start : start + length])
-                else:
-                    rows[:, start : start + length].copy_(lbuf[:, pos : pos + length])
+            for o in range(self.outer):
+                cache_at = cache.data_ptr() + o * self.num_blocks * row
+                buf_at = base + (layer * self.outer + o) * n * row
+                for pos, start, length in runs:
+                    c, b = cache_at + start * row, buf_at + pos * row
+                    if to_buffer:
+                        ctypes.memmove(b, c, length * row)
+                    else:
+                        ctypes.memmove(c, b, length * row)
 
     def synchronize(self) -> None:
         """Wait for the side stream (before a source buffer is released)."""
