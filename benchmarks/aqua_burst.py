@@ -267,7 +267,8 @@ def copy_bandwidth(quick: bool) -> dict[str, Any]:
 
     # Interleaved, so that load from other processes drifting during the measurement hits both.
     times: dict[Any, list[float]] = {gather: [], memcpy: []}
-    gather(), memcpy()
+    gather()
+    memcpy()
     for _ in range(reps):
         for fn, ts in times.items():
             t0 = time.perf_counter()
