@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpu_agent.protocol import DeploymentSpec
+from serving.vllm_ext.cpu_binding import reserved_cpus_env
 
 AQUA_SCHEDULER = "serving.vllm_ext.scheduler.AquaScheduler"
 AQUA_KV_TRANSFER = {
@@ -97,6 +98,11 @@ class VllmLauncher:
                 env["VLLM_CPU_KVCACHE_SPACE"] = str(int(opts.get("cpu_kvcache_space_gib", 1)))
             if "cpu_threads" in opts:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{int(opts['cpu_threads']) - 1}"
+            if opts.get("aqua"):
+                # With any KV connector vLLM reserves an extra core per worker; on a small host that
+                # leaves none, and the worker's threads share the busy-polling engine core's core
+                # (serving/vllm_ext/cpu_binding.py): back to its no-connector reservation.
+                env.update(reserved_cpus_env(model.tensor_parallel_size, env))
         if self.aqua_socket is not None:
             env["AQUA_COORDINATOR_SOCKET"] = self.aqua_socket
         env["AQUA_ENGINE_ID"] = spec.id

@@ -266,6 +266,18 @@ def test_it_builds_the_vllm_command_for_a_gpu_host_with_aqua() -> None:
     assert "VLLM_CPU_KVCACHE_SPACE" not in launch.env
 
 
+def test_a_cpu_engine_with_aqua_keeps_vllms_core_reservation_without_a_connector() -> None:
+    launch = VllmLauncher("cpu", base_env={})(spec(aqua=True), 9000)
+    assert "--kv-transfer-config" in launch.argv
+    assert launch.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"  # one per worker, none extra
+    chosen = VllmLauncher("cpu", base_env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "3"})(spec(aqua=True), 9000)
+    assert chosen.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "3"  # the operator's value is kept
+    plain = VllmLauncher("cpu", base_env={})(spec(), 9000)
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in plain.env  # vLLM's own default applies
+    gpu = VllmLauncher("gpu", base_env={})(spec(aqua=True), 9000)
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in gpu.env
+
+
 def test_it_builds_the_vllm_command_for_a_cpu_host_without_aqua() -> None:
     s = spec(cpu_kvcache_space_gib=2, max_num_seqs=4)
     launch = VllmLauncher("cpu", base_env={})(s, 9000)
