@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from serving.policies.base import SchedContext
-from serving.sim.state import FINISHED, RUNNING, WAITING, SimRequest
+from serving.sim.iteration import Batch, admission_slots, admit, end_iteration, make_room, order_queues
+from serving.sim.state import RUNNING, WAITING
 
 if TYPE_CHECKING:
     from serving.sim.engine import EngineSim
@@ -45,23 +45,17 @@ def step_v0(engine: EngineSim) -> tuple[bool, bool]:
     cfg = engine.config
     kv = engine.kv
     bs = kv.block_size
-    policy = engine.policy
     budget = cfg.max_num_batched_tokens
-    ctx = SchedContext(engine.now, engine.stats.iterations, budget, kv.free, kv.total, bs, cfg.max_num_seqs)
-    running = list(policy.order_running(engine.running, ctx))
-    waiting = list(policy.order_waiting(engine.waiting, ctx)) if engine.waiting else []
+    ctx, running, waiting = order_queues(engine)
     watermark = watermark_blocks(kv.total)
 
-    pres: list[SimRequest] = []  # prompts (or recomputed sequences) prefilled whole
-    chunks: list[int] = []
+    batch = Batch()
+    pres, chunks = batch.pres, batch.chunks  # prompts (or recomputed sequences) prefilled whole
     pad = cfg.v0_pad_prompts
     max_pad = cfg.v0_max_paddings
     longest = 0  # the batch's longest prompt (what padding pads to)
     if waiting:
-        slots = cfg.max_num_seqs - len(running)
-        limit = policy.admission_limit(running, waiting, ctx)
-        if limit is not None:
-            slots = min(slots, limit)
+        slots = admission_slots(engine, running, waiting, ctx)
         for r in waiting:
             new = r.num_prompt_tokens + r.num_output_tokens - r.computed
             need = -(-(r.computed + new) // bs)
@@ -76,12 +70,7 @@ def step_v0(engine: EngineSim) -> tuple[bool, bool]:
             if slots <= 0 or over or kv.free - need < watermark:
                 break
             longest = max(longest, new)
-            kv.free -= need
-            r.blocks = need
-            r.state = RUNNING
-            r.admission_seq = engine._admissions
-            engine._admissions += 1
-            running.append(r)
+            admit(engine, r, need, running)
             pres.append(r)
             chunks.append(new)
             budget -= new
@@ -89,8 +78,7 @@ def step_v0(engine: EngineSim) -> tuple[bool, bool]:
         if pres:
             engine.waiting = [r for r in engine.waiting if r.state == WAITING]
 
-    decs: list[SimRequest] = []
-    dctx: list[int] = []
+    decs, dctx = batch.decs, batch.dctx
     preempted = False
     xfer = 0.0
     if not pres:  # a decode iteration: every running request, preempting from the end when short
@@ -99,12 +87,9 @@ def step_v0(engine: EngineSim) -> tuple[bool, bool]:
             r = running[i]
             seq = r.num_prompt_tokens + r.num_output_tokens
             need = -(-seq // bs) - r.blocks
-            while need > kv.free:
-                victim = running.pop()
-                xfer += engine._preempt(victim)
+            if need > kv.free:
+                xfer = make_room(engine, running, r, need, xfer)
                 preempted = True
-                if victim is r:
-                    break
             if r.state != RUNNING:
                 break
             kv.free -= max(need, 0)
@@ -113,27 +98,9 @@ def step_v0(engine: EngineSim) -> tuple[bool, bool]:
             dctx.append(seq)
             i += 1
 
-    if not decs and not pres and xfer == 0.0:
-        engine.running = running
+    costed = [longest] * len(chunks) if pad else chunks
+    finished = end_iteration(engine, running, batch, xfer, costed)
+    if finished is None:
         return False, False
-    dt = engine.cost.iteration_time([longest] * len(chunks) if pad else chunks, dctx) + xfer
-    engine.stats.transfer_seconds += xfer
-    start = engine.now
-    now = start + dt
-    engine.now = now
-    engine.stats.iterations += 1
-    finished = False
-    for r, n in [(r, 1) for r in decs] + list(zip(pres, chunks, strict=True)):
-        r.computed += n
-        r.num_output_tokens += 1
-        r.token_times.append(now)
-        if r.num_output_tokens == r.target_output_tokens:
-            r.state = FINISHED
-            kv.free += r.blocks
-            r.blocks = 0
-            finished = True
-    engine.running = [r for r in running if r.state == RUNNING] if finished else running
-    if engine.on_iteration is not None:
-        engine.on_iteration(start, dt, sum(chunks), len(dctx), xfer)
     plain = not (pres or preempted or finished or xfer or engine.waiting)
     return True, plain
