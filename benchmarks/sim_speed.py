@@ -25,6 +25,8 @@ from array import array
 from dataclasses import replace
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as `python benchmarks/...`
+
 from serving.costmodel.presets import get_preset, kv_capacity_tokens
 from serving.metrics.summary import summarize
 from serving.sim.cluster import ClusterResult, ClusterSim, EngineSpec
