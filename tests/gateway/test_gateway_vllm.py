@@ -123,7 +123,8 @@ def test_it_enforces_the_token_quota_and_request_rate_with_429(stack: Stack) -> 
     with pytest.raises(openai.RateLimitError) as caught:
         client.completions.create(model="tiny", prompt="hi", max_tokens=1)
     assert caught.value.code == "rate_limit_exceeded"
-    assert 1 <= int(caught.value.response.headers["retry-after"]) <= 61
+    # A sliding minute: the rest of this minute, then until its 2 requests weigh at most 1 (<= 90 s).
+    assert 1 <= int(caught.value.response.headers["retry-after"]) <= 90
 
 
 def test_a_client_that_disconnects_aborts_the_engine_request(stack: Stack) -> None:
