@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from agents.models import AgentLink, DeviceSample, EngineSample
 from agents.services import LinkedHost
+from core.loops import PerLoop
 from gpu_agent.protocol import Telemetry
 
 log = logging.getLogger(__name__)
@@ -236,15 +237,9 @@ class TelemetryWriter:
                 return  # back to the loop: Django's clean-up drops a broken connection first
 
 
-_writers: dict[asyncio.AbstractEventLoop, TelemetryWriter] = {}
+_writers: PerLoop[TelemetryWriter] = PerLoop(TelemetryWriter)
 
 
 def writer() -> TelemetryWriter:
     """This event loop's writer (one per ASGI process in production)."""
-    loop = asyncio.get_running_loop()
-    found = _writers.get(loop)
-    if found is None:
-        for closed in [lp for lp in _writers if lp.is_closed()]:
-            del _writers[closed]
-        found = _writers[loop] = TelemetryWriter()
-    return found
+    return _writers.get()

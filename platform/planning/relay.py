@@ -21,6 +21,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
+from core.loops import PerLoop
 from gpu_agent.protocol import ProbeReport
 from planning.models import ProbeRequest, ProbeStatus
 
@@ -106,19 +107,14 @@ class _Relay:
             log.exception("Relaying probes to the agent of host %s failed", host_id)
 
 
-_relays: dict[asyncio.AbstractEventLoop, _Relay] = {}
+_relays: PerLoop[_Relay] = PerLoop(_Relay)
 
 
 async def relay_probes(host_id: int, send: Send) -> None:
     """Forever: send the host's pending probe frames through `send` (cancelled on disconnect)."""
-    loop = asyncio.get_running_loop()
-    relay = _relays.get(loop)
-    if relay is None:
-        for closed in [lp for lp in _relays if lp.is_closed()]:
-            del _relays[closed]
-        relay = _relays[loop] = _Relay()
+    relay = _relays.get()
     relay.add(host_id, send)
     try:
-        await loop.create_future()  # never done: runs until the connection cancels it
+        await asyncio.get_running_loop().create_future()  # never done: runs until the connection cancels it
     finally:
         relay.remove(host_id, send)
