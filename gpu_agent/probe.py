@@ -12,7 +12,10 @@ the gaps between chunks are the time-between-tokens samples.
 While replaying it scrapes the engine's ``/metrics`` every `sample_interval_s`:
   - KV capacity = ``vllm:cache_config_info``'s num_gpu_blocks x block_size x KV bytes per token
     (2 x layers x KV heads x head dim x dtype bytes, from the model's config.json);
-  - peak KV used = the highest ``vllm:kv_cache_usage_perc`` x capacity;
+  - peak KV used = the highest ``vllm:kv_cache_usage_perc`` x capacity, or, when higher, the KV the
+    streams prove held at once: a request between its first and its last chunk holds at least its
+    prompt and the tokens streamed so far (a lower bound seen at every chunk, so a short run on a
+    fast engine is not missed between two scrapes);
   - peak KV demand = the highest (KV used + the prompts of requests sent but not yet answered), the
     memory the engine would hold if nothing had to wait for room (used to size swap under bursts).
 Cost-model samples, timed from the client side (approximate: they include the HTTP streaming delay):
@@ -94,6 +97,32 @@ class _Track:
     sent_at: float | None = None
     chunks: list[float] = field(default_factory=list)
     finished: bool = False
+    closed: bool = False  # its stream has ended (finished, failed or cancelled)
+
+
+@dataclass
+class _KvPeaks:
+    """The highest KV use and demand seen during one replay, as fractions of the capacity."""
+
+    capacity_tokens: int
+    used: float = 0.0
+    demand: float = 0.0
+
+    def scraped(self, usage: float, tracks: list[_Track]) -> None:
+        """One /metrics scrape: `usage` is the engine's gauge; demand adds the unanswered prompts."""
+        waiting = sum(t.spec.prompt_tokens for t in tracks if t.sent_at is not None and not t.chunks)
+        self.used = max(self.used, usage)
+        self.demand = max(self.demand, usage + self._fraction(waiting))
+
+    def streamed(self, tracks: list[_Track]) -> None:
+        """A chunk arrived: the requests streaming now hold at least their prompt and their tokens."""
+        streaming = [t for t in tracks if t.chunks and not (t.finished or t.closed)]
+        held = sum(t.spec.prompt_tokens + len(t.chunks) - 1 for t in streaming)
+        self.used = max(self.used, self._fraction(held))
+        self.demand = max(self.demand, self.used)
+
+    def _fraction(self, tokens: int) -> float:
+        return min(1.0, tokens / self.capacity_tokens) if self.capacity_tokens else 0.0
 
 
 def _or_none(x: float) -> float | None:
@@ -171,11 +200,11 @@ class ProbeRunner:
         async with httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout) as http:
             capacity_tokens = await self._capacity_tokens(http)
             capacity = capacity_tokens * self.kv_bytes_per_token
-            peaks = [0.0, 0.0]  # highest (used, demand) fractions of capacity seen
+            peaks = _KvPeaks(capacity_tokens)
             start = time.monotonic()
-            sampler = asyncio.create_task(self._sample(http, tracks, capacity_tokens, peaks))
+            sampler = asyncio.create_task(self._sample(http, tracks, peaks))
             sends = [
-                asyncio.create_task(self._send(http, t, p, start))
+                asyncio.create_task(self._send(http, t, p, start, tracks, peaks))
                 for t, p in zip(tracks, prompts, strict=True)
             ]
             try:
@@ -196,20 +225,23 @@ class ProbeRunner:
             return cache_blocks(resp.text)
         return 0
 
-    async def _sample(
-        self, http: httpx.AsyncClient, tracks: list[_Track], capacity_tokens: int, peaks: list[float]
-    ) -> None:
+    async def _sample(self, http: httpx.AsyncClient, tracks: list[_Track], peaks: _KvPeaks) -> None:
         while True:
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 resp = await http.get("/metrics")
                 resp.raise_for_status()
-                used = parse_metrics(resp.text).kv_cache_usage or 0.0
-                waiting = sum(t.spec.prompt_tokens for t in tracks if t.sent_at is not None and not t.chunks)
-                demand = used + (waiting / capacity_tokens if capacity_tokens else 0.0)
-                peaks[0], peaks[1] = max(peaks[0], used), max(peaks[1], demand)
+                peaks.scraped(parse_metrics(resp.text).kv_cache_usage or 0.0, tracks)
             await asyncio.sleep(self.sample_interval_s)
 
-    async def _send(self, http: httpx.AsyncClient, track: _Track, prompt: list[int], start: float) -> None:
+    async def _send(
+        self,
+        http: httpx.AsyncClient,
+        track: _Track,
+        prompt: list[int],
+        start: float,
+        tracks: list[_Track],
+        peaks: _KvPeaks,
+    ) -> None:
         delay = start + track.spec.arrival_s - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -239,11 +271,14 @@ class ProbeRunner:
                     track.chunks.append(time.monotonic())
                     if choices[0].get("finish_reason"):
                         track.finished = True
+                    peaks.streamed(tracks)
         except (httpx.HTTPError, ValueError):
             return
+        finally:
+            track.closed = True
 
     def _report(
-        self, frame: Probe, tracks: list[_Track], capacity: int, peaks: list[float], duration: float
+        self, frame: Probe, tracks: list[_Track], capacity: int, peaks: _KvPeaks, duration: float
     ) -> ProbeReport:
         firsts = [t.chunks[0] - t.sent_at for t in tracks if t.chunks and t.sent_at is not None]
         gaps = [b - a for t in tracks for a, b in zip(t.chunks, t.chunks[1:], strict=False)]
@@ -260,8 +295,8 @@ class ProbeRunner:
             ttft_p50_s=_or_none(tail_percentile(firsts, missing, 50.0)),
             tbt_p50_s=_or_none(tail_percentile(gaps, 0, 50.0)) if gaps else 0.0,
             kv_capacity_bytes=capacity,
-            peak_kv_used_bytes=int(peaks[0] * capacity),
-            peak_kv_demand_bytes=int(peaks[1] * capacity),
+            peak_kv_used_bytes=int(peaks.used * capacity),
+            peak_kv_demand_bytes=int(peaks.demand * capacity),
             kv_bytes_per_token=self.kv_bytes_per_token,
             duration_s=duration,
             prefill_samples=prefill_samples(tracks, random.Random(frame.seed)),

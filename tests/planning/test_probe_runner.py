@@ -33,15 +33,16 @@ CONFIG = {
 
 class FakeEngine(BaseHTTPRequestHandler):
     """Streams one chunk per token: the first after TTFT_S, then one every TBT_S. A prompt of 13
-    tokens gets HTTP 500. KV usage = 0.1 per request in flight."""
+    tokens gets HTTP 500. KV usage = `usage_per_request` per request in flight."""
 
     protocol_version = "HTTP/1.0"
     bodies: list[dict[str, Any]] = []
     in_flight = 0
+    usage_per_request = 0.1
     lock = threading.Lock()
 
     def do_GET(self) -> None:
-        usage = min(1.0, 0.1 * FakeEngine.in_flight)
+        usage = min(1.0, FakeEngine.usage_per_request * FakeEngine.in_flight)
         text = (
             f'vllm:cache_config_info{{block_size="{BLOCK_SIZE}",engine="0",num_gpu_blocks="{BLOCKS}"}} 1.0\n'
             f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {usage}\n'
@@ -87,6 +88,7 @@ class FakeEngine(BaseHTTPRequestHandler):
 @pytest.fixture
 def engine() -> Iterator[str]:
     FakeEngine.bodies = []
+    FakeEngine.usage_per_request = 0.1
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeEngine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -134,6 +136,18 @@ def test_it_measures_latencies_and_kv_use_of_a_streaming_engine(engine: str, tmp
         assert 1 <= len(sample.lens) <= 4 and 0 < sample.seconds < 10 * TBT_S
         assert all(8 < n <= 45 for n in sample.lens)  # prompt + tokens so far, before the last
     assert statistics.median(s.seconds for s in report.decode_samples) >= TBT_S * 0.5
+
+
+def test_kv_held_by_the_streams_counts_when_every_scrape_misses_it(engine: str, tmp_path: Path) -> None:
+    # The gauge never shows the requests (as when a fast engine finishes them between two scrapes);
+    # the two overlapping streams still prove that their prompts and streamed tokens were held at once.
+    FakeEngine.usage_per_request = 0.0
+    frame = probe((0.0, 40, 6), (0.01, 30, 6))
+    report = asyncio.run(ProbeRunner(engine, spec(tmp_path), sample_interval_s=60.0).run(frame))
+    assert report.ok and report.finished == 2
+    bpt = report.kv_bytes_per_token
+    assert (40 + 30) * bpt <= report.peak_kv_used_bytes <= (40 + 30 + 2 * 6) * bpt
+    assert report.peak_kv_used_bytes <= report.peak_kv_demand_bytes
 
 
 def test_it_counts_a_failed_request_as_infinitely_late(engine: str, tmp_path: Path) -> None:
