@@ -9,7 +9,9 @@ from serving.aqua.offload.dram import DramStore
 from serving.aqua.offload.paged import PagedKV
 
 
-@pytest.mark.parametrize("shape", [(12, 2, 2, 32, 64), (2, 12, 2, 32, 64)])
+# Rows of 32 KB (gathered as two 16 KB sub-rows), the block dim second, and 84-byte rows of an odd
+# number of words (not cut).
+@pytest.mark.parametrize("shape", [(12, 2, 2, 32, 64), (2, 12, 2, 32, 64), (12, 3, 7)])
 def test_it_gathers_blocks_into_one_buffer_and_scatters_them_back(shape: tuple[int, ...]) -> None:
     torch.manual_seed(0)
     caches = [torch.randn(shape) for _ in range(3)]
@@ -32,6 +34,13 @@ def test_it_gathers_blocks_into_one_buffer_and_scatters_them_back(shape: tuple[i
         assert torch.equal(
             caches[layer].index_select(kv.block_dim, idx), before[layer].index_select(kv.block_dim, idx)
         )
+
+
+def test_it_rejects_a_block_id_outside_the_cache() -> None:
+    kv = PagedKV([torch.zeros(4, 2, 32, 64)], 4)
+    buf = torch.empty(kv.nbytes(2), dtype=torch.uint8)
+    with pytest.raises(IndexError, match="block id 4"):
+        kv.gather([0, 4], buf)
 
 
 def test_it_rejects_a_restore_outside_the_saved_buffer() -> None:
