@@ -198,8 +198,8 @@ async def _bench(cfg: dict[str, Any], rounds: int) -> dict[str, Any]:
             out[name]["engine_start_s"] = started
         out["resume"] = await _resume_costs(made["ours"][0], made["ours"][1])
         for name, (_, stats, _) in made.items():
-            out[name]["scheduler_counters"] = read_json(stats / "scheduler.json")
-            out[name]["offload_counters"] = read_json(stats / "offload-worker.json")
+            out[name]["scheduler_counters"] = read_json(stats / "scheduler.json", settle_s=0.3)
+            out[name]["offload_counters"] = read_json(stats / "offload-worker.json", settle_s=0.3)
     finally:
         for llm, _, _ in made.values():
             llm.shutdown()
@@ -209,7 +209,7 @@ async def _bench(cfg: dict[str, Any], rounds: int) -> dict[str, Any]:
 async def _resume_costs(llm: Any, stats: Path) -> dict[str, float]:
     """Restore seconds per token (the connector's counters) vs recompute seconds per token (an
     idle-engine prefill of a prompt as long as an average restored request)."""
-    worker = read_json(stats / "offload-worker.json")
+    worker = read_json(stats / "offload-worker.json", settle_s=0.3)
     loads = max(1, int(worker.get("loads", 0)))
     restored_tokens = worker.get("bytes_restored", 0) / engines.BYTES_PER_TOKEN
     per_load_tokens = max(32, int(restored_tokens / loads))

@@ -154,7 +154,8 @@ def engine_checks(sock: str, root: Path, args: argparse.Namespace) -> None:
         all(same) and diff <= args.logprob_tol,
         {"same_tokens": sum(same), "of": len(same), "max_logprob_diff": diff},
     )
-    sched, worker = read_json(root / "scheduler.json"), read_json(root / "offload-worker.json")
+    sched = read_json(root / "scheduler.json", settle_s=0.3)
+    worker = read_json(root / "offload-worker.json", settle_s=0.3)
     ok = (
         sched.get("preemptions", 0) > 0 and worker.get("loads", 0) > 0 and worker.get("load_failures", 1) == 0
     )

@@ -33,7 +33,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from serving.aqua.offload.dram import DramStore
 from serving.aqua.offload.paged import PagedKV
-from serving.aqua.offload.stats import write_json_atomic
+from serving.aqua.offload.stats import StatsFile
 from serving.aqua.offload.store import KVStore
 from serving.vllm_ext.offload_config import OffloadConfig
 from serving.vllm_ext.offload_meta import AquaConnectorMetadata
@@ -80,11 +80,11 @@ class AquaConnector(KVConnectorBase_V1):
         self._num_blocks = kv_cache_config.num_blocks
         self._planner: OffloadPlanner | None = None
         self._worker: OffloadWorker | None = None
-        self._sched_stats = (
-            Path(self.config.stats_dir) / "offload-scheduler.json" if self.config.stats_dir else None
-        )
+        self._sched_stats: StatsFile | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._planner = OffloadPlanner(vllm_config.cache_config.block_size)
+            if self.config.stats_dir:
+                self._sched_stats = StatsFile(Path(self.config.stats_dir) / "offload-scheduler.json")
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
                 # The scheduler reads this right after building its connector: a lost offload
                 # must be recomputed, not fail the request.
@@ -132,6 +132,8 @@ class AquaConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.close()
+        if self._sched_stats is not None:
+            self._sched_stats.close()
 
     # -- scheduler side ------------------------------------------------------------------------------
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
@@ -153,7 +155,7 @@ class AquaConnector(KVConnectorBase_V1):
         assert self._planner is not None
         meta = self._planner.build_connector_meta(scheduler_output)
         if self._sched_stats is not None and (meta.saves or meta.loads or meta.drops):
-            write_json_atomic(self._sched_stats, dict(self._planner.counters))
+            self._sched_stats.publish(dict(self._planner.counters))
         return meta
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:

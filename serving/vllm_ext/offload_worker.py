@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from serving.aqua.offload.paged import PagedKV
-from serving.aqua.offload.stats import OffloadStats, write_json_atomic
+from serving.aqua.offload.stats import OffloadStats, StatsFile
 from serving.aqua.offload.store import KVStore
 from serving.vllm_ext.offload_config import OffloadConfig
 from serving.vllm_ext.offload_meta import AquaConnectorMetadata, AquaWorkerMetadata, LoadJob, SaveJob
@@ -42,7 +42,9 @@ class OffloadWorker:
         self._lost: set[str] = set()
         self._invalid: set[int] = set()
         self._publish_due = False
-        self._stats_path = Path(config.stats_dir) / "offload-worker.json" if config.stats_dir else None
+        self._stats_file = None
+        if config.stats_dir:
+            self._stats_file = StatsFile(Path(config.stats_dir) / "offload-worker.json")
 
     def register(self, kv: PagedKV) -> None:
         self.kv = kv
@@ -174,12 +176,14 @@ class OffloadWorker:
         return out
 
     def _publish(self) -> None:
-        if self._stats_path is not None:
+        if self._stats_file is not None:
             data = self.stats.to_dict()
             data["held"] = {s.tier: len(s.keys()) for s in self.stores}
-            write_json_atomic(self._stats_path, data)
+            self._stats_file.publish(data)
 
     def close(self) -> None:
         self._publish()
+        if self._stats_file is not None:
+            self._stats_file.close()
         for store in self.stores:
             store.close()

@@ -35,7 +35,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy as QueuePolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from serving.aqua.offload.stats import write_json_atomic
+from serving.aqua.offload.stats import StatsFile
 from serving.policies.base import SchedContext, SchedulingPolicy
 from serving.policies.registry import get_policy
 from serving.vllm_ext.request_view import VllmRequestView
@@ -68,7 +68,7 @@ class AquaScheduler(Scheduler):
         additional = additional if isinstance(additional, dict) else {}
         self.aqua_policy = policy_from_config(additional)
         stats_dir = additional.get("aqua_stats_dir") or os.environ.get("AQUA_STATS_DIR")
-        self._stats_path = Path(stats_dir) / "scheduler.json" if stats_dir else None
+        self._stats_file = StatsFile(Path(stats_dir) / "scheduler.json") if stats_dir else None
         self._iteration = 0
         self._next_seq = 0
         self._admission: dict[str, int] = {}
@@ -191,13 +191,15 @@ class AquaScheduler(Scheduler):
 
     def shutdown(self) -> None:
         self.publish_stats()
+        if self._stats_file is not None:
+            self._stats_file.close()
         super().shutdown()
 
     def publish_stats(self) -> None:
         """Write the counters (and the connector's, if it is the Aqua connector) to scheduler.json."""
-        if self._stats_path is not None:
+        if self._stats_file is not None:
             data: dict[str, Any] = dict(self.counters)
             planner = getattr(self.connector, "planner", None)
             if planner is not None:
                 data["connector"] = dict(planner.counters)
-            write_json_atomic(self._stats_path, data)
+            self._stats_file.publish(data)

@@ -111,11 +111,11 @@ class AquaEngine:
     def __init__(self, llm: Any, stats: Path, corrupt_file: Path) -> None:
         self.llm, self.stats, self.corrupt_file = llm, stats, corrupt_file
 
-    def sched(self) -> dict[str, Any]:
-        return engines.counters(self.stats, "scheduler.json")
+    def sched(self, settle_s: float = 0.3) -> dict[str, Any]:
+        return engines.counters(self.stats, "scheduler.json", settle_s)
 
-    def worker(self) -> dict[str, Any]:
-        return engines.counters(self.stats, "offload-worker.json")
+    def worker(self, settle_s: float = 0.3) -> dict[str, Any]:
+        return engines.counters(self.stats, "offload-worker.json", settle_s)
 
 
 @pytest.fixture(scope="session")

@@ -127,8 +127,10 @@ def max_logprob_diff(a: list[Completion], b: list[Completion]) -> float:
     return worst
 
 
-def counters(stats_dir: Path, name: str) -> dict[str, Any]:
-    return read_json(stats_dir / name)
+def counters(stats_dir: Path, name: str, settle_s: float = 0.3) -> dict[str, Any]:
+    """The engine's counters file; by default once it has settled (the engine writes it off its step
+    thread, a moment after a run ends). settle_s=0 reads it as it is now (to watch a run)."""
+    return read_json(stats_dir / name, settle_s=settle_s)
 
 
 def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:

@@ -72,7 +72,7 @@ def test_it_survives_a_reclaim_mid_run(
     t = threading.Thread(target=run)
     t.start()
     # Reclaim while the lent region holds offloaded KV.
-    held = wait_for(lambda: aqua.worker().get("held", {}).get("lent", 0) > 0, timeout=120, interval=0.01)
+    held = wait_for(lambda: aqua.worker(0).get("held", {}).get("lent", 0) > 0, timeout=120, interval=0.01)
     os.kill(lender.producer.pid, signal.SIGUSR1)
     t.join(timeout=300)
     assert not t.is_alive()
