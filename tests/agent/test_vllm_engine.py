@@ -86,19 +86,24 @@ async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) ->
             request_s = time.monotonic() - started
             assert resp.status_code == 200, resp.text
             assert resp.json()["usage"]["completion_tokens"] == 48
-            await asyncio.sleep(2.5)  # the windows after it finished
+            # The windows after it finished: scrapes come every second, later under load, so wait
+            # (bounded) until a window has taken in the engine's last inter-token samples.
+            deadline = time.monotonic() + 60
+            while True:
+                await asyncio.sleep(1.0)
+                after = parse_metrics((await http.get("/metrics")).text)
+                itl_grew = after.histograms[ITL].count - (
+                    before.histograms[ITL].count if ITL in before.histograms else 0
+                )
+                windows = list({id(x): x for x in seen}.values())  # a window's sample repeats until replaced
+                itl_in_windows = sum(x.itl.count for x in windows if x.itl is not None)
+                if itl_in_windows >= itl_grew or time.monotonic() > deadline:
+                    break
             watcher.cancel()
-            after = parse_metrics((await http.get("/metrics")).text)
-        # A window's sample object is returned until the next scrape replaces it.
-        windows = list({id(x): x for x in seen}.values())
         ttfts = [x.ttft for x in windows if x.ttft is not None and x.ttft.count > 0]
         assert len(ttfts) == 1 and ttfts[0].count == 1  # one request: one first token, in one window
         assert ttfts[0].p50 is not None and ttfts[0].p50 > 0
         # The windows partition the engine's own histogram: their counts add up to its growth.
-        itl_in_windows = sum(x.itl.count for x in windows if x.itl is not None)
-        itl_grew = after.histograms[ITL].count - (
-            before.histograms[ITL].count if ITL in before.histograms else 0
-        )
         assert itl_in_windows == itl_grew > 0
         assert max(x.running for x in seen) <= 1 and seen[-1].running + seen[-1].waiting <= 1
         if request_s > 2.5:  # it spanned a whole scrape window: a scrape must have seen it running
