@@ -135,9 +135,10 @@ class PagedKV:
         intra-op threads, like `copy_`; in the cache's own dtype and shape it runs element by element
         instead. Cutting rows smaller gives the threads more, evener pieces. Measured on the 2-core
         development machine (16 layers x 32 scattered 128 KB blocks, against `copy_` of the same
-        64 MB): per-block memmoves 0.38-0.46 of copy_'s bandwidth (they run on one thread), whole
-        rows 0.71-0.90, 16 KB sub-rows 0.91-0.98; with one torch thread, 0.77 / 0.88 of a one-thread
-        copy_ (the engine's worker process).
+        64 MB, in a loop of index_selects alone): per-block memmoves 0.38-0.46 of copy_'s bandwidth
+        (they run on one thread), whole rows 0.71-0.90, 16 KB sub-rows 0.91-0.98; with one torch
+        thread (the engine's worker process), 0.77 / 0.88 of a one-thread copy_. This method as a
+        whole, timed alternately with copy_ as benchmarks/aqua_burst.py does, gave 0.62-0.9.
         """
         n = buf.shape[2]
         for b in block_ids:
