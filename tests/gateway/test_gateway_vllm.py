@@ -102,7 +102,8 @@ def test_it_serves_non_streaming_chat_and_completions_and_sums_their_usage(stack
     assert completion.usage.completion_tokens == 7
     streamed = list(client.completions.create(model="tiny", prompt="Once upon", max_tokens=4, stream=True))
     assert all(c.usage is None for c in streamed), "no usage asked for, none sent"
-    time.sleep(0.5)
+    # Usage is recorded once each response has ended: wait for all three (a loaded machine is slow).
+    wait_until(lambda: Usage.objects.filter(key_id=key_id, requests=3).exists(), 10, "three requests' usage")
     usage = usage_of(key_id)
     assert usage.requests == 3
     assert usage.completion_tokens == chat.usage.completion_tokens + 7 + 4
