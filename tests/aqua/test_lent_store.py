@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -25,6 +26,13 @@ def lender(server: CoordinatorServer, sock_path: str) -> Iterator[tuple[AquaClie
     region.close()
 
 
+def _eventually(predicate: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
 def _store_one(store: LentRegionStore) -> torch.Tensor:
     buf = store.reserve("req-1", 4096)
     assert buf is not None, "the store should allocate from the lent region"
@@ -40,7 +48,8 @@ def test_it_hands_back_stored_keys_for_evacuation_on_reclaim_then_frees(
     try:
         expected = _store_one(store)
         assert producer.request_reclaim(region_id) == "pending"
-        assert store.poll() == ["req-1"]  # evacuate these first
+        # The watcher notices the reclaim within its interval; then the step's poll lists the keys.
+        _eventually(lambda: store.poll() == ["req-1"], "the keys to evacuate")
         got = store.get("req-1")
         assert got is not None and torch.equal(got, expected)  # still readable until discarded
         store.discard("req-1")
@@ -56,9 +65,40 @@ def test_it_drops_its_data_instead_of_evacuating_when_the_coordinator_is_gone(
     store = LentRegionStore(sock_path, "consumer", NBYTES)
     try:
         _store_one(store)
+        store._stop.set()  # the watcher stays out: the step's poll alone must notice the lost session
+        store._watcher.join()
         server.stop()  # the session ends: the coordinator no longer vouches for the allocation
         assert store.poll() == []  # nothing to evacuate: reading those bytes could restore wrong KV
         assert store.get("req-1") is None  # the request recomputes
         assert store.keys() == []
+    finally:
+        store.close()
+
+
+def test_the_step_poll_makes_no_coordinator_call(
+    lender: tuple[AquaClient, str], sock_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    producer, region_id = lender
+    store = LentRegionStore(sock_path, "consumer", NBYTES)
+    try:
+        _store_one(store)
+        calls: list[str] = []
+        real = store.client._call
+
+        def counted(op: str, **args: object) -> object:
+            calls.append(op)
+            return real(op, **args)
+
+        monkeypatch.setattr(store.client, "_call", counted)
+        store._stop.set()  # the watcher's calls are not the step's
+        store._watcher.join()
+        for _ in range(100):
+            assert store.poll() == []
+        assert calls == []
+        # ...while the watcher is what notices a reclaim
+        assert producer.request_reclaim(region_id) == "pending"
+        assert store.poll() == []
+        store._check_reclaim()
+        assert store.poll() == ["req-1"] and calls == ["pending_reclaims"]
     finally:
         store.close()

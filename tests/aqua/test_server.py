@@ -191,6 +191,22 @@ def test_it_reports_connection_loss_as_unavailable(sock_path: str) -> None:
         client.allocate("c1", 10)
 
 
+def test_connected_tells_a_live_session_from_a_lost_one_without_a_round_trip(sock_path: str) -> None:
+    srv = CoordinatorServer(sock_path)
+    srv.start()
+    client, other = AquaClient(sock_path), AquaClient(sock_path)
+    client.ping()
+    t0 = time.monotonic()
+    assert client.connected() and client.connected()  # idle and up: no wait for a reply
+    assert time.monotonic() - t0 < 1.0
+    other.close()
+    assert not other.connected()
+    srv.stop()  # the server closes every session
+    assert not client.connected()
+    with pytest.raises(CoordinatorUnavailable):
+        client.ping()
+
+
 def test_it_times_out_on_a_server_that_never_answers(sock_path: str) -> None:
     mute = socket.socket(socket.AF_UNIX)
     mute.bind(sock_path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import socket
 import threading
 import time
@@ -128,6 +129,22 @@ class AquaClient:
 
     def ping(self) -> None:
         self._call("ping")
+
+    def connected(self) -> bool:
+        """Whether the session is still up, without a round trip: False once the server has closed
+        the connection (it ended the session and freed its allocations) or this client was closed.
+
+        Between calls nothing may arrive (every reply answers a request), so a readable socket means
+        end-of-file or an error; `select` first, because a socket with a timeout waits in `recv`.
+        """
+        with self._lock:
+            if self._sock.fileno() < 0:
+                return False
+            try:
+                readable, _, _ = select.select([self._sock], [], [], 0)
+                return not readable or self._sock.recv(1, socket.MSG_PEEK) != b""
+            except OSError:
+                return False
 
     def close(self) -> None:
         """Close the connection: the server then frees this session's allocations and withdraws its leases."""

@@ -3,12 +3,16 @@
 Protocol (aqua-lib, consumer side):
   * allocate `lent_bytes` all-or-nothing from the coordinator, attach the region through the
     allocation's handle, and carve per-request buffers out of it (first fit);
-  * every engine step `poll()` asks the coordinator for `pending_reclaims`; once the allocation is
-    listed, no new buffer is handed out and every held key is returned for evacuation (the worker
-    copies each to DRAM, then discards it here);
+  * a watcher thread asks the coordinator for `pending_reclaims` every WATCH_INTERVAL_S; once the
+    allocation is listed, no new buffer is handed out and the engine's next `poll()` returns every
+    held key for evacuation (the worker copies each to DRAM, then discards it here). A reclaim is
+    a request (the producer waits for it), so noticing it within the interval is enough;
+  * `poll()`, every engine step, makes no round trip: it only checks that the session's connection
+    is still open (`AquaClient.connected`). A session that has ended has had its allocation freed,
+    so the stored keys are dropped at once, unread (the requests recompute);
   * when the last key is discarded the region is detached and the allocation freed, which lets the
     producer's reclaim finish. After that nothing is read from the region: `get` returns None.
-A background thread frees an allocation that is being reclaimed while holding no key, so an idle
+The watcher also frees an allocation that is being reclaimed while holding no key, so an idle
 engine does not keep a producer waiting.
 """
 
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ALIGN = 256
+WATCH_INTERVAL_S = 0.05  # how often the watcher asks the coordinator for pending reclaims
 
 
 class LentRegionStore(KVStore):
@@ -116,28 +121,33 @@ class LentRegionStore(KVStore):
         try:
             pending = self.client.pending_reclaims(self.consumer_id)
         except Exception as exc:
-            # Our session is over, and with it the allocation: the coordinator has freed it and
-            # may already have given the bytes to another consumer. Nothing stored there can be
-            # trusted, so nothing is evacuated: the requests recompute (get() now misses).
-            logger.warning(
-                "aqua: pending_reclaims failed (%s); dropping %d stored request(s) of lent region %s",
-                exc,
-                len(self._entries),
-                self._alloc.region_id,
-            )
-            self._entries.clear()
-            self._reclaiming = True
+            self._session_lost(f"pending_reclaims failed ({exc})")
             return
         if any(a.alloc_id == self._alloc.alloc_id for a in pending):
             self._reclaiming = True
 
+    def _session_lost(self, why: str) -> None:
+        """Our session is over, and with it the allocation: the coordinator has freed it and may
+        already have given the bytes to another consumer. Nothing stored there can be trusted, so
+        nothing is evacuated: the requests recompute (get() now misses)."""
+        assert self._alloc is not None
+        logger.warning(
+            "aqua: %s; dropping %d stored request(s) of lent region %s",
+            why,
+            len(self._entries),
+            self._alloc.region_id,
+        )
+        self._entries.clear()
+        self._reclaiming = True
+
     def _watch(self) -> None:
-        while not self._stop.wait(0.05):
+        while not self._stop.wait(WATCH_INTERVAL_S):
             with self._lock:
-                if self._alloc is None or self._entries:
+                if self._alloc is None:
                     continue
-                self._check_reclaim()
-                if self._reclaiming:
+                if not self._reclaiming:
+                    self._check_reclaim()
+                if self._reclaiming and not self._entries:
                     self._release()
 
     # -- KVStore --------------------------------------------------------------------------------------
@@ -180,7 +190,8 @@ class LentRegionStore(KVStore):
 
     def poll(self) -> list[str]:
         with self._lock:
-            self._check_reclaim()
+            if self._alloc is not None and self._entries and not self.client.connected():
+                self._session_lost("the coordinator closed our session")
             if not self._reclaiming:
                 return []
             if not self._entries:
