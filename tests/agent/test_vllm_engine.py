@@ -34,7 +34,12 @@ def alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
-async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) -> None:
+async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine inherits this process's environment, and the log lines checked below are INFO
+    # (tests/vllm_aqua sets WARNING for its engines, in os.environ, when it runs first).
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
     model_dir = tiny_model()
     statuses: list[DeploymentStatus] = []
     aqua = AquaHost(str(tmp_path / "aqua.sock"))
@@ -62,6 +67,8 @@ async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(tmp_path: Path) ->
         )
         assert statuses[-1].state == "running", statuses[-1].error
         port = statuses[-1].port
+        # "running" comes with the health check; the first /metrics scrape follows (later under load).
+        await wait_for(lambda: manager.samples()[0].kv_cache_usage is not None, timeout=60, interval=0.1)
         seen: list[EngineSample] = []
 
         async def watch() -> None:
