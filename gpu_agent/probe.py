@@ -98,6 +98,7 @@ class _Track:
     chunks: list[float] = field(default_factory=list)
     finished: bool = False
     closed: bool = False  # its stream has ended (finished, failed or cancelled)
+    held: int = 0  # tokens of KV it is known to hold now (counted in _KvPeaks.held)
 
 
 @dataclass
@@ -107,6 +108,7 @@ class _KvPeaks:
     capacity_tokens: int
     used: float = 0.0
     demand: float = 0.0
+    held: int = 0  # sum of the tracks' `held`, kept as chunks arrive and streams end
 
     def scraped(self, usage: float, tracks: list[_Track]) -> None:
         """One /metrics scrape: `usage` is the engine's gauge; demand adds the unanswered prompts."""
@@ -114,11 +116,14 @@ class _KvPeaks:
         self.used = max(self.used, usage)
         self.demand = max(self.demand, usage + self._fraction(waiting))
 
-    def streamed(self, tracks: list[_Track]) -> None:
-        """A chunk arrived: the requests streaming now hold at least their prompt and their tokens."""
-        streaming = [t for t in tracks if t.chunks and not (t.finished or t.closed)]
-        held = sum(t.spec.prompt_tokens + len(t.chunks) - 1 for t in streaming)
-        self.used = max(self.used, self._fraction(held))
+    def streamed(self, track: _Track) -> None:
+        """`track` got a chunk or ended: a request between its first and last chunk holds at least
+        its prompt and the tokens streamed so far; the sum over requests is a lower bound of use."""
+        streaming = track.chunks and not (track.finished or track.closed)
+        now = track.spec.prompt_tokens + len(track.chunks) - 1 if streaming else 0
+        self.held += now - track.held
+        track.held = now
+        self.used = max(self.used, self._fraction(self.held))
         self.demand = max(self.demand, self.used)
 
     def _fraction(self, tokens: int) -> float:
@@ -204,7 +209,7 @@ class ProbeRunner:
             start = time.monotonic()
             sampler = asyncio.create_task(self._sample(http, tracks, peaks))
             sends = [
-                asyncio.create_task(self._send(http, t, p, start, tracks, peaks))
+                asyncio.create_task(self._send(http, t, p, start, peaks))
                 for t, p in zip(tracks, prompts, strict=True)
             ]
             try:
@@ -239,7 +244,6 @@ class ProbeRunner:
         track: _Track,
         prompt: list[int],
         start: float,
-        tracks: list[_Track],
         peaks: _KvPeaks,
     ) -> None:
         delay = start + track.spec.arrival_s - time.monotonic()
@@ -271,11 +275,12 @@ class ProbeRunner:
                     track.chunks.append(time.monotonic())
                     if choices[0].get("finish_reason"):
                         track.finished = True
-                    peaks.streamed(tracks)
+                    peaks.streamed(track)
         except (httpx.HTTPError, ValueError):
             return
         finally:
             track.closed = True
+            peaks.streamed(track)
 
     def _report(
         self, frame: Probe, tracks: list[_Track], capacity: int, peaks: _KvPeaks, duration: float
