@@ -10,9 +10,11 @@ JSON keys: per run p50/p99 TTFT and TBT (seconds) and throughput (generated toke
 makespan); `p99_ttft_ratio` (default/ours, target >= 25), `throughput_ratio` (ours/default, target
 >= 0.95), `resume_cost_ratio` (recomputing a resumed request's KV / restoring it, target >= 5) and
 `copy_bandwidth_fraction` (the aggregated gather+copy's bandwidth over a plain memcpy of the same
-bytes, target >= 0.8). Two more engines attribute the result (`attribution`): `sched_only`
-(AquaScheduler, recompute preemption, no connector) and `default_with_connector` (vLLM's scheduler
-with the Aqua connector loaded). All engines stay up and the workload alternates between them.
+bytes, target >= 0.8). Three more engines attribute the result (`attribution`): `sched_only`
+(AquaScheduler, recompute preemption, no connector), `default_with_connector` (vLLM's scheduler
+with the Aqua connector loaded) and `default_with_noop_connector` (vLLM's scheduler with a
+connector that does nothing, benchmarks/noop_connector.py: what vLLM's per-step connector hooks
+cost by themselves). All engines stay up and the workload alternates between them.
 
 Changes to the setup, with the measurements behind them (also in the JSON under `setup_notes`):
   * The burst arrives when a long request has streamed `burst_after_tokens` (half of its output)
@@ -138,9 +140,15 @@ async def _workload(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, Any]:
     }
 
 
-# Extra engines that attribute the difference: the scheduler alone (recompute preemption) and
-# vLLM's scheduler with the connector loaded (no rotations, so almost no offloads).
-VARIANTS = ("default", "ours", "sched_only", "default_with_connector")
+# Extra engines that attribute the difference: the scheduler alone (recompute preemption),
+# vLLM's scheduler with the connector loaded (no rotations, so almost no offloads), and vLLM's
+# scheduler with a connector that does nothing (the cost of vLLM's connector hooks alone).
+VARIANTS = ("default", "ours", "sched_only", "default_with_connector", "default_with_noop_connector")
+NOOP_CONNECTOR = {
+    "kv_connector": "NoopConnector",
+    "kv_connector_module_path": "benchmarks.noop_connector",
+    "kv_role": "kv_both",
+}
 
 
 def _make(name: str, cfg: dict[str, Any]) -> tuple[Any, Path, float]:
@@ -158,6 +166,8 @@ def _make(name: str, cfg: dict[str, Any]) -> tuple[Any, Path, float]:
         kwargs["additional_config"] = {"aqua_policy": "aqua", "aqua_stats_dir": str(stats)}
     if name in ("ours", "default_with_connector"):
         kwargs["kv_transfer_config"] = engines.aqua_kv_transfer(dram_bytes=1 << 30, stats_dir=str(stats))
+    if name == "default_with_noop_connector":
+        kwargs["kv_transfer_config"] = dict(NOOP_CONNECTOR)
     args = AsyncEngineArgs(
         model=str(model),
         dtype="float32",
@@ -327,8 +337,12 @@ def main() -> None:
             "p99_ttft_ratio": default["burst_ttft_p99_s"] / runs[name]["burst_ttft_p99_s"],
             "throughput_ratio": runs[name]["throughput_tok_s"] / default["throughput_tok_s"],
             "tbt_p50_s": runs[name]["tbt_p50_s"],
+            "median_round_tbt_p50_s": statistics.median(r["tbt_p50_s"] for r in runs[name]["rounds"]),
+            "median_paired_throughput_ratio": _paired(default["rounds"], runs[name]["rounds"])[
+                "median_throughput_ratio"
+            ],
         }
-        for name in VARIANTS[2:]
+        for name in VARIANTS
     }
     bw = copy_bandwidth(quick=args.quick)
     result = {
@@ -341,6 +355,7 @@ def main() -> None:
         "ours": ours,
         "sched_only": runs["sched_only"],
         "default_with_connector": runs["default_with_connector"],
+        "default_with_noop_connector": runs["default_with_noop_connector"],
         "attribution": attribution,
         "p99_ttft_ratio": default["burst_ttft_p99_s"] / ours["burst_ttft_p99_s"],
         "p50_ttft_ratio": default["burst_ttft_p50_s"] / ours["burst_ttft_p50_s"],
