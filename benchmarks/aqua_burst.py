@@ -157,7 +157,6 @@ def _make(name: str, cfg: dict[str, Any]) -> tuple[Any, Path, float]:
 
     from scripts.build_tiny_model import build_model
 
-    engines.engine_env()
     model = build_model()
     stats = Path(tempfile.mkdtemp(prefix=f"aqua-burst-{name}-"))
     kwargs: dict[str, Any] = {}
@@ -184,7 +183,8 @@ def _make(name: str, cfg: dict[str, Any]) -> tuple[Any, Path, float]:
         **kwargs,
     )
     t0 = time.perf_counter()
-    llm = AsyncLLM.from_engine_args(args)
+    with engines.engine_env():
+        llm = AsyncLLM.from_engine_args(args)
     return llm, stats, time.perf_counter() - t0
 
 
@@ -345,9 +345,10 @@ def main() -> None:
         for name in VARIANTS
     }
     bw = copy_bandwidth(quick=args.quick)
+    engine_environ = engines.engine_environ()
     result = {
         "config": cfg,
-        "engine_env": {k: os.environ.get(k) for k in (RESERVED_CPUS_ENV, "VLLM_CPU_OMP_THREADS_BIND")},
+        "engine_env": {k: engine_environ.get(k) for k in (RESERVED_CPUS_ENV, "VLLM_CPU_OMP_THREADS_BIND")},
         "setup_notes": SETUP_NOTES,
         "quick": args.quick,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},

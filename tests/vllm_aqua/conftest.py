@@ -4,7 +4,6 @@ producer, and as few vLLM CPU engines as the tests need (engine start costs 15-9
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -35,9 +34,8 @@ class Lender:
     """A coordinator and a producer process lending one shared-memory region."""
 
     def __init__(self, root: Path) -> None:
-        engines.engine_env()
         self.socket = str(root / "coord.sock")
-        env = dict(os.environ)
+        env = engines.engine_environ()
         self.coord = subprocess.Popen(
             [sys.executable, "-m", "serving.aqua.coordinator", "--socket", self.socket],
             stdout=subprocess.PIPE,

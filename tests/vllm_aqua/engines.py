@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -24,17 +26,36 @@ _TEXT = (
 WORDS = _TEXT.split(" ")
 
 
-def engine_env() -> None:
-    """Make `serving` importable in vLLM's spawned engine processes, and give every engine (with
-    or without the Aqua connector) vLLM's no-connector OpenMP core reservation (one core for the
-    engine-core process; see serving/vllm_ext/cpu_binding.py): engines with and without a KV
-    connector then run the same thread binding. Engines without a connector get this value from
-    vLLM anyway."""
-    paths = os.environ.get("PYTHONPATH", "")
+def engine_environ() -> dict[str, str]:
+    """This process's environment plus what vLLM's spawned engine processes need: `serving` on
+    PYTHONPATH, WARNING-level engine logs unless set, and vLLM's no-connector OpenMP core
+    reservation for every engine, with or without the Aqua connector (one core for the
+    engine-core process; see serving/vllm_ext/cpu_binding.py), so that both run the same thread
+    binding. Engines without a connector get this reservation from vLLM anyway."""
+    env = dict(os.environ)
+    paths = env.get("PYTHONPATH", "")
     if str(REPO) not in paths.split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), paths) if p)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.update(reserved_cpus_env(1, os.environ))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), paths) if p)
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.update(reserved_cpus_env(1, env))
+    return env
+
+
+@contextmanager
+def engine_env() -> Iterator[None]:
+    """`engine_environ()` in os.environ while engines start, restored afterwards.
+
+    vLLM spawns its engine-core process (which spawns the worker) while the engine is built, with
+    this process's environment; afterwards nothing reads these settings, so they need not outlive
+    the start (before, they stayed set for the rest of the test session and changed the log level
+    of engines other tests started)."""
+    saved = dict(os.environ)
+    os.environ.update(engine_environ())
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def make_prompts(n: int, seed: int = 0, min_words: int = 6, max_words: int = 90) -> list[str]:
@@ -71,7 +92,6 @@ def make_llm(
     dtype: str = "float32",
 ) -> Any:
     """A vLLM engine for the tiny model with a KV cache of `kv_tokens` tokens."""
-    engine_env()
     from vllm import LLM
 
     kwargs: dict[str, Any] = {}
@@ -81,20 +101,21 @@ def make_llm(
         kwargs["additional_config"] = additional
     if connector is not None:
         kwargs["kv_transfer_config"] = connector
-    return LLM(
-        model=str(model),
-        dtype=cast(Any, dtype),
-        kv_cache_memory_bytes=kv_tokens * BYTES_PER_TOKEN // (1 if dtype == "float32" else 2),
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=False,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        async_scheduling=False,
-        enforce_eager=True,
-        seed=0,
-        **kwargs,
-    )
+    with engine_env():
+        return LLM(
+            model=str(model),
+            dtype=cast(Any, dtype),
+            kv_cache_memory_bytes=kv_tokens * BYTES_PER_TOKEN // (1 if dtype == "float32" else 2),
+            block_size=BLOCK_SIZE,
+            enable_prefix_caching=False,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            async_scheduling=False,
+            enforce_eager=True,
+            seed=0,
+            **kwargs,
+        )
 
 
 @dataclass(frozen=True)
