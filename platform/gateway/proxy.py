@@ -124,7 +124,8 @@ class GatewayApp:
         finally:
             if not relay.done():  # the client left (or we are cancelled): stop the upstream request
                 relay.cancel()
-                state["outcome"] = "disconnected"
+                if state["outcome"] != "completed":  # not a client that left after [DONE]
+                    state["outcome"] = "disconnected"
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -218,6 +219,10 @@ class GatewayApp:
                         await send(
                             {"type": "http.response.body", "body": b"".join(events), "more_body": True}
                         )
+                    if meter.done:
+                        # The client has the whole response: one that hangs up now, before the
+                        # engine closes its end, was served in full.
+                        state["outcome"] = "completed"
                 state["outcome"] = "completed"
             except httpx.HTTPError as exc:  # the engine died mid-stream: end the stream we started
                 log.warning("gateway: replica %s failed mid-stream: %r", target.replica_id, exc)

@@ -29,7 +29,8 @@ class StreamMeter:
     """Timing and token counts of one response, fed event by event.
 
     ``started`` is the request's arrival at the gateway (``time.monotonic()``); the first event
-    that carries generated text sets TTFT, later ones add time-between-token gaps.
+    that carries generated text sets TTFT, later ones add time-between-token gaps. ``done`` is set
+    by the stream's closing ``[DONE]`` event.
     """
 
     started: float
@@ -39,6 +40,7 @@ class StreamMeter:
     first_token_at: float | None = None
     last_token_at: float | None = None
     gaps: list[float] = field(default_factory=list)
+    done: bool = False
     _buffer: bytes = b""
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -60,6 +62,7 @@ class StreamMeter:
             return event  # comments, other fields: pass through
         payload = event[5:].strip()
         if payload == DONE:
+            self.done = True
             return b"data: [DONE]"
         try:
             chunk = json.loads(payload)

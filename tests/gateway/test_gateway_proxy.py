@@ -248,3 +248,33 @@ def test_a_disconnect_cancels_the_upstream_stream(gateway_data: dict[str, Any]) 
     sample = RequestSample.objects.get()
     assert sample.outcome == "disconnected" and sample.completion_tokens == len(result.chunks)
     assert Usage.objects.get().completion_tokens == sample.completion_tokens
+
+
+def test_a_client_that_leaves_after_done_was_served_in_full(gateway_data: dict[str, Any]) -> None:
+    # The engine has sent its last event but not yet closed the stream when the client, which has
+    # everything, hangs up (the openai client does): that request completed, it was not abandoned.
+    state = {"closed": False}
+
+    async def done_then_linger() -> AsyncIterator[bytes]:
+        try:
+            yield sse(chunk("a", 5, 1), chunk("b", 5, 2), final_usage(5, 2))
+            await asyncio.Event().wait()  # the engine has not closed its end yet
+        finally:
+            state["closed"] = True
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=done_then_linger(), headers={"content-type": "text/event-stream"})
+
+    async def leave_after_done(result: Call) -> None:
+        while b"[DONE]" not in result.body:
+            result.sent_body.clear()
+            await result.sent_body.wait()
+
+    body = {**CHAT, "stream": True}
+    app, secret = app_with(upstream), gateway_data["secret"]
+    result = asyncio.run(call(app, "/v1/chat/completions", body, secret, disconnect=leave_after_done))
+    assert result.events()[-1] == "[DONE]"
+    assert state["closed"], "the upstream stream was closed"
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "completed" and sample.completion_tokens == 2
+    assert Usage.objects.get().completion_tokens == 2

@@ -45,6 +45,48 @@ def usage_of(key_id: int) -> Usage:
     return Usage.objects.get(key_id=key_id)
 
 
+def test_a_client_that_disconnects_aborts_the_engine_request(stack: Stack) -> None:
+    # The client leaves as soon as its first chunk arrives; the engine must then stop well before
+    # max_tokens. That needs the engine to be still generating when the client leaves, which this
+    # 2-core machine does not always allow: now and then vLLM's API server sends a request's first
+    # chunk (sometimes even its headers) only once the tiny engine, at about a millisecond a token,
+    # has generated every token, and then often for several requests in a row. It is rarer on a
+    # fresh engine: in 7 runs of 20 requests streamed straight from the engine (no gateway), the
+    # first such request was the 3rd, 9th, 10th, 10th, 12th, 16th, and none. So this test comes
+    # first in the module, and an attempt where the engine had finished anyway, which shows
+    # nothing about aborts, is retried.
+    max_tokens = 2000  # the deployment's max_model_len is 2048
+    attempts = 10
+    for attempt in range(1, attempts + 1):  # noqa: B007 (reported after the loop)
+        client, key_id = client_for(stack)
+        generated_before = engine_metric(stack, "vllm:generation_tokens_total")
+        stream = client.completions.create(
+            model="tiny",
+            prompt="Once upon a time",
+            max_tokens=max_tokens,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        next(iter(stream))
+        stream.close()
+        left = time.monotonic()
+        wait_until(lambda: engine_metric(stack, "vllm:num_requests_running") == 0, 60, "the engine to stop")
+        stopped_after = time.monotonic() - left
+        generated = engine_metric(stack, "vllm:generation_tokens_total") - generated_before
+        if generated < max_tokens:
+            break
+    else:
+        pytest.fail(f"in {attempts} attempts the engine ran every request to max_tokens after the disconnect")
+    wait_until(lambda: "Aborted request" in stack.engine_log(), 10, "vLLM to log the abort")
+    disconnected = RequestSample.objects.filter(outcome="disconnected")
+    wait_until(disconnected.exists, 10, "the disconnected request's sample")
+    sample = disconnected.latest("ts")
+    assert 1 <= sample.completion_tokens < max_tokens
+    assert usage_of(key_id).completion_tokens == sample.completion_tokens
+    print(f"attempt {attempt}: the engine stopped {stopped_after:.2f} s after the client left,", end=" ")
+    print(f"at {generated:.0f} tokens")
+
+
 def test_it_lists_the_model_and_rejects_bad_keys_and_unknown_models(stack: Stack) -> None:
     client, _ = client_for(stack)
     assert [m.id for m in client.models.list()] == ["tiny"]
@@ -126,44 +168,6 @@ def test_it_enforces_the_token_quota_and_request_rate_with_429(stack: Stack) -> 
     assert caught.value.code == "rate_limit_exceeded"
     # A sliding minute: the rest of this minute, then until its 2 requests weigh at most 1 (<= 90 s).
     assert 1 <= int(caught.value.response.headers["retry-after"]) <= 90
-
-
-def test_a_client_that_disconnects_aborts_the_engine_request(stack: Stack) -> None:
-    # The engine must still be generating when the client leaves. The tiny engine runs hundreds of
-    # tokens ahead of a client reading through the gateway; on a loaded machine the relay can lag so
-    # far that the engine has finished all 1500: such an attempt shows nothing, so it is retried.
-    for _attempt in range(3):
-        client, key_id = client_for(stack)
-        generated_before = engine_metric(stack, "vllm:generation_tokens_total")
-        stream = client.completions.create(
-            model="tiny",
-            prompt="Once upon a time",
-            max_tokens=1500,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        for received, _chunk in enumerate(stream, start=1):
-            if received == 5:
-                break
-        if engine_metric(stack, "vllm:num_requests_running") == 1:
-            break
-        stream.close()
-        wait_until(lambda: engine_metric(stack, "vllm:num_requests_running") == 0, 60, "the engine to finish")
-    else:
-        pytest.fail("in 3 attempts the engine finished the request before the client disconnected")
-    stream.close()
-    left = time.monotonic()
-    wait_until(lambda: engine_metric(stack, "vllm:num_requests_running") == 0, 10, "the engine to stop it")
-    stopped_after = time.monotonic() - left
-    generated = engine_metric(stack, "vllm:generation_tokens_total") - generated_before
-    assert generated < 1500, f"the engine generated {generated} tokens: it ran to max_tokens"
-    wait_until(lambda: "Aborted request" in stack.engine_log(), 10, "vLLM to log the abort")
-    disconnected = RequestSample.objects.filter(outcome="disconnected")
-    wait_until(disconnected.exists, 10, "the disconnected request's sample")
-    sample = disconnected.latest("ts")
-    assert 5 <= sample.completion_tokens < 1500
-    assert usage_of(key_id).completion_tokens == sample.completion_tokens
-    print(f"engine stopped {stopped_after:.2f} s after the disconnect, {generated:.0f} tokens generated")
 
 
 def test_it_fails_over_when_a_replica_refuses_connections(stack: Stack) -> None:
