@@ -59,6 +59,7 @@ def test_a_client_that_disconnects_aborts_the_engine_request(stack: Stack) -> No
     attempts = 10
     for attempt in range(1, attempts + 1):  # noqa: B007 (reported after the loop)
         client, key_id = client_for(stack)
+        earlier = list(RequestSample.objects.values_list("pk", flat=True))
         generated_before = engine_metric(stack, "vllm:generation_tokens_total")
         stream = client.completions.create(
             model="tiny",
@@ -73,15 +74,15 @@ def test_a_client_that_disconnects_aborts_the_engine_request(stack: Stack) -> No
         wait_until(lambda: engine_metric(stack, "vllm:num_requests_running") == 0, 60, "the engine to stop")
         stopped_after = time.monotonic() - left
         generated = engine_metric(stack, "vllm:generation_tokens_total") - generated_before
+        ours = RequestSample.objects.exclude(pk__in=earlier)
+        wait_until(ours.exists, 10, "the request's sample")  # before the next attempt's
         if generated < max_tokens:
             break
     else:
         pytest.fail(f"in {attempts} attempts the engine ran every request to max_tokens after the disconnect")
     wait_until(lambda: "Aborted request" in stack.engine_log(), 10, "vLLM to log the abort")
-    disconnected = RequestSample.objects.filter(outcome="disconnected")
-    wait_until(disconnected.exists, 10, "the disconnected request's sample")
-    sample = disconnected.latest("ts")
-    assert 1 <= sample.completion_tokens < max_tokens
+    sample = ours.get()
+    assert sample.outcome == "disconnected" and 1 <= sample.completion_tokens < max_tokens
     assert usage_of(key_id).completion_tokens == sample.completion_tokens
     print(f"attempt {attempt}: the engine stopped {stopped_after:.2f} s after the client left,", end=" ")
     print(f"at {generated:.0f} tokens")
@@ -102,6 +103,8 @@ def test_it_lists_the_model_and_rejects_bad_keys_and_unknown_models(stack: Stack
 
 def test_it_streams_chat_and_records_the_usage_the_client_received(stack: Stack) -> None:
     client, key_id = client_for(stack)
+    streamed = RequestSample.objects.filter(deployment=stack.deployment, stream=True)
+    earlier = list(streamed.values_list("pk", flat=True))  # the module's other streams
     chunks = list(
         client.chat.completions.create(
             model="tiny",
@@ -124,9 +127,9 @@ def test_it_streams_chat_and_records_the_usage_the_client_received(stack: Stack)
         final.usage.completion_tokens,
     )
     # The gateway stores the sample after the last chunk has gone out: wait for it.
-    streamed = RequestSample.objects.filter(deployment=stack.deployment, stream=True)
-    wait_until(streamed.exists, 10, "the request's latency sample")
-    sample = streamed.latest("ts")
+    ours = streamed.exclude(pk__in=earlier)
+    wait_until(ours.exists, 10, "the request's latency sample")
+    sample = ours.get()
     assert sample.outcome == "completed" and sample.ttft_s is not None and sample.tbt_mean_s is not None
     assert 0 < sample.ttft_s < 60 and sample.tbt_mean_s > 0
 
@@ -193,6 +196,7 @@ def test_it_fails_over_when_a_replica_refuses_connections(stack: Stack) -> None:
     try:
         client, _ = client_for(stack)
         mark_seen(dead_host)
+        earlier = list(RequestSample.objects.values_list("pk", flat=True))
         answer = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=3)
         assert answer.choices[0].finish_reason == "length"
         assert answer.usage is not None and answer.usage.completion_tokens == 3
@@ -202,8 +206,9 @@ def test_it_fails_over_when_a_replica_refuses_connections(stack: Stack) -> None:
         while expected not in stack.server.log() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert expected in stack.server.log()
-        latest = RequestSample.objects.filter(stream=False).latest("ts")
-        assert latest.deployment_id == stack.deployment.pk
+        ours = RequestSample.objects.exclude(pk__in=earlier)
+        wait_until(ours.exists, 10, "the request's sample")
+        assert ours.get().deployment_id == stack.deployment.pk
     finally:
         dead.delete()  # and with it the dead replica's row; the live deployment keeps its new row
         dead_host.delete()
