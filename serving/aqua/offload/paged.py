@@ -114,7 +114,7 @@ class PagedKV:
             raise IndexError(f"blocks [{first}, {first + k}) outside a buffer of {src_blocks} blocks")
         if self._side is None and src.device == self.device:
             if self.contiguous:
-                self._copy_runs(block_ids, self._rows(src, src_blocks), first, to_buffer=False)
+                self._copy_runs(block_ids, self._rows(src, src_blocks), first)
                 return
             idx = torch.tensor(list(block_ids), dtype=torch.long)
             view = self.as_blocks(src, src_blocks)
@@ -155,7 +155,7 @@ class PagedKV:
             for o in range(self.outer):
                 torch.index_select(rows[o], 0, idx, out=out[layer, o].view(-1, sub))
 
-    def _copy_runs(self, block_ids: Sequence[int], buf: torch.Tensor, first: int, to_buffer: bool) -> None:
+    def _copy_runs(self, block_ids: Sequence[int], buf: torch.Tensor, first: int) -> None:
         """Host scatter: one memmove per run of consecutive block ids, per layer and outer index.
 
         Each block's bytes are contiguous inside a layer (for every index of the dims before the
@@ -186,11 +186,7 @@ class PagedKV:
                 cache_at = cache.data_ptr() + o * self.num_blocks * row
                 buf_at = base + (layer * self.outer + o) * n * row
                 for pos, start, length in runs:
-                    c, b = cache_at + start * row, buf_at + pos * row
-                    if to_buffer:
-                        ctypes.memmove(b, c, length * row)
-                    else:
-                        ctypes.memmove(c, b, length * row)
+                    ctypes.memmove(cache_at + start * row, buf_at + pos * row, length * row)
 
     def synchronize(self) -> None:
         """Wait for the side stream (before a source buffer is released)."""
