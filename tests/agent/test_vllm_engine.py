@@ -38,7 +38,7 @@ async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The engine inherits this process's environment, and the log lines checked below are INFO
-    # (tests/vllm_aqua sets WARNING for its engines, in os.environ, when it runs first).
+    # (whatever level the caller's environment sets, e.g. WARNING for quieter test engines).
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
     model_dir = tiny_model()
     statuses: list[DeploymentStatus] = []

@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,14 @@ import pytest
 from serving.aqua.coordinator import CoordinatorServer
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_until(pred: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll `pred` until it is true; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"{what} not reached in time"
+        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch
 from serving.aqua.coordinator import AquaClient, CoordinatorServer
 from serving.aqua.memory.shm import ShmRegion
 from serving.aqua.offload.lent import LentRegionStore
+from tests.aqua.conftest import wait_until
 
 NBYTES = 1 << 16
 
@@ -24,13 +24,6 @@ def lender(server: CoordinatorServer, sock_path: str) -> Iterator[tuple[AquaClie
     yield client, region_id
     client.close()
     region.close()
-
-
-def _eventually(predicate: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def _store_one(store: LentRegionStore) -> torch.Tensor:
@@ -49,7 +42,7 @@ def test_it_hands_back_stored_keys_for_evacuation_on_reclaim_then_frees(
         expected = _store_one(store)
         assert producer.request_reclaim(region_id) == "pending"
         # The watcher notices the reclaim within its interval; then the step's poll lists the keys.
-        _eventually(lambda: store.poll() == ["req-1"], "the keys to evacuate")
+        wait_until(lambda: store.poll() == ["req-1"], 5.0, "the keys to evacuate")
         got = store.get("req-1")
         assert got is not None and torch.equal(got, expected)  # still readable until discarded
         store.discard("req-1")

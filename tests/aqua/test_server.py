@@ -24,16 +24,9 @@ from serving.aqua.coordinator import (
     UnknownRegion,
 )
 from serving.aqua.coordinator.protocol import MAX_FRAME, decode, encode
-from tests.aqua.conftest import REPO
+from tests.aqua.conftest import REPO, wait_until
 
 SHM = {"kind": "shm", "name": "seg"}
-
-
-def wait_until(pred, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def test_it_runs_the_whole_protocol_over_the_socket(server: CoordinatorServer, sock_path: str) -> None:
