@@ -59,3 +59,42 @@ def test_dram_store_is_all_or_nothing_within_capacity() -> None:
     store.discard("a")
     assert store.get("a") is None and store.used_bytes == 0
     assert store.reserve("b", 100) is not None
+
+
+def test_it_gathers_what_the_engine_wrote_after_it_was_built() -> None:
+    # The host gather's source views are made once; they must see later writes to the caches.
+    caches = [torch.zeros(12, 2, 2, 32, 64) for _ in range(2)]
+    kv = PagedKV(caches, 12)
+    for layer, c in enumerate(caches):
+        c[4].fill_(layer + 1.0)
+    buf = torch.empty(kv.nbytes(1), dtype=torch.uint8)
+    kv.gather([4], buf)
+    assert [float(x.unique()) for x in kv.as_blocks(buf, 1)] == [1.0, 2.0]
+
+
+def test_dram_store_reuses_a_discarded_buffer_for_a_request_of_about_its_size() -> None:
+    store = DramStore(capacity_bytes=1000, pin=False)
+    a = store.reserve("a", 400)
+    assert a is not None
+    addr = a.data_ptr()
+    store.discard("a")
+    b = store.reserve("b", 360)  # within REUSE_SLACK: the same memory, seen at the size asked
+    assert b is not None and b.data_ptr() == addr and b.numel() == 360
+    assert store.get("b") is not None and store.get("b").numel() == 360  # type: ignore[union-attr]
+    assert store.used_bytes == 400  # a reused buffer counts at its full size
+    store.discard("b")
+    c = store.reserve("c", 100)  # far smaller: a buffer of its own
+    assert c is not None and c.data_ptr() != addr and store.used_bytes == 100
+
+
+def test_dram_store_drops_idle_buffers_to_stay_within_capacity() -> None:
+    store = DramStore(capacity_bytes=1000, pin=False)
+    for key in ("a", "b"):
+        assert store.reserve(key, 400) is not None
+    store.discard("a")
+    store.discard("b")
+    assert (store.used_bytes, store.idle_bytes) == (0, 800)
+    big = store.reserve("big", 900)  # no idle buffer fits: both are dropped to make room
+    assert big is not None
+    assert (store.used_bytes, store.idle_bytes) == (900, 0)
+    assert store.reserve("more", 200) is None  # and the bound still holds

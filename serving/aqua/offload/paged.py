@@ -74,6 +74,14 @@ class PagedKV:
         self._staging: torch.Tensor | None = None
         if self.device.type == "cuda":
             self._side = torch.cuda.Stream(device=self.device)
+        # Host gather sources, made once: per layer and outer index, the cache as [rows, sub-row
+        # words]. Building these views per save cost more than the copies of a small request.
+        self._host_rows: list[torch.Tensor] = []
+        if self._side is None and self.contiguous:
+            sub = self.inner_words // self.split
+            for cache in self.caches:
+                rows = cache.view(self.word).view(self.outer, self.num_blocks * self.split, sub)
+                self._host_rows.extend(rows.unbind(0))
 
     def nbytes(self, num_blocks: int) -> int:
         """Bytes of the aggregated buffer holding `num_blocks` blocks of every layer."""
@@ -98,7 +106,7 @@ class PagedKV:
         n = len(block_ids)
         if self._side is None and dest.device == self.device:
             if self.contiguous:
-                self._select_rows(block_ids, self._rows(dest, n))
+                self._select_rows(block_ids, dest)
                 return
             idx = torch.tensor(list(block_ids), dtype=torch.long)
             out = self.as_blocks(dest, n)
@@ -127,7 +135,7 @@ class PagedKV:
         """A buffer of n blocks as [num_layers, outer, n, inner] (outer/inner: dims around blocks)."""
         return flat[: self.nbytes(n)].view(self.word).view(len(self.caches), self.outer, n, self.inner_words)
 
-    def _select_rows(self, block_ids: Sequence[int], buf: torch.Tensor) -> None:
+    def _select_rows(self, block_ids: Sequence[int], dest: torch.Tensor) -> None:
         """Host gather: one `index_select` per layer and outer index, of raw words, each block's row
         cut into `self.split` sub-rows of at most SUB_ROW_BYTES.
 
@@ -139,21 +147,22 @@ class PagedKV:
         (they run on one thread), whole rows 0.71-0.90, 16 KB sub-rows 0.91-0.98; with one torch
         thread (the engine's worker process), 0.77 / 0.88 of a one-thread copy_. This method as a
         whole, timed alternately with copy_ as benchmarks/aqua_burst.py does, gave 0.62-0.9.
+
+        Per call it builds one index tensor and one view of `dest`; the source views are made once
+        (`_host_rows`). For a small request (the test model's 448 KB, 4 index_selects) those fixed
+        costs are most of a save: rebuilding the views and a sub-row index on every call made a
+        save 2-3x slower.
         """
-        n = buf.shape[2]
-        for b in block_ids:
-            if not 0 <= b < self.num_blocks:
-                raise IndexError(f"block id {b} outside a cache of {self.num_blocks} blocks")
-        if len(block_ids) > n:
-            raise IndexError(f"{len(block_ids)} blocks do not fit a buffer of {n} blocks")
+        n = len(block_ids)
+        if n and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
+            bad = next(b for b in block_ids if not 0 <= b < self.num_blocks)
+            raise IndexError(f"block id {bad} outside a cache of {self.num_blocks} blocks")
         k = self.split
-        idx = (torch.tensor(list(block_ids), dtype=torch.long)[:, None] * k + torch.arange(k)).reshape(-1)
-        sub = self.inner_words // k
-        out = buf[:, :, : len(block_ids)]
-        for layer, cache in enumerate(self.caches):
-            rows = cache.view(self.word).view(self.outer, self.num_blocks * k, sub)
-            for o in range(self.outer):
-                torch.index_select(rows[o], 0, idx, out=out[layer, o].view(-1, sub))
+        ids = torch.tensor(list(block_ids), dtype=torch.long)
+        idx = ids if k == 1 else (ids[:, None] * k + torch.arange(k)).reshape(-1)
+        out = dest[: self.nbytes(n)].view(self.word).view(len(self._host_rows), n * k, -1)
+        for rows, o in zip(self._host_rows, out.unbind(0), strict=True):
+            torch.index_select(rows, 0, idx, out=o)
 
     def _copy_runs(self, block_ids: Sequence[int], buf: torch.Tensor, first: int) -> None:
         """Host scatter: one memmove per run of consecutive block ids, per layer and outer index.
