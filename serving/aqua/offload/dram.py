@@ -18,9 +18,9 @@ class DramStore(KVStore):
     REUSE_SLACK times larger than asked): a fresh host buffer pays a page fault per page on its
     first write. On the 2-core development machine, reserving and filling a 64 MB buffer (the KV
     of ~500 tokens of a Llama-3-8B) took 52-59 ms fresh against 10-12 ms reused; for the test
-    model's 448 KB, fresh buffers added 20-30 us to a ~70 us save. Buffers held
-    and idle together never exceed `capacity_bytes`; idle ones are dropped, largest first, to
-    make room for a new allocation.
+    model's 448 KB, fresh buffers added 20-30 us to a ~70 us save. Buffers held and idle together
+    never exceed `capacity_bytes`; idle ones are dropped, largest first, to make room for a new
+    allocation, and all of them on `close`.
 
     Args:
         capacity_bytes: Upper bound on the bytes held at once (a reused buffer counts at its full
