@@ -153,8 +153,8 @@ async def _workload(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, Any]:
 
 
 async def _idle_burst(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, float]:
-    """The workload's burst of shorts sent to an idle engine: the TTFT that vLLM's front end and
-    prefill steps allow with no request to wait for, whatever the scheduler."""
+    """The workload's burst of shorts sent to an idle engine: its TTFT with no long request in the
+    way (the scheduler still decides how the waves of `max_num_seqs` shorts share the slots)."""
     shorts = engines.make_prompts(cfg["n_short"], seed=8, min_words=6, max_words=20)
     start = time.perf_counter()
     results = await asyncio.gather(
