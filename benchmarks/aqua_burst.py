@@ -114,9 +114,14 @@ async def _one(
     return {"id": rid, "submit": t0 - start, "stamps": [s - start for s in stamps], "prompt_tokens": n_prompt}
 
 
+def _shorts(cfg: dict[str, Any]) -> list[str]:
+    """The burst's prompts (the same in every round and in the idle burst)."""
+    return engines.make_prompts(cfg["n_short"], seed=8, min_words=6, max_words=20)
+
+
 async def _workload(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, Any]:
     longs = engines.make_prompts(cfg["n_long"], seed=7, min_words=20, max_words=40)
-    shorts = engines.make_prompts(cfg["n_short"], seed=8, min_words=6, max_words=20)
+    shorts = _shorts(cfg)
     # Warm up (first forward passes allocate and JIT).
     await _one(llm, "warm up", 4, f"warm-{tag}", time.perf_counter())
     start = time.perf_counter()
@@ -155,10 +160,9 @@ async def _workload(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, Any]:
 async def _idle_burst(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, float]:
     """The workload's burst of shorts sent to an idle engine: its TTFT with no long request in the
     way (the scheduler still decides how the waves of `max_num_seqs` shorts share the slots)."""
-    shorts = engines.make_prompts(cfg["n_short"], seed=8, min_words=6, max_words=20)
     start = time.perf_counter()
     results = await asyncio.gather(
-        *(_one(llm, p, cfg["short_tokens"], f"idle-{tag}-{i}", start) for i, p in enumerate(shorts))
+        *(_one(llm, p, cfg["short_tokens"], f"idle-{tag}-{i}", start) for i, p in enumerate(_shorts(cfg)))
     )
     ttft = [r["stamps"][0] - r["submit"] for r in results]
     return {"ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99)}

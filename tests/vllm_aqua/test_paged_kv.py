@@ -36,6 +36,11 @@ def test_it_gathers_blocks_into_one_buffer_and_scatters_them_back(shape: tuple[i
         )
 
 
+def test_a_save_of_no_blocks_copies_nothing() -> None:
+    kv = PagedKV([torch.zeros(4, 2, 32, 64)], 4)
+    kv.gather([], torch.empty(0, dtype=torch.uint8))  # must not raise
+
+
 def test_it_rejects_a_block_id_outside_the_cache() -> None:
     kv = PagedKV([torch.zeros(4, 2, 32, 64)], 4)
     buf = torch.empty(kv.nbytes(2), dtype=torch.uint8)

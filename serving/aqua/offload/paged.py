@@ -160,7 +160,7 @@ class PagedKV:
         k = self.split
         ids = torch.tensor(list(block_ids), dtype=torch.long)
         idx = ids if k == 1 else (ids[:, None] * k + torch.arange(k)).reshape(-1)
-        out = dest[: self.nbytes(n)].view(self.word).view(len(self._host_rows), n * k, -1)
+        out = dest[: self.nbytes(n)].view(self.word).view(len(self._host_rows), n * k, self.inner_words // k)
         for rows, o in zip(self._host_rows, out.unbind(0), strict=True):
             torch.index_select(rows, 0, idx, out=o)
 
