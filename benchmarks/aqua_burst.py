@@ -30,6 +30,7 @@ Changes to the setup, with the measurements behind them (also in the JSON under 
     Half-way is the expected position of a burst that arrives at a random time during the long
     requests; it is also about where the earlier fixed 2 s landed under the load it was run at.
   * Every engine runs one unmeasured round of the workload first (see SETUP_NOTES).
+  * Engines take turns 1.5 s apart, in an order that rotates each round (see SETUP_NOTES).
   * Every engine runs with vLLM's no-connector OpenMP core reservation
     (VLLM_CPU_NUM_OF_RESERVED_CPU=1, see serving/vllm_ext/cpu_binding.py). vLLM's default engine
     gets that value anyway; engines with a KV connector would otherwise lose the engine core's
@@ -69,6 +70,15 @@ SETUP_NOTES = [
     "the first round against 18-47 ms later (fast machine, TBT 1.7 ms) and 83 ms against 48-69 ms "
     "(slow machine, TBT 7-10 ms); its first burst step took 27 ms instead of 5, and the Aqua "
     "scheduler without the connector showed the same. A serving engine pays this once per start.",
+    "Every measured workload starts 1.5 s after the previous engine's last request "
+    "(SWITCH_PAUSE_S), and the engines' order rotates each round. vLLM's shared-memory queues spin "
+    "for 1 s after their last message, in the worker and in the engine core, so the engine measured "
+    "next shared the 2 cores with two spinning processes. Default and ours alternating, 4 rounds per "
+    "setting, in order: no pause, pause, no pause, pause (TBT 1.5 ms): median makespans 0.560/0.594, "
+    "0.546/0.571, 0.579/0.601 and 0.525/0.573 s (default/ours); ours' burst p99 20.6, 14.5, 14.8 and "
+    "14.7 ms. The idle burst still follows its own engine's workload at once: with the pause before "
+    "it too, it met parked queues (medians of ours' idle-burst p99 17.9 and 20.6 ms in two full runs, "
+    "against 14.3 and 13.1 ms in two without; the machine's TBT also varied, 1.5-1.8 ms).",
 ]
 
 TARGETS = {
@@ -219,10 +229,26 @@ def _make(name: str, cfg: dict[str, Any]) -> tuple[Any, Path, float]:
     return llm, stats, time.perf_counter() - t0
 
 
+# Seconds between one engine's last request and the next measured workload. vLLM 0.32's
+# shared-memory message queues keep polling (sched_yield) for 1 s after their last message
+# (SpinCondition.busy_loop_s in vllm/distributed/device_communicators/shm_broadcast.py), in the
+# worker and in the engine core, so without a pause the engine measured next shared this 2-core
+# machine with two spinning processes (SETUP_NOTES).
+SWITCH_PAUSE_S = 1.5
+
+
+def _round_order(variants: tuple[str, ...], rnd: int) -> list[str]:
+    """The engines' order in round `rnd`: rotated by one each round, so that no engine always
+    runs right after the same other one, or first, or last."""
+    k = rnd % len(variants)
+    return list(variants[k:] + variants[:k])
+
+
 async def _bench(cfg: dict[str, Any], rounds: int, variants: tuple[str, ...]) -> dict[str, Any]:
-    """All engines live at once; the workload alternates between them `rounds` times, so load
-    from other processes on a shared machine hits them alike. Per config the round with the
-    shortest makespan (the least disturbed) is reported; every round is kept in `rounds`."""
+    """All engines live at once; the workload alternates between them `rounds` times (in a
+    rotating order, `_round_order`), so load from other processes on a shared machine hits them
+    alike. Per config the round with the shortest makespan (the least disturbed) is reported;
+    every round is kept in `rounds`."""
     made = {name: _make(name, cfg) for name in variants}
     out: dict[str, Any] = {}
     try:
@@ -231,11 +257,13 @@ async def _bench(cfg: dict[str, Any], rounds: int, variants: tuple[str, ...]) ->
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
         idle: dict[str, list[dict[str, float]]] = {name: [] for name in IDLE_BURST_ENGINES}
         for rnd in range(rounds):
-            for name, (llm, _, _) in made.items():
+            for name in _round_order(variants, rnd):
+                llm = made[name][0]
+                await asyncio.sleep(SWITCH_PAUSE_S)
                 res = await _workload(llm, cfg, tag=f"r{rnd}")
                 res["loadavg_1m"] = os.getloadavg()[0]
                 runs[name].append(res)
-                if name in idle:
+                if name in idle:  # right away: its own readers still spinning is in its favour
                     idle[name].append(await _idle_burst(llm, cfg, tag=f"r{rnd}"))
         out["idle_burst"] = {
             name: {
