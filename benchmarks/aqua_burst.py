@@ -462,7 +462,8 @@ def main() -> None:
 
 def _paired(default: list[dict[str, Any]], ours: list[dict[str, Any]]) -> dict[str, Any]:
     """Context for the headline ratios (which compare each config's least disturbed round): the
-    same ratios within each round, where both ran seconds apart, and their medians."""
+    same ratios within each round (in the full run, where the order rotates, the two ran a few
+    seconds to about 20 s apart), and their medians."""
     p99 = [d["burst_ttft_p99_s"] / o["burst_ttft_p99_s"] for d, o in zip(default, ours, strict=True)]
     tput = [o["throughput_tok_s"] / d["throughput_tok_s"] for d, o in zip(default, ours, strict=True)]
     return {
