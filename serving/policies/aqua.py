@@ -39,8 +39,8 @@ from serving.policies.registry import register_policy
 
 def service(r: SchedRequest) -> int:
     """Tokens of work done for `r`: prompt processed (all of it once decoding began) + generated."""
-    prompt = r.num_prompt_tokens if r.num_output_tokens > 0 else r.num_computed_prompt_tokens
-    return prompt + r.num_output_tokens
+    generated = r.num_output_tokens
+    return (r.num_prompt_tokens if generated > 0 else r.num_computed_prompt_tokens) + generated
 
 
 def _key(r: SchedRequest) -> tuple[int, float, str]:
@@ -77,11 +77,12 @@ class AquaFairPolicy(SchedulingPolicy):
 
     def order_running(self, running: Sequence[R], ctx: SchedContext) -> list[R]:
         seen = {(r.req_id, r.admission_seq) for r in running}
-        for k in list(self._admitted_at):
-            if k not in seen:
-                del self._admitted_at[k]
-        for k in seen:
-            self._admitted_at.setdefault(k, ctx.iteration)
+        if seen != self._admitted_at.keys():  # most steps admit and remove no one
+            for k in list(self._admitted_at):
+                if k not in seen:
+                    del self._admitted_at[k]
+            for k in seen:
+                self._admitted_at.setdefault(k, ctx.iteration)
         return sorted(running, key=_key)
 
     def _blocks(self, tokens: int, ctx: SchedContext) -> int:

@@ -104,7 +104,8 @@ class SchedulingPolicy(ABC):
     def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         """Admission order of the waiting queue.
 
-        Called once per iteration before new requests are admitted.
+        Called once per iteration before new requests are admitted (the vLLM plug-in skips the
+        call when nothing waits).
 
         Args:
             waiting: Requests not running (new or preempted), in arrival order.

@@ -104,6 +104,8 @@ class AquaScheduler(Scheduler):
         )
 
     def _order_waiting(self, ctx: SchedContext) -> list[VllmRequestView]:
+        if not self.waiting:
+            return []
         views = [VllmRequestView(r, -1) for r in self.waiting]
         ordered = self.aqua_policy.order_waiting(views, ctx)
         queue = self.waiting
@@ -168,18 +170,22 @@ class AquaScheduler(Scheduler):
             if self.requests[nr.req_id].num_preemptions > 0:
                 c["resumed_requests"] += 1
         c["resumed_requests"] += len(out.scheduled_cached_reqs.resumed_req_ids)
+        requests, high_water = self.requests, self._high_water
+        prefill = 0
         for req_id, n in out.num_scheduled_tokens.items():
-            r = self.requests[req_id]
+            r = requests[req_id]
             end = r.num_computed_tokens  # already advanced by this step
             start = end - n
             if n > 1 or end <= r.num_prompt_tokens:
-                c["prefill_tokens"] += n
-            hw = self._high_water.get(req_id, 0)
-            redo = max(0, min(hw, end) - start)
-            if redo:
-                c["recomputed_tokens"] += redo
-                self._dirty = True
-            self._high_water[req_id] = max(hw, end)
+                prefill += n
+            hw = high_water.get(req_id, 0)
+            if hw <= start:  # the usual case: all of this step's tokens are new
+                high_water[req_id] = end
+                continue
+            c["recomputed_tokens"] += min(hw, end) - start
+            self._dirty = True
+            high_water[req_id] = max(hw, end)
+        c["prefill_tokens"] += prefill
         if c["steps"] % 256 == 0:
             for req_id in [k for k in self._high_water if k not in self.requests]:
                 del self._high_water[req_id]
