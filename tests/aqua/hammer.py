@@ -67,28 +67,43 @@ class Hammer:
         del self.held[alloc.alloc_id]
         self.result["freed"] += 1
 
-    def step(self) -> None:
+    def evacuate_pending(self) -> None:
+        """Give back what a reclaim asks for: check it (our own copy of it), then free it."""
         for alloc in self.client.pending_reclaims(self.consumer_id):
-            if alloc.alloc_id in self.held:  # evacuate to our own memory, then give back
+            if alloc.alloc_id in self.held:
                 self.release(alloc)
                 self.result["evacuated"] += 1
+
+    def allocate(self, nbytes: int) -> Allocation | None:
+        """Allocate and write this allocation's pattern; None if refused (or found unavailable)."""
+        got = self.client.allocate(self.consumer_id, nbytes)
+        now = time.monotonic()
+        if got is None:
+            self.result["refused"] += 1
+            return None
+        try:
+            self.region(got).view(got.offset, got.nbytes)[:] = pattern(self.consumer_id, got)
+        except RegionUnavailable:  # a producer released memory it had lent to us: a bug
+            self.result["corrupt"].append(f"unavailable {got.alloc_id}")
+            self.client.free(got.alloc_id)
+            return None
+        self.held[got.alloc_id] = got
+        self.since[got.alloc_id] = now
+        self.result["allocated"] += 1
+        return got
+
+    def hold_until_reclaimed(self, timeout_s: float, poll_s: float = 0.005) -> None:
+        """Keep every allocation until a reclaim asks for it (or `timeout_s` passes)."""
+        deadline = time.monotonic() + timeout_s
+        while self.held and time.monotonic() < deadline:
+            self.evacuate_pending()
+            time.sleep(poll_s)
+
+    def step(self) -> None:
+        self.evacuate_pending()
         roll = self.rng.random()
         if roll < 0.55 or not self.held:
-            got = self.client.allocate(self.consumer_id, self.rng.randint(1, 6000))
-            now = time.monotonic()
-            if got is None:
-                self.result["refused"] += 1
-                return
-            alloc = got
-            try:
-                self.region(alloc).view(alloc.offset, alloc.nbytes)[:] = pattern(self.consumer_id, alloc)
-            except RegionUnavailable:  # a producer released memory it had lent to us: a bug
-                self.result["corrupt"].append(f"unavailable {alloc.alloc_id}")
-                self.client.free(alloc.alloc_id)
-                return
-            self.held[alloc.alloc_id] = alloc
-            self.since[alloc.alloc_id] = now
-            self.result["allocated"] += 1
+            self.allocate(self.rng.randint(1, 6000))
         elif roll < 0.9:
             self.release(self.held[self.rng.choice(sorted(self.held))])
         else:

@@ -19,12 +19,13 @@ from typing import Any
 
 from serving.aqua.coordinator import AquaClient
 from tests.aqua.conftest import REPO
-from tests.aqua.hammer import hammer
+from tests.aqua.hammer import Hammer, hammer
 
 ITERATIONS = 300
 
 
-def lender(sock: str, name: str, *extra: str) -> subprocess.Popen[str]:
+def lender(sock: str, name: str, *extra: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """A producer process that has leased its region, and its "leased" event."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -42,8 +43,10 @@ def lender(sock: str, name: str, *extra: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdout is not None and json.loads(proc.stdout.readline())["event"] == "leased"
-    return proc
+    assert proc.stdout is not None
+    leased = json.loads(proc.stdout.readline())
+    assert leased["event"] == "leased"
+    return proc, leased
 
 
 def consumer_process(sock: str, name: str, seed: int, iterations: int) -> subprocess.Popen[str]:
@@ -69,8 +72,14 @@ def consumer_process(sock: str, name: str, seed: int, iterations: int) -> subpro
 
 def test_it_never_shares_a_region_nor_loses_data_under_concurrent_clients(server_process: str) -> None:
     sock = server_process
-    reclaimer = lender(sock, "prod-reclaim")  # leased first: preferred, so surely in use
-    steady = [lender(sock, f"prod-{i}") for i in range(3)]
+    reclaimer, reclaimed = lender(sock, "prod-reclaim")
+    # The holder takes an allocation in the region to be reclaimed before anyone else runs (the
+    # only region, so surely there) and keeps it until the reclaim asks for it: the reclaim always
+    # meets a live allocation, however fast the others finish.
+    holder = Hammer(AquaClient(sock, name="c-holder"), "c-holder", seed=30)
+    kept = holder.allocate(4096)
+    assert kept is not None and kept.region_id == reclaimed["region_id"]
+    steady = [lender(sock, f"prod-{i}")[0] for i in range(3)]
     victim = consumer_process(sock, "c-victim", 99, 10**9)  # runs until killed
     procs = [consumer_process(sock, f"c-proc-{i}", i, ITERATIONS) for i in range(3)]
 
@@ -82,6 +91,13 @@ def test_it_never_shares_a_region_nor_loses_data_under_concurrent_clients(server
 
     threads = [threading.Thread(target=run, args=(f"c-thread-{i}", 10 + i, None)) for i in range(3)]
     threads += [threading.Thread(target=run, args=("c-shared", 20 + i, shared)) for i in range(2)]
+
+    def hold() -> None:
+        holder.hold_until_reclaimed(timeout_s=60)
+        results["c-holder"] = holder.finish()
+        holder.client.close()
+
+    threads.append(threading.Thread(target=hold))
     for t in threads:
         t.start()
     time.sleep(0.3)
@@ -101,12 +117,12 @@ def test_it_never_shares_a_region_nor_loses_data_under_concurrent_clients(server
     events = [json.loads(line) for line in reclaimer.stdout]
     assert reclaimer.wait(30) == 0 and events[-1]["event"] == "reclaimed" and events[-1]["clean"]
 
-    assert len(results) == 8
+    assert len(results) == 9
     for name, r in results.items():
         assert r["corrupt"] == [], f"{name}: corrupted or lost allocations {r['corrupt']}"
     assert sum(r["allocated"] for r in results.values()) > 100
     assert sum(r["refused"] for r in results.values()) > 0  # regions were contended
-    assert sum(r["evacuated"] for r in results.values()) > 0  # the reclaim hit live allocations
+    assert results["c-holder"]["evacuated"] == 1  # the reclaim met the holder's allocation
     assert sum(r["allocated"] for r in results.values()) == sum(r["freed"] for r in results.values())
 
     spans: dict[str, list[tuple[float, float, str]]] = {}
