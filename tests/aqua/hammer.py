@@ -68,7 +68,7 @@ class Hammer:
         self.result["freed"] += 1
 
     def evacuate_pending(self) -> None:
-        """Give back what a reclaim asks for: check it (our own copy of it), then free it."""
+        """Evacuate what a reclaim asks for: read it into our memory (checking its pattern), then free it."""
         for alloc in self.client.pending_reclaims(self.consumer_id):
             if alloc.alloc_id in self.held:
                 self.release(alloc)
