@@ -30,7 +30,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-BLOCK_SIZE = 32  # as the engine tests and aqua_burst (tests/vllm_aqua/engines.py)
+from tests.vllm_aqua.engines import BLOCK_SIZE  # noqa: E402  (the engine tests' and aqua_burst's)
+
 MAX_MODEL_LEN = 512
 PROMPT_TOKENS = 30
 WARMUP_STEPS = 20
