@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+from accounts.models import ApiKey
 from channels.db import database_sync_to_async
 from django.conf import settings
 
@@ -73,7 +74,7 @@ def default_client() -> httpx.AsyncClient:
 
 
 class GatewayApp:
-    """OpenAI-compatible front door: validate, admit (key, quotas, replicas), proxy with failover."""
+    """OpenAI-compatible front door: authenticate, validate, admit (quotas, replicas), proxy with failover."""
 
     def __init__(self, router: Router | None = None, client_factory: ClientFactory = default_client) -> None:
         self.router = router or Router()
@@ -97,8 +98,10 @@ class GatewayApp:
                 data = await database_sync_to_async(services.served_models)(authorization)
                 await _respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
             elif path in ROUTES and method == "POST":
+                # The key first: a caller without one learns nothing about what a body should be.
+                key = await database_sync_to_async(services.authenticate)(authorization)
                 request = validate(ROUTES[path], parse_body(await _read_body(receive)))
-                await self._complete(request, authorization, receive, send)
+                await self._complete(request, key, receive, send)
             elif path in ROUTES or path == "/v1/models":
                 raise GatewayError(
                     405, f"Method {method} is not allowed on {path}.", code="method_not_allowed"
@@ -110,11 +113,9 @@ class GatewayApp:
         except ClientGone:
             return
 
-    async def _complete(
-        self, request: CompletionRequest, authorization: str | None, receive: Receive, send: Send
-    ) -> None:
+    async def _complete(self, request: CompletionRequest, key: ApiKey, receive: Receive, send: Send) -> None:
         started = time.monotonic()
-        admission = await database_sync_to_async(services.admit)(authorization, request.model)
+        admission = await database_sync_to_async(services.admit)(key, request.model)
         meter = StreamMeter(started, include_usage=request.include_usage)
         state: dict[str, Any] = {"target": None, "outcome": "failed"}
         relay = asyncio.ensure_future(self._relay(request, admission, meter, state, send))

@@ -84,14 +84,13 @@ def healthy_targets(model: ServedModel) -> list[Target]:
     return [Target(replica_id, deployment_id, url) for replica_id, deployment_id, url in replicas]
 
 
-def admit(authorization: str | None, model_name: str, now: datetime | None = None) -> Admission:
-    """Authenticate, find the model, apply the key's quotas, list healthy replicas.
+def admit(key: ApiKey, model_name: str, now: datetime | None = None) -> Admission:
+    """Find the model, apply the (authenticated) key's quotas, list healthy replicas.
 
     Raises:
-        GatewayError: 401 bad key, 404 unknown model, 429 over a quota, 503 no healthy replica.
+        GatewayError: 404 unknown model, 429 over a quota, 503 no healthy replica.
     """
     now = now or timezone.now()
-    key = authenticate(authorization)
     model = ServedModel.objects.filter(name=model_name).first()
     if model is None:
         raise model_not_found(model_name)

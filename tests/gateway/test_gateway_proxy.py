@@ -115,6 +115,12 @@ def test_it_answers_401_in_openai_format_without_a_valid_key(secret: str | None)
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_api_key"
 
 
+@pytest.mark.parametrize("body", [{}, {**CHAT, "max_tokens": 0}, None])  # None: an empty body
+def test_it_asks_for_a_key_before_it_looks_at_the_body(body: Any) -> None:
+    result = asyncio.run(call(app_with(never), "/v1/chat/completions", body, None))
+    assert result.status == 401 and result.json()["error"]["code"] == "invalid_api_key"
+
+
 def test_a_revoked_key_is_refused(gateway_data: dict[str, Any]) -> None:
     revoke_api_key(gateway_data["key"])
     result = asyncio.run(call(app_with(never), "/v1/chat/completions", CHAT, gateway_data["secret"]))

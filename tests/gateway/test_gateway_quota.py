@@ -90,7 +90,7 @@ def test_admission_checks_the_quota_before_taking_a_request(gateway_data: dict[s
     issued = create_api_key(gateway_data["user"], "both", requests_per_minute=1, tokens_per_day=10)
     record_usage(issued.record.pk, gateway_data["model"].pk, 10, 0, NOW)
     with pytest.raises(GatewayError) as caught:
-        admit(f"Bearer {issued.plaintext}", "tiny", NOW)
+        admit(issued.record, "tiny", NOW)
     assert caught.value.code == "tokens_quota_exceeded"
     assert not RateWindow.objects.filter(key=issued.record).exists()
 
@@ -99,6 +99,6 @@ def test_admission_lists_healthy_replicas_only(gateway_data: dict[str, Any]) -> 
     first, second = gateway_data["deployments"]
     second.desired_state = "stopped"
     second.save()
-    admission = admit(f"Bearer {gateway_data['secret']}", "tiny")
+    admission = admit(gateway_data["key"], "tiny")
     assert [t.deployment_id for t in admission.targets] == [first.pk]
     assert admission.model_name == "tiny"
