@@ -118,8 +118,9 @@ def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
     with_local = env.get("LOCAL_AGENT", "1").strip().lower() not in off
     has_vllm = importlib.util.find_spec("vllm") is not None
     if with_local and has_vllm:
+        build = [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")]
         built = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
+            [*build, "--out", str(state / "models" / "tiny-llama")],
             cwd=ROOT, env=env, check=True, capture_output=True, text=True,
         )  # fmt: skip
         local += ["--tiny-model", built.stdout.strip().splitlines()[-1]]
