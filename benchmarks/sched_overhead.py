@@ -30,6 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.vllm_aqua import bare_scheduler  # noqa: E402
 from tests.vllm_aqua.engines import BLOCK_SIZE  # noqa: E402  (the engine tests' and aqua_burst's)
 
 MAX_MODEL_LEN = 512
@@ -39,60 +40,26 @@ WARMUP_STEPS = 20
 
 def make_scheduler(cls: type, running: int) -> Any:
     """A scheduler of class `cls` for up to `running` requests, with room for all their KV."""
-    import torch
-    from vllm import EngineArgs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    from scripts.build_tiny_model import build_model
-
-    args = EngineArgs(
-        model=str(build_model()),
-        dtype="float32",
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=False,
-        max_num_seqs=running,
-        max_num_batched_tokens=max(256, running),
-        max_model_len=MAX_MODEL_LEN,
-        async_scheduling=False,
-        enforce_eager=True,
-    )
-    config = args.create_engine_config()
     num_blocks = running * MAX_MODEL_LEN // BLOCK_SIZE + 1
-    config.cache_config.num_gpu_blocks = num_blocks
-    # Head count and size only size a block in bytes, which the scheduler never reads.
-    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=64, dtype=torch.float32)
-    kv_config = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
-    )
-    return cls(
-        vllm_config=config,
-        kv_cache_config=kv_config,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=BLOCK_SIZE,
+    return bare_scheduler.make_scheduler(
+        cls,
+        max_num_seqs=running,
+        num_blocks=num_blocks,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=max(256, running),
     )
 
 
 def step_times(scheduler: Any, running: int, steps: int) -> list[float]:
     """Seconds per schedule() + update_from_output() over `steps` steps after the warm-up."""
-    from vllm import SamplingParams
-    from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import Request
-
-    params = SamplingParams(max_tokens=MAX_MODEL_LEN, ignore_eos=True, temperature=0.0)
     now = time.time()
     for i in range(running):
-        prompt = [(i + j) % 100 + 1 for j in range(PROMPT_TOKENS)]
-        scheduler.add_request(Request(f"req-{i}", prompt, params, None, arrival_time=now + i * 1e-3))
+        req = bare_scheduler.make_request(f"req-{i}", PROMPT_TOKENS, MAX_MODEL_LEN, now + i * 1e-3)
+        scheduler.add_request(req)
     times = []
     for _ in range(WARMUP_STEPS + steps):
         t0 = time.perf_counter()
-        out = scheduler.schedule()
-        ids = list(out.num_scheduled_tokens)
-        result = ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)}, sampled_token_ids=[[7]] * len(ids)
-        )
-        scheduler.update_from_output(out, result)
+        bare_scheduler.step(scheduler)
         times.append(time.perf_counter() - t0)
     return times[WARMUP_STEPS:]
 

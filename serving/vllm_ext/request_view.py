@@ -1,11 +1,30 @@
-"""A vLLM `Request` seen through the policy's `SchedRequest` protocol (read-only)."""
+"""A vLLM `Request` seen through the policy's `SchedRequest` protocol (read-only).
+
+Two per-request hints travel in `SamplingParams.extra_args`, which vLLM's OpenAI server fills from
+a request's `vllm_xargs` (e.g. `"vllm_xargs": {"predicted_output_tokens": 120, "slo_class": "chat"}`):
+
+    predicted_output_tokens   a positive integer: the response length a predictor expects
+    slo_class                 a non-empty string: the key of the request's SLO in the policy's
+                              `class_slos`
+
+A missing or malformed hint reads as None (no prediction, the default SLO): the engine has already
+accepted the request, so the scheduler cannot refuse it.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
+
+PREDICTION_KEY = "predicted_output_tokens"
+SLO_CLASS_KEY = "slo_class"
+
+
+def _extra(request: Request) -> dict[str, Any] | None:
+    params = request.sampling_params
+    return params.extra_args if params is not None else None
 
 
 class VllmRequestView:
@@ -53,9 +72,16 @@ class VllmRequestView:
 
     @property
     def predicted_output_tokens(self) -> int | None:
+        extra = _extra(self._r)
+        value = extra.get(PREDICTION_KEY) if extra else None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
         return None
 
     @property
     def slo_class(self) -> str | None:
-        # vLLM requests carry no SLO; one could travel in SamplingParams.extra_args.
-        return None
+        extra = _extra(self._r)
+        value = extra.get(SLO_CLASS_KEY) if extra else None
+        return value if isinstance(value, str) and value else None

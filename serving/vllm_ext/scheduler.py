@@ -17,7 +17,13 @@ Each step, before vLLM's own `schedule()`:
      them from `self.running`), which frees their blocks and reports their ids to the KV
      connector; waiting is then re-ordered so they queue behind the requests they yield to;
   3. `prefill_token_cap` is mapped onto vLLM's per-request `long_prefill_token_threshold`
-     (cap split evenly over the requests that may prefill this step), restored afterwards.
+     (cap split evenly over the requests that may prefill this step), restored afterwards;
+  4. for a policy with an `admission_limit` (e.g. EcoServe's KV reservation and late-request
+     gate), the waiting requests past the limit are taken out of `self.waiting` for the duration
+     of vLLM's `schedule()` and put back behind the others, so vLLM admits at most the limit.
+     Requests that already hold KV blocks wait in vLLM's separate `kv_holding_waiting` queue
+     (e.g. async KV loads) and are not gated.
+Per-request predictions and SLO classes come from `SamplingParams.extra_args` (request_view.py).
 Requires the FCFS request queue (`scheduling_policy="fcfs"`, vLLM's default).
 """
 
@@ -80,7 +86,10 @@ class AquaScheduler(Scheduler):
             "prefill_tokens": 0,
             "recomputed_tokens": 0,
             "resumed_requests": 0,
+            "held_back": 0,  # waiting requests held back by the policy's admission limit, per step
         }
+        # Only policies that override admission_limit pay for the gate's views.
+        self._gated = type(self.aqua_policy).admission_limit is not SchedulingPolicy.admission_limit
         self._dirty = False
         logger.info("AquaScheduler: policy %s", self.aqua_policy.name)
 
@@ -139,16 +148,39 @@ class AquaScheduler(Scheduler):
             self._preempt_request(r, now)
             self.counters["rotations"] += 1
         if rotations:
-            self._order_waiting(ctx)  # victims queue behind the requests they yield to
+            ctx = self._context()  # the rotated requests' blocks are free now
+            waiting = self._order_waiting(ctx)  # victims queue behind the requests they yield to
+            still = {id(r) for r in self.running}
+            running = [v for v in running if id(v.request) in still]
+        held = self._hold_back(running, waiting, ctx) if self._gated and waiting else []
         saved = self.scheduler_config.long_prefill_token_threshold
         self._apply_prefill_cap(ctx)
         try:
             out = super().schedule(throttle_prefills)
         finally:
             self.scheduler_config.long_prefill_token_threshold = saved
+            for r in held:
+                self.waiting.add_request(r)
         self._account(out)
         self._iteration += 1
         return out
+
+    def _hold_back(
+        self, running: list[VllmRequestView], waiting: list[VllmRequestView], ctx: SchedContext
+    ) -> list[Request]:
+        """Take the waiting requests past the policy's admission limit out of the queue."""
+        limit = self.aqua_policy.admission_limit(running, waiting, ctx)
+        if limit is None or limit >= len(waiting):
+            return []
+        limit = max(0, limit)
+        queue = self.waiting
+        assert isinstance(queue, FCFSRequestQueue)  # a deque, in the order of `waiting`
+        queue.clear()
+        queue.extend(v.request for v in waiting[:limit])
+        held = [v.request for v in waiting[limit:]]
+        self.counters["held_back"] += len(held)
+        self._dirty = True
+        return held
 
     def _apply_prefill_cap(self, ctx: SchedContext) -> None:
         decodes = sum(1 for r in self.running if r.num_tokens_with_spec - r.num_computed_tokens <= 1)
