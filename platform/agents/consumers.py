@@ -155,7 +155,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         for index in stored.unknown_devices:
             await self.reject_once(f"device:{index}", "devices", f"device index {index} was not registered")
         for dep in stored.unknown_deployments:
-            if not dep.isdigit():
+            if not (dep.isascii() and dep.isdigit()):
                 # Engines the control plane did not place (a simulated host's built-in "sim:<device>"
                 # engines) have no deployment to store under; nothing is wrong.
                 continue
@@ -175,7 +175,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_log_tail(self, frame: LogTail) -> None:
         # Relayed to whoever asked (a dashboard socket in group agents.logs.<deployment id>).
-        if frame.deployment_id.isdigit():
+        if frame.deployment_id.isascii() and frame.deployment_id.isdigit():
             await self.channel_layer.group_send(
                 f"agents.logs.{frame.deployment_id}",
                 {"type": "log.tail", "deployment_id": frame.deployment_id, "lines": frame.lines},

@@ -104,7 +104,7 @@ def rows_for(linked: LinkedHost, frame: Telemetry, now: datetime | None = None) 
     for e in frame.engines:
         # linked.deployment_ids is refreshed whenever the desired list is (re)computed, which
         # happens before an agent can learn of a new deployment.
-        pk = int(e.deployment_id) if e.deployment_id.isdigit() else None
+        pk = int(e.deployment_id) if e.deployment_id.isascii() and e.deployment_id.isdigit() else None
         if pk is None or pk not in linked.deployment_ids:
             batch.unknown_deployments.append(e.deployment_id)
             continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -23,10 +25,73 @@ def validate_percentage(value: float) -> None:
         raise ValidationError(f"{value} must be in (0, 100].")
 
 
+def _int(minimum: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+        return None if ok else f"an integer >= {minimum}"
+
+    return check
+
+
+def _bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def _fraction(v: Any) -> str | None:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 1
+    return None if ok else "a number in (0, 1]"
+
+
+def _positive_number(v: Any) -> str | None:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return None if ok else "a positive number"
+
+
+def _string(v: Any) -> str | None:
+    return None if isinstance(v, str) and v.strip() else "a non-empty string"
+
+
+def _strings(v: Any) -> str | None:
+    return None if isinstance(v, list) and all(isinstance(a, str) for a in v) else "a list of strings"
+
+
+def _object(v: Any) -> str | None:
+    return None if isinstance(v, dict) else "a JSON object"
+
+
+# The options the GPU agent's engine launcher (gpu_agent/engines/command.py), the simulated agent
+# (gpu_agent/simulated.py) and the profiler (planning/profiling.py) read, and what each must be.
+# Checked here because a bad value would otherwise only fail on the host, when the engine starts.
+ENGINE_OPTIONS: dict[str, Callable[[Any], str | None]] = {
+    "seed": _int(0),
+    "enforce_eager": _bool,
+    "max_num_seqs": _int(1),
+    "kv_cache_bytes": _int(1),
+    "gpu_memory_utilization": _fraction,
+    "cpu_kvcache_space_gib": _int(1),
+    "cpu_threads": _int(1),
+    "aqua": _bool,
+    "aqua_options": _object,
+    "extra_args": _strings,
+    "sim_model": _string,
+    "sim_gpu": _string,
+    "sim_rate": _positive_number,
+}
+
+
 def validate_engine_options(value: Any) -> None:
-    """Engine options are a JSON object of keyword arguments: string keys only."""
+    """Engine options are a JSON object of the known options (ENGINE_OPTIONS), each of its type."""
     if not isinstance(value, dict):
         raise ValidationError("Engine options must be a JSON object.")
-    bad = sorted(str(key) for key in value if not isinstance(key, str) or not key.isidentifier())
-    if bad:
-        raise ValidationError(f"Engine option names must be identifiers: {', '.join(bad)}.")
+    unknown = sorted(str(key) for key in value if key not in ENGINE_OPTIONS)
+    if unknown:
+        raise ValidationError(
+            f"Unknown engine option(s): {', '.join(unknown)}. Known: {', '.join(sorted(ENGINE_OPTIONS))}."
+        )
+    errors = []
+    for key, option in value.items():
+        expected = ENGINE_OPTIONS[key](option)
+        if expected is not None:
+            errors.append(f"{key} must be {expected}, not {option!r}.")
+    if errors:
+        raise ValidationError(" ".join(errors))

@@ -105,14 +105,18 @@ def test_it_accepts_session_login(client: Any, bob: User) -> None:
     assert client.get("/accounts/login/").status_code == 200
 
 
-def test_it_serves_health_schema_and_docs_without_auth(anon_client: APIClient) -> None:
+def test_it_serves_health_without_auth_and_schema_and_docs_to_users_only(
+    anon_client: APIClient, viewer_client: APIClient
+) -> None:
     health = anon_client.get("/api/health/")
     assert health.status_code == 200
     assert health.json() == {"status": "ok", "database": "ok"}
-    schema = anon_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    for url in ("/api/schema/", "/api/docs/"):
+        assert anon_client.get(url).status_code == 401
+    schema = viewer_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert schema.status_code == 200
     paths = schema.json()["paths"]
     assert {"/api/v1/models/", "/api/v1/jobs/{id}/cancel/", "/api/v1/api-keys/"} <= set(paths)
-    docs = anon_client.get("/api/docs/")
+    docs = viewer_client.get("/api/docs/")
     assert docs.status_code == 200
     assert b"swagger-ui" in docs.content

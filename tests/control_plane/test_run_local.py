@@ -128,7 +128,10 @@ def test_it_serves_the_api_with_a_live_worker_and_stops_everything_on_ctrl_c(tmp
             job = _call("GET", f"{base}/api/v1/jobs/{job['id']}/", token=token)
         assert job["status"] == "succeeded", (job, "".join(lines))
         assert job["result"] == {"steps_done": 3}
-        with urllib.request.urlopen(f"{base}/api/docs/", timeout=10) as docs:
+        docs_request = urllib.request.Request(
+            f"{base}/api/docs/", headers={"Authorization": f"Token {token}"}
+        )
+        with urllib.request.urlopen(docs_request, timeout=10) as docs:
             assert b"swagger-ui" in docs.read()
         hosts: list[dict[str, Any]] = []
         while time.monotonic() < deadline + 60:

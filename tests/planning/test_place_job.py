@@ -150,7 +150,6 @@ def test_it_moves_gpus_on_the_same_host_and_frees_devices_before_taking_them(
         ("infeasible", "need more GPUs than any server has"),
         ("slo_changed", "profile it again"),
         ("no_swap_at_level", "needs no swap space"),
-        ("unknown_model", "unknown models: ghost"),
         ("no_hosts", "no hosts with GPU devices"),
     ],
 )
@@ -167,8 +166,6 @@ def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
         store_profile(big, "producer", GIB)
     elif setup == "slo_changed":
         ServedModel.objects.filter(name="p6").update(slo_ttft_p99_ms=100.0)
-    elif setup == "unknown_model":
-        params = {"models": ["c10", "ghost"]}
     elif setup == "no_hosts":
         Device.objects.filter(deployments__isnull=True).delete()
         Device.objects.update(kind=DeviceKind.CPU)

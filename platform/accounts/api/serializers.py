@@ -17,8 +17,9 @@ class ApiKeySerializer(StrictModelSerializer):
     """An API key as listed: never its secret. Quotas may be set only by admins."""
 
     owner = serializers.CharField(source="owner.username", read_only=True)
-    requests_per_minute = serializers.IntegerField(min_value=1, required=False)
-    tokens_per_day = serializers.IntegerField(min_value=1, required=False)
+    # The columns' upper bounds (PositiveIntegerField, PositiveBigIntegerField on PostgreSQL).
+    requests_per_minute = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False)
+    tokens_per_day = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
 
     class Meta:
         model = ApiKey

@@ -29,7 +29,11 @@ class SinceField(serializers.Field):
             parsed = datetime.fromisoformat(text.replace(" ", "+"))  # '+' arrives as ' ' in a query
         except ValueError:
             self.fail("invalid")
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+        parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+        try:
+            return parsed.astimezone(UTC)
+        except OverflowError:  # e.g. 0001-01-01T00:00+14:00 is before datetime.min in UTC
+            self.fail("invalid")
 
     def to_representation(self, value: datetime) -> str:
         return value.isoformat()

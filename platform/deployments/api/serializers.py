@@ -11,12 +11,22 @@ from deployments import services
 from deployments.models import Deployment
 
 
+class DeviceIdField(serializers.PrimaryKeyRelatedField):
+    """A device id: an integer (or its digits as a string), never a float the database would
+    truncate to another device's id."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, bool) or not isinstance(data, int | str):
+            self.fail("incorrect_type", data_type=type(data).__name__)
+        return super().to_internal_value(data)
+
+
 class DeploymentSerializer(StrictModelSerializer):
     """A model on devices of one host. ``model`` and ``host`` are names; ``devices`` are device ids."""
 
     model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
     host = serializers.SlugRelatedField(slug_field="name", queryset=Host.objects.all())
-    devices = serializers.PrimaryKeyRelatedField(many=True, queryset=Device.objects.all())
+    devices = DeviceIdField(many=True, queryset=Device.objects.all())
     converged = serializers.BooleanField(read_only=True)
 
     class Meta:

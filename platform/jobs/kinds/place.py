@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from planning.placing import run_place
+from registry.models import ServedModel
 from rest_framework import serializers
 
 from jobs.kinds.params import StrictParams
@@ -24,6 +25,13 @@ class PlaceParams(StrictParams):
     models = serializers.ListField(
         child=serializers.SlugField(), required=False, help_text="place only these models (default: all)"
     )
+
+    def validate_models(self, value: list[str]) -> list[str]:
+        known = set(ServedModel.objects.filter(name__in=value).values_list("name", flat=True))
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise serializers.ValidationError(f"No served model named {', '.join(map(repr, unknown))}.")
+        return value
 
 
 def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

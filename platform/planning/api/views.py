@@ -42,7 +42,7 @@ class PlacementPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
     )
     @action(detail=True, methods=["post"])
     def apply(self, request: Request, job: str | None = None) -> Response:
-        job_row = Job.objects.filter(pk=job).first() if job and job.isdigit() else None
+        job_row = Job.objects.filter(pk=job).first() if job and job.isascii() and job.isdigit() else None
         if job_row is None:
             raise NotFound(f"No job {job}.")
         try:

@@ -4,6 +4,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from deployments.models import DesiredState
 from django.db import IntegrityError, transaction
 from rest_framework import serializers
 
@@ -42,6 +43,22 @@ class ServedModelSerializer(StrictModelSerializer):
     def update(self, instance: ServedModel, validated_data: dict[str, Any]) -> ServedModel:
         with _name_race_as_400():
             return super().update(instance, validated_data)
+
+    def validate_tensor_parallel_size(self, value: int) -> int:
+        """A running deployment holds exactly the model's TP size in devices: the size may change
+        only while none runs (the agent would restart the engine on too few or too many)."""
+        instance = self.instance
+        if isinstance(instance, ServedModel) and value != instance.tensor_parallel_size:
+            running = sorted(
+                instance.deployments.filter(desired_state=DesiredState.RUNNING).values_list("pk", flat=True)
+            )
+            if running:
+                ids = ", ".join(str(pk) for pk in running)
+                raise serializers.ValidationError(
+                    f"Deployment(s) {ids} run this model on {instance.tensor_parallel_size} device(s); "
+                    "stop them before changing its tensor-parallel size."
+                )
+        return value
 
     def validate_source(self, value: str) -> str:
         if not value.strip():

@@ -1,0 +1,63 @@
+"""The API's JSON parser and exception handler: failures DRF leaves to Django's HTML pages answer
+in JSON with a status that says what went wrong.
+
+* JSON nested deeper than Python's recursion limit: json raises RecursionError, not ValueError,
+  so DRF's parser lets it escape (a 500). Here it is a 400 like any other malformed body.
+* A body over DATA_UPLOAD_MAX_MEMORY_SIZE: Django raises RequestDataTooBig when the body is read,
+  and its handler answers an empty HTML 400. Here it is a 413 naming the limit.
+* Deleting a row that protected foreign keys still point at (a model with deployments, say):
+  ProtectedError, a 500. Here it is a 409 naming what still refers to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db.models import ProtectedError
+from rest_framework import parsers, status
+from rest_framework.exceptions import APIException, ParseError
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser; a body nested too deeply to parse is a ParseError (400)."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply") from None
+
+
+class PayloadTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "payload_too_large"
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+def _still_used(exc: ProtectedError) -> str:
+    objects = list(exc.protected_objects)
+    kinds: dict[str, list[str]] = {}
+    for obj in objects:
+        kinds.setdefault(str(obj._meta.verbose_name_plural), []).append(str(obj.pk))
+    used = "; ".join(
+        f"{name} {', '.join(sorted(pks, key=lambda p: (len(p), p)))}" for name, pks in kinds.items()
+    )
+    return f"Cannot delete: still referred to by {used}. Delete those first."
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's handler, after mapping the exceptions above onto API errors."""
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        exc = PayloadTooLarge(f"Request body is larger than {limit} bytes.")
+    elif isinstance(exc, ProtectedError):
+        exc = Conflict(_still_used(exc))
+    return drf_exception_handler(exc, context)

@@ -1,0 +1,169 @@
+"""Failures DRF leaves to Django's HTML pages, and input the database would mangle, answer 4xx
+JSON with what went wrong, and write nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from accounts.models import ApiKey, Role, User
+from deployments.models import Deployment
+from django.test import Client, override_settings
+from inventory.models import Device, Host
+from jobs.models import Job
+from registry.models import ServedModel
+from rest_framework.test import APIClient
+
+pytestmark = pytest.mark.django_db
+NESTED = ("[" * 5000 + "]" * 5000).encode()
+
+
+@pytest.fixture
+def deployed(model_payload: dict[str, Any]) -> dict[str, Any]:
+    """A TP-2 model running on two devices of one host, and a spare device."""
+    model = ServedModel.objects.create(**model_payload)
+    host = Host.objects.create(name="host-a")
+    devices = [
+        Device.objects.create(host=host, index=i, uuid=f"gpu-{i}", name="L4", memory_total_bytes=24 << 30)
+        for i in range(3)
+    ]
+    deployment = Deployment.objects.create(model=model, host=host)
+    deployment.devices.set(devices[:2])
+    return {"model": model, "host": host, "devices": devices, "deployment": deployment}
+
+
+def test_json_nested_too_deeply_is_a_400(admin_client: APIClient, anon_client: APIClient) -> None:
+    for client, url in ((admin_client, "/api/v1/models/"), (anon_client, "/api/v1/auth/token/")):
+        response = client.post(url, NESTED, content_type="application/json")
+        assert response.status_code == 400
+        assert "nested too deeply" in response.json()["detail"]
+    assert not ServedModel.objects.exists()
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1000)
+def test_a_body_over_the_upload_limit_is_a_413_naming_it(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    response = admin_client.post("/api/v1/models/", {**model_payload, "source": "x" * 2000}, format="json")
+    assert response.status_code == 413
+    assert "1000 bytes" in response.json()["detail"]
+    assert not ServedModel.objects.exists()
+
+
+def test_deleting_a_model_that_deployments_use_is_a_409_naming_them(
+    admin_client: APIClient, deployed: dict[str, Any]
+) -> None:
+    model, deployment = deployed["model"], deployed["deployment"]
+    response = admin_client.delete(f"/api/v1/models/{model.pk}/")
+    assert response.status_code == 409
+    assert f"deployments {deployment.pk}" in response.json()["detail"]
+    assert ServedModel.objects.filter(pk=model.pk).exists()
+
+
+def test_the_tp_size_of_a_model_with_running_deployments_cannot_change(
+    admin_client: APIClient, deployed: dict[str, Any]
+) -> None:
+    model, deployment = deployed["model"], deployed["deployment"]
+    url = f"/api/v1/models/{model.pk}/"
+    refused = admin_client.patch(url, {"tensor_parallel_size": 4}, format="json")
+    assert refused.status_code == 400
+    assert f"Deployment(s) {deployment.pk}" in refused.json()["tensor_parallel_size"][0]
+    model.refresh_from_db()
+    assert model.tensor_parallel_size == 2
+    assert admin_client.patch(url, {"slo_ttft_p99_ms": 400.0}, format="json").status_code == 200
+    deployment.desired_state = "stopped"
+    deployment.save()
+    assert admin_client.patch(url, {"tensor_parallel_size": 4}, format="json").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"seed": "abc"}, "seed must be an integer >= 0"),
+        ({"extra_args": "--x"}, "extra_args must be a list of strings"),
+        ({"aqua_options": 5}, "aqua_options must be a JSON object"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be a number in (0, 1]"),
+        ({"enforce_eager": "yes"}, "enforce_eager must be true or false"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be an integer >= 1"),
+        ({"gpu_mem_util": 0.9}, "Unknown engine option(s): gpu_mem_util"),
+    ],
+)
+def test_engine_options_are_checked_by_name_and_type(
+    admin_client: APIClient, model_payload: dict[str, Any], options: dict[str, Any], message: str
+) -> None:
+    response = admin_client.post(
+        "/api/v1/models/", {**model_payload, "engine_options": options}, format="json"
+    )
+    assert response.status_code == 400
+    assert message in response.json()["engine_options"][0]
+    assert not ServedModel.objects.exists()
+
+
+def test_engine_options_the_agent_reads_are_accepted(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    options = {
+        "seed": 0,
+        "enforce_eager": True,
+        "max_num_seqs": 8,
+        "kv_cache_bytes": 1 << 30,
+        "cpu_kvcache_space_gib": 1,
+        "aqua": True,
+        "aqua_options": {"lent_bytes": 1 << 20},
+        "extra_args": ["--enable-log-requests"],
+        "sim_rate": 2.5,
+    }
+    response = admin_client.post(
+        "/api/v1/models/", {**model_payload, "engine_options": options}, format="json"
+    )
+    assert response.status_code == 201, response.json()
+
+
+@pytest.mark.parametrize(
+    "quota", [{"requests_per_minute": 2**31}, {"tokens_per_day": 2**63}, {"tokens_per_day": 10**30}]
+)
+def test_api_key_quotas_beyond_their_columns_are_400s(admin_client: APIClient, quota: dict[str, int]) -> None:
+    response = admin_client.post("/api/v1/api-keys/", {"name": "k", **quota}, format="json")
+    assert response.status_code == 400
+    assert set(response.json()) == set(quota)
+    assert not ApiKey.objects.exists()
+
+
+def test_a_since_before_the_earliest_utc_instant_is_a_400(
+    viewer_client: APIClient, deployed: dict[str, Any]
+) -> None:
+    url = f"/api/v1/hosts/{deployed['host'].pk}/telemetry/?since=0001-01-01T00:00:00%2B14:00"
+    response = viewer_client.get(url)
+    assert response.status_code == 400
+    assert "since" in response.json()
+
+
+def test_non_ascii_digits_in_a_plan_id_are_a_404(admin_client: APIClient) -> None:
+    assert admin_client.post("/api/v1/plans/%C2%B2/apply/").status_code == 404
+
+
+def test_device_ids_must_be_integers(admin_client: APIClient, deployed: dict[str, Any]) -> None:
+    deployed["deployment"].delete()
+    a, b, _ = deployed["devices"]
+    body = {"model": deployed["model"].name, "host": "host-a", "devices": [a.pk + 0.7, b.pk]}
+    response = admin_client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 400
+    assert "devices" in response.json()
+    assert not Deployment.objects.exists()
+
+
+def test_a_place_job_for_unknown_models_is_refused_before_it_queues(admin_client: APIClient) -> None:
+    body = {"kind": "place", "params": {"models": ["nope"]}}
+    response = admin_client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400
+    assert "No served model named 'nope'" in str(response.json())
+    assert not Job.objects.exists()
+
+
+def test_the_admin_lists_keys_and_tokens_but_cannot_add_them() -> None:
+    root = User.objects.create_superuser("root", password="root-pw-9f2k", role=Role.ADMIN)
+    client = Client()
+    client.force_login(root)
+    for name in ("apikey", "apitoken"):
+        assert client.get(f"/admin/accounts/{name}/").status_code == 200
+        assert client.get(f"/admin/accounts/{name}/add/").status_code == 403
