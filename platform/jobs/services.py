@@ -58,6 +58,22 @@ def _enqueue(job_id: int, celery_id: str) -> None:
         )
 
 
+def requeue_queued_jobs() -> list[int]:
+    """Send every queued job to the workers again; returns their ids.
+
+    A Celery worker acknowledges a message when it reserves it, before the job starts (and kombu's
+    filesystem broker deletes the message then): a worker killed with jobs reserved takes their
+    messages with it, and those jobs would stay queued forever. Called when a worker starts, this
+    gives every queued job a fresh message. A second message for a job is harmless: the claim in
+    `execute_job` is conditional on the job being queued, so the first delivery runs it and any
+    other finds it taken and skips it.
+    """
+    ids = list(Job.objects.filter(status=JobStatus.QUEUED).order_by("pk").values_list("pk", "celery_id"))
+    for job_id, celery_id in ids:
+        _enqueue(job_id, celery_id or str(uuid.uuid4()))
+    return [job_id for job_id, _ in ids]
+
+
 def cancel_job(job: Job) -> Job:
     """Cancel a queued or running job; ``JobNotActive`` if it already finished.
 

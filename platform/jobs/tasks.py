@@ -33,9 +33,11 @@ def fail_lost_jobs() -> list[int]:
 
 
 @worker_ready.connect
-def _fail_lost_jobs_on_start(**_: Any) -> None:
-    """A (re)started worker clears what its predecessor left running, even without beat."""
+def _recover_jobs_on_start(**_: Any) -> None:
+    """A (re)started worker clears what its predecessor left running, even without beat, and
+    re-sends queued jobs whose messages a killed worker may have taken with it."""
     try:
         liveness.fail_lost_jobs()
+        services.requeue_queued_jobs()
     except Exception:
-        logging.getLogger(__name__).exception("lost-job sweep at worker start failed")
+        logging.getLogger(__name__).exception("job recovery at worker start failed")

@@ -96,6 +96,8 @@ def test_a_job_whose_worker_is_killed_is_failed_by_the_next_worker(
     beats = Job.objects.get(pk=job_id).heartbeat_at
     wait_for(job_id, lambda j: j.heartbeat_at != beats)  # the worker is alive and stamping
 
+    behind = admin_client.post(URL, {"kind": "noop", "params": {"steps": 1, "delay_s": 0.0}}, format="json")
+    time.sleep(0.5)  # the doomed worker may reserve it (and take its message along when it dies)
     doomed.kill()
     time.sleep(2.5)  # longer than JOBS_LOST_AFTER_S: the job is now silent enough to be lost
     assert Job.objects.get(pk=job_id).status == JobStatus.RUNNING  # nothing recovers it by itself
@@ -105,9 +107,25 @@ def test_a_job_whose_worker_is_killed_is_failed_by_the_next_worker(
     assert job.status == JobStatus.FAILED and job.error.startswith("Worker lost"), job.error
     assert job.progress < 1.0
 
+    # The job queued behind it runs, whether or not the killed worker had reserved its message.
+    assert wait_for(behind.data["id"], lambda j: not j.is_active).status == JobStatus.SUCCEEDED
     # The new worker runs jobs as usual (the sweep did not take it down).
     created = admin_client.post(URL, {"kind": "noop", "params": {"steps": 2, "delay_s": 0.0}}, format="json")
     assert wait_for(created.data["id"], lambda j: not j.is_active).status == JobStatus.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_starting_worker_runs_queued_jobs_whose_messages_were_lost(
+    start_worker: Callable[..., CeleryWorker],
+) -> None:
+    # A queued row with no message on the broker: what a worker killed with the job reserved
+    # (acknowledged, not started) leaves behind.
+    stranded = Job.objects.create(kind="noop", params={"steps": 1, "delay_s": 0.0}, celery_id="lost-1")
+    done = Job.objects.create(kind="noop", status=JobStatus.SUCCEEDED, celery_id="done-1")
+    start_worker()
+    assert wait_for(stranded.pk, lambda j: not j.is_active, timeout_s=60).status == JobStatus.SUCCEEDED
+    done.refresh_from_db()
+    assert done.status == JobStatus.SUCCEEDED and done.started_at is None  # finished jobs stay as they are
 
 
 def test_beat_schedules_the_sweep() -> None:
