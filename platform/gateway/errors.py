@@ -1,9 +1,16 @@
-"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status.
+
+Every error a client sees has this shape, the engine's included: vLLM 0.32 answers
+``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}`` (the type a class
+name or an HTTP phrase, the code the status as an integer) and older vLLM ``{"object": "error",
+"message", "type", "param", "code"}``; ``engine_error`` rewrites both, keeping status and message.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -56,3 +63,30 @@ def rate_limited(message: str, retry_after_s: int, code: str) -> GatewayError:
 
 def unavailable(message: str, retry_after_s: int) -> GatewayError:
     return GatewayError(503, message, "service_unavailable", "no_healthy_replica", None, retry_after_s)
+
+
+def upstream_lost(message: str, timed_out: bool) -> GatewayError:
+    """The engine failed (or went silent) after it had started to answer."""
+    if timed_out:
+        return GatewayError(504, message, "server_error", "upstream_timeout")
+    return GatewayError(502, message, "server_error", "upstream_failed")
+
+
+def engine_error(status: int, body: Any) -> GatewayError:
+    """An engine's error (HTTP ``status`` >= 400; ``body`` its decoded JSON, None if it was not
+    JSON) in the gateway's shape, with the engine's message and a string ``param`` if it named one."""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = body["error"]  # else older vLLM's flat {"object": "error", "message", ...}
+    message, param, code = f"The engine answered HTTP {status}.", None, None
+    if isinstance(body, dict):
+        detail = body.get("message", body.get("detail"))  # "detail": a bare FastAPI/Starlette error
+        message = detail if isinstance(detail, str) and detail else message
+        param = body.get("param") if isinstance(body.get("param"), str) else None
+        code = body.get("code") if isinstance(body.get("code"), str) else None  # vLLM's is the status
+    if status == 429:
+        kind = "rate_limit_error"
+    elif status >= 500:
+        kind = "server_error"
+    else:
+        kind = "invalid_request_error"
+    return GatewayError(status, message, kind, code, param)

@@ -16,7 +16,12 @@ chunks queue in the server (bounded by the request's ``max_tokens``) until it re
 An ASGI server with write flow control (uvicorn) makes ``send()`` itself wait. Bypassing
 Django's middleware and URL resolver also keeps the per-chunk and per-request cost low.
 
-Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``.
+An engine that fails after it started to answer is not retried (it may have generated already):
+the client gets a 502 (504 on a read timeout) if nothing was sent yet, else a final SSE error event
+in place of ``[DONE]``; either way the request is recorded as failed.
+
+Routes: ``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/chat/completions``,
+``POST /v1/completions``.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from gateway import services
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, engine_error, upstream_lost
 from gateway.routing import Router, Target
 from gateway.streaming import StreamMeter, upstream_body
 from gateway.validation import CompletionRequest, parse_body, validate
@@ -50,6 +55,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 ClientFactory = Callable[[], httpx.AsyncClient]
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+MODEL_PREFIX = "/v1/models/"  # + a model's name: models.retrieve
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -97,12 +103,16 @@ class GatewayApp:
             if path == "/v1/models" and method == "GET":
                 data = await database_sync_to_async(services.served_models)(authorization)
                 await _respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
+            elif path.startswith(MODEL_PREFIX) and method == "GET":
+                name = path.removeprefix(MODEL_PREFIX)
+                model = await database_sync_to_async(services.served_model)(authorization, name)
+                await _respond(send, 200, json.dumps(model).encode())
             elif path in ROUTES and method == "POST":
                 # The key first: a caller without one learns nothing about what a body should be.
                 key = await database_sync_to_async(services.authenticate)(authorization)
                 request = validate(ROUTES[path], parse_body(await _read_body(receive)))
                 await self._complete(request, key, receive, send)
-            elif path in ROUTES or path == "/v1/models":
+            elif path in ROUTES or path == "/v1/models" or path.startswith(MODEL_PREFIX):
                 raise GatewayError(
                     405, f"Method {method} is not allowed on {path}.", code="method_not_allowed"
                 )
@@ -204,33 +214,64 @@ class GatewayApp:
         state["target"] = target
         try:
             if response.status_code != 200 or not request.stream:
-                payload = await response.aread()
-                if response.status_code == 200:
-                    with contextlib.suppress(ValueError):
-                        meter.take_response(json.loads(payload))
-                    state["outcome"] = "completed"
-                ctype = response.headers.get("content-type", "application/json").encode("latin-1")
-                await _respond(send, response.status_code, payload, [(b"content-type", ctype)])
-                return
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            try:
-                async for data in response.aiter_raw():
-                    events = meter.feed(data)
-                    if events:
-                        await send(
-                            {"type": "http.response.body", "body": b"".join(events), "more_body": True}
-                        )
-                    if meter.done:
-                        # The client has the whole response: one that hangs up now, before the
-                        # engine closes its end, was served in full.
-                        state["outcome"] = "completed"
-                state["outcome"] = "completed"
-            except httpx.HTTPError as exc:  # the engine died mid-stream: end the stream we started
-                log.warning("gateway: replica %s failed mid-stream: %r", target.replica_id, exc)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._relay_whole(target, response, meter, state, send)
+            else:
+                await self._relay_stream(target, response, meter, state, send)
         finally:
-            await response.aclose()
+            with contextlib.suppress(httpx.HTTPError):  # what the client gets is decided already
+                await response.aclose()
             self.router.release(target)
+
+    async def _relay_whole(
+        self, target: Target, response: httpx.Response, meter: StreamMeter, state: dict[str, Any], send: Send
+    ) -> None:
+        """A non-streamed answer or an engine's error: read it all, then answer in one go."""
+        try:
+            payload = await response.aread()
+        except httpx.HTTPError as exc:
+            error = self._lost(target, exc)
+            await _respond(send, error.status, error.body(), error.headers())
+            return
+        if response.status_code >= 400:  # 4xx: 5xx went to another replica
+            error = engine_error(response.status_code, _json_or_none(payload))
+            await _respond(send, error.status, error.body(), error.headers())
+            return
+        if response.status_code == 200:
+            body = _json_or_none(payload)
+            if isinstance(body, dict):
+                meter.take_response(body)
+            state["outcome"] = "completed"
+        ctype = response.headers.get("content-type", "application/json").encode("latin-1")
+        await _respond(send, response.status_code, payload, [(b"content-type", ctype)])
+
+    async def _relay_stream(
+        self, target: Target, response: httpx.Response, meter: StreamMeter, state: dict[str, Any], send: Send
+    ) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        try:
+            async for data in response.aiter_raw():
+                events = meter.feed(data)
+                if events:
+                    await send({"type": "http.response.body", "body": b"".join(events), "more_body": True})
+                if meter.done:
+                    # The client has the whole response: one that hangs up now, before the
+                    # engine closes its end, was served in full (or told of the engine's error).
+                    state["outcome"] = "failed" if meter.failed else "completed"
+            state["outcome"] = "failed" if meter.failed else "completed"
+        except httpx.HTTPError as exc:
+            if not meter.done:  # the stream broke off: say so, where [DONE] would have come
+                error = self._lost(target, exc)
+                event = b"data: " + error.body() + b"\n\n"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _lost(self, target: Target, exc: httpx.HTTPError) -> GatewayError:
+        """``target`` failed after it had started to answer: try others first for a while."""
+        self.router.failed(target)
+        log.warning("gateway: replica %s failed mid-response: %r", target.replica_id, exc)
+        timed_out = isinstance(exc, httpx.TimeoutException)
+        what = "stopped answering" if timed_out else "failed"
+        return upstream_lost(f"The engine serving this request {what} mid-response.", timed_out)
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -255,3 +296,10 @@ async def _respond(
     headers = headers or [(b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _json_or_none(payload: bytes) -> Any:
+    try:
+        return json.loads(payload)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None

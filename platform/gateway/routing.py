@@ -56,6 +56,6 @@ class Router:
             self._outstanding.pop(target.replica_id, None)
 
     def failed(self, target: Target, now: float | None = None) -> None:
-        """``target`` failed before answering: try others first for a while."""
+        """``target`` failed before or while answering: try others first for a while."""
         now = time.monotonic() if now is None else now
         self._failed_until[target.replica_id] = now + self.failure_penalty_s

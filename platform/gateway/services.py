@@ -4,7 +4,8 @@
   request costs one hop to the database thread before it is proxied.
 - ``finish``: record usage (per key, model and UTC day, atomic ``F()`` updates that work on SQLite
   and PostgreSQL) and the request's latency sample.
-- ``served_models`` for /v1/models and ``latency_summary`` for the dashboard's SLO charts.
+- ``served_models`` for /v1/models, ``served_model`` for /v1/models/{model}, and
+  ``latency_summary`` for the dashboard's SLO charts.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from agents.models import Replica
 from deployments.models import DesiredState, ObservedState
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 from inventory.models import HostStatus
 from registry.models import ServedModel
@@ -150,18 +151,29 @@ def finish(admission: Admission, outcome: Outcome) -> None:
     )
 
 
+def _served() -> QuerySet[ServedModel]:
+    """The models a key may see: those with a deployment that should be running."""
+    return ServedModel.objects.filter(deployments__desired_state=DesiredState.RUNNING).distinct()
+
+
+def _model_object(model: ServedModel) -> dict[str, object]:
+    created = int(model.created_at.timestamp())
+    return {"id": model.name, "object": "model", "created": created, "owned_by": "platform"}
+
+
 def served_models(authorization: str | None) -> list[dict[str, object]]:
-    """/v1/models: the models with a deployment that should be running (key required)."""
+    """/v1/models: the served models (key required)."""
     authenticate(authorization)
-    models = (
-        ServedModel.objects.filter(deployments__desired_state=DesiredState.RUNNING)
-        .distinct()
-        .order_by("name")
-    )
-    return [
-        {"id": m.name, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": "platform"}
-        for m in models
-    ]
+    return [_model_object(m) for m in _served().order_by("name")]
+
+
+def served_model(authorization: str | None, name: str) -> dict[str, object]:
+    """/v1/models/{name}: the model as /v1/models lists it; 404 if it does not list it (key required)."""
+    authenticate(authorization)
+    model = _served().filter(name=name).first()
+    if model is None:
+        raise model_not_found(name)
+    return _model_object(model)
 
 
 def _percentile(values: list[float], q: float) -> float | None:

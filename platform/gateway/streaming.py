@@ -4,7 +4,8 @@ The gateway asks the engine for ``stream_options: {include_usage, continuous_usa
 that every chunk carries the running token counts: usage is known even when the client leaves
 mid-stream. Chunks are rewritten to what the client asked for: ``usage`` is removed (or ``null``
 when the client asked for ``include_usage``), and the engine's final usage chunk is passed on only
-when the client asked for it.
+when the client asked for it. An error event (vLLM sends ``data: {"error": {...}}`` then
+``[DONE]`` when generation fails) is rewritten to the gateway's error shape.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from gateway.errors import engine_error
 
 DONE = b"[DONE]"
 
@@ -30,7 +33,7 @@ class StreamMeter:
 
     ``started`` is the request's arrival at the gateway (``time.monotonic()``); the first event
     that carries generated text sets TTFT, later ones add time-between-token gaps. ``done`` is set
-    by the stream's closing ``[DONE]`` event.
+    by the stream's closing ``[DONE]`` event, ``failed`` by an error event from the engine.
     """
 
     started: float
@@ -41,6 +44,7 @@ class StreamMeter:
     last_token_at: float | None = None
     gaps: list[float] = field(default_factory=list)
     done: bool = False
+    failed: bool = False
     _buffer: bytes = b""
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -70,6 +74,12 @@ class StreamMeter:
             return event
         if not isinstance(chunk, dict):
             return event
+        error = chunk.get("error")
+        if isinstance(error, dict):
+            self.failed = True
+            code = error.get("code")
+            status = code if isinstance(code, int) and code >= 400 else 500
+            return b"data: " + engine_error(status, chunk).body()
         self._take_usage(chunk.get("usage"))
         choices = chunk.get("choices")
         if not choices and chunk.get("usage") is not None:

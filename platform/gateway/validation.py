@@ -13,6 +13,10 @@ from typing import Any
 from gateway.errors import GatewayError, bad_request
 
 MAX_BODY_BYTES = 4 << 20
+# Deeper than any real request (tool and response_format schemas nest a few dozen levels at most)
+# and well under Python's recursion limit (1000), which json.loads and json.dumps both hit near it:
+# a body parse_body accepts can always be re-encoded for the engine.
+MAX_JSON_DEPTH = 128
 
 NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 POSITIVE_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n")
@@ -49,9 +53,29 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep() from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise _too_deep()
     return body
+
+
+def _too_deep() -> GatewayError:
+    return bad_request(f"request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+
+
+def _depth(value: Any) -> int:
+    """How many arrays and objects deep ``value`` nests (iterative: no recursion limit to hit)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    while pending:
+        item, depth = pending.pop()
+        deepest = max(deepest, depth)
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
 
 
 def _check_common(body: dict[str, Any]) -> tuple[str, bool, bool]:

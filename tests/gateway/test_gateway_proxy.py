@@ -5,106 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from accounts.services import revoke_api_key
 from gateway.models import RequestSample, Usage
-from gateway.proxy import GatewayApp
 from inventory.models import HostStatus
+from registry.models import ServedModel
 
-Handler = Callable[[httpx.Request], Any]
+from tests.gateway.asgi_driver import CHAT, Call, app_with, call, chunk, final_usage, never, sse
 
-
-class Call:
-    """One request through the app, with what it sent back."""
-
-    def __init__(self) -> None:
-        self.status: int | None = None
-        self.headers: dict[bytes, bytes] = {}
-        self.chunks: list[bytes] = []
-        self.sent_body = asyncio.Event()
-
-    @property
-    def body(self) -> bytes:
-        return b"".join(self.chunks)
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def events(self) -> list[str]:
-        return [e.removeprefix("data: ") for e in self.body.decode().split("\n\n") if e]
-
-
-async def call(
-    app: GatewayApp,
-    path: str,
-    body: Any = None,
-    secret: str | None = None,
-    method: str = "POST",
-    disconnect: Callable[[Call], Any] | None = None,
-) -> Call:
-    """Drive ``app`` as daphne would; ``disconnect(call)`` is awaited before http.disconnect."""
-    result = Call()
-    headers = [(b"content-type", b"application/json")]
-    if secret is not None:
-        headers.append((b"authorization", f"Bearer {secret}".encode()))
-    scope = {"type": "http", "method": method, "path": path, "headers": headers}
-    messages = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b""}]
-
-    async def receive() -> dict[str, Any]:
-        if messages:
-            return messages.pop(0)
-        if disconnect is not None:
-            await disconnect(result)
-            return {"type": "http.disconnect"}
-        await asyncio.Event().wait()  # the client stays
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            result.status = message["status"]
-            result.headers = dict(message.get("headers", []))
-        else:
-            result.chunks.append(message.get("body", b""))
-            result.sent_body.set()
-
-    await asyncio.wait_for(app(scope, receive, send), 10)
-    return result
-
-
-def app_with(handler: Handler) -> GatewayApp:
-    return GatewayApp(client_factory=lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
-
-
-def sse(*chunks: dict[str, Any]) -> bytes:
-    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-
-
-def chunk(text: str, prompt: int, completion: int) -> dict[str, Any]:
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    return {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "model": "tiny",
-        "choices": [{"index": 0, "delta": {"content": text}}],
-        "usage": usage,
-    }
-
-
-def final_usage(prompt: int, completion: int) -> dict[str, Any]:
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    return {"id": "c1", "object": "chat.completion.chunk", "model": "tiny", "choices": [], "usage": usage}
-
-
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 pytestmark = pytest.mark.usefixtures("gateway_data")
-
-
-def never(request: httpx.Request) -> httpx.Response:
-    raise AssertionError(f"no upstream request expected, got {request.url}")
 
 
 @pytest.mark.parametrize("secret", [None, "sk-wrong"])
@@ -149,6 +62,29 @@ def test_no_healthy_replica_is_503_with_retry_after(gateway_data: dict[str, Any]
 def test_it_lists_served_models(gateway_data: dict[str, Any]) -> None:
     result = asyncio.run(call(app_with(never), "/v1/models", None, gateway_data["secret"], method="GET"))
     assert result.status == 200 and [m["id"] for m in result.json()["data"]] == ["tiny"]
+
+
+def test_it_retrieves_a_served_model_as_the_list_shows_it(gateway_data: dict[str, Any]) -> None:
+    ServedModel.objects.create(  # no deployment: not served
+        name="idle", source="/m", max_context_length=256, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+    )
+    app, secret = app_with(never), gateway_data["secret"]
+    listed = asyncio.run(call(app, "/v1/models", None, secret, method="GET")).json()["data"]
+    one = asyncio.run(call(app, "/v1/models/tiny", None, secret, method="GET"))
+    assert one.status == 200 and [one.json()] == listed
+    for name in ("idle", "gpt-9"):
+        missing = asyncio.run(call(app, f"/v1/models/{name}", None, secret, method="GET"))
+        assert missing.status == 404
+        assert missing.json()["error"] == {
+            "message": f"The model '{name}' does not exist.",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    for wrong in (None, "sk-wrong"):
+        refused = asyncio.run(call(app, "/v1/models/tiny", None, wrong, method="GET"))
+        assert refused.status == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert asyncio.run(call(app, "/v1/models/tiny", {}, secret)).status == 405
 
 
 @pytest.mark.parametrize("include_usage", [True, False])
@@ -210,13 +146,87 @@ def test_it_fails_over_to_another_replica_before_the_first_byte(gateway_data: di
     assert Usage.objects.get().requests == 1, "a request no replica took is not counted"
 
 
-def test_an_engine_error_is_passed_on(gateway_data: dict[str, Any]) -> None:
-    error = {
-        "error": {"message": "max_tokens too large", "type": "BadRequestError", "param": None, "code": 400}
-    }
-    app = app_with(lambda request: httpx.Response(400, json=error))
+@pytest.mark.parametrize(
+    ("engine_body", "param"),
+    [
+        # vLLM 0.32's ErrorResponse (create_error_response): type a class name, code the status.
+        (
+            {
+                "error": {
+                    "message": "max_tokens too large",
+                    "type": "BadRequestError",
+                    "param": "max_tokens",
+                    "code": 400,
+                }
+            },
+            "max_tokens",
+        ),
+        # vLLM's HTTPException handler: the type is the status phrase.
+        (
+            {"error": {"message": "max_tokens too large", "type": "Bad Request", "param": None, "code": 400}},
+            None,
+        ),
+        # Older vLLM: a flat object.
+        (
+            {
+                "object": "error",
+                "message": "max_tokens too large",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            },
+            None,
+        ),
+    ],
+)
+def test_an_engine_error_keeps_status_and_message_in_the_gateways_shape(
+    gateway_data: dict[str, Any], engine_body: dict[str, Any], param: str | None
+) -> None:
+    app = app_with(lambda request: httpx.Response(400, json=engine_body))
     result = asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"]))
-    assert result.status == 400 and result.json() == error
+    assert result.status == 400 and result.headers[b"content-type"] == b"application/json"
+    assert result.json() == {
+        "error": {
+            "message": "max_tokens too large",
+            "type": "invalid_request_error",
+            "param": param,
+            "code": None,
+        }
+    }
+    assert RequestSample.objects.get().outcome == "failed"
+
+
+def test_an_engine_error_that_is_not_json_still_gets_the_gateways_shape(gateway_data: dict[str, Any]) -> None:
+    app = app_with(lambda request: httpx.Response(404, text="Not Found"))
+    result = asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == 404
+    assert result.json()["error"] == {
+        "message": "The engine answered HTTP 404.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+
+
+def nested_in_chat(depth: int) -> bytes:
+    """A chat body with a list ``depth`` deep in a field the gateway passes on unchecked."""
+    return json.dumps(CHAT).encode()[:-1] + b', "logit_bias": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 1100 + b"]" * 1100,  # json.loads itself gives up (RecursionError)
+        b'{"a":' * 1100 + b"1" + b"}" * 1100,
+        nested_in_chat(200),  # valid JSON, deeper than any real request
+        nested_in_chat(900),  # json.loads takes it; json.dumps for the engine might not
+    ],
+)
+def test_a_deeply_nested_body_is_a_400_in_openai_format(gateway_data: dict[str, Any], raw: bytes) -> None:
+    result = asyncio.run(call(app_with(never), "/v1/chat/completions", raw, gateway_data["secret"]))
+    assert result.status == 400 and result.headers[b"content-type"] == b"application/json"
+    assert "nested too deeply" in result.json()["error"]["message"]
+    assert not Usage.objects.exists()
 
 
 def test_a_disconnect_cancels_the_upstream_stream(gateway_data: dict[str, Any]) -> None:

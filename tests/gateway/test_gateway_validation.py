@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from gateway.errors import GatewayError
-from gateway.validation import parse_body, validate
+from gateway.validation import MAX_JSON_DEPTH, parse_body, validate
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "tiny", "prompt": "hi"}
@@ -73,3 +73,32 @@ def test_it_rejects_bodies_that_are_not_json_objects(raw: bytes) -> None:
     with pytest.raises(GatewayError) as caught:
         parse_body(raw)
     assert caught.value.status == 400
+
+
+def nested_lists(depth: int) -> bytes:
+    """A JSON object whose field "x" holds lists: ``depth`` containers deep in all."""
+    return b'{"x": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
+def nested_objects(depth: int) -> bytes:
+    return b'{"a": ' * (depth - 1) + b"{}" + b"}" * (depth - 1)
+
+
+@pytest.mark.parametrize("raw", [nested_lists(MAX_JSON_DEPTH), nested_objects(MAX_JSON_DEPTH)])
+def test_it_accepts_nesting_up_to_the_limit(raw: bytes) -> None:
+    assert parse_body(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        nested_lists(MAX_JSON_DEPTH + 1),
+        nested_objects(MAX_JSON_DEPTH + 1),
+        b"[" * 1100 + b"]" * 1100,  # past Python's recursion limit: json.loads raises RecursionError
+        b'{"a":' * 1100 + b"1" + b"}" * 1100,
+    ],
+)
+def test_it_rejects_bodies_nested_too_deeply(raw: bytes) -> None:
+    with pytest.raises(GatewayError) as caught:
+        parse_body(raw)
+    assert caught.value.status == 400 and "nested too deeply" in caught.value.message

@@ -101,6 +101,21 @@ def test_it_lists_the_model_and_rejects_bad_keys_and_unknown_models(stack: Stack
     assert caught.value.body is not None and caught.value.code == "invalid_api_key"
 
 
+def test_it_retrieves_the_model_and_gives_the_engines_errors_the_gateways_shape(stack: Stack) -> None:
+    client, _ = client_for(stack)
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("nope")
+    assert missing.value.code == "model_not_found"
+    # The gateway does not know the context length; the engine refuses (vLLM's ErrorResponse).
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=5000)
+    error = refused.value.body
+    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["code"] is None
+    assert "2048" in error["message"], "the engine's message, which names max_model_len"
+
+
 def test_it_streams_chat_and_records_the_usage_the_client_received(stack: Stack) -> None:
     client, key_id = client_for(stack)
     streamed = RequestSample.objects.filter(deployment=stack.deployment, stream=True)

@@ -1,0 +1,138 @@
+"""An engine that fails after it started to answer (it died, or went silent past the read timeout):
+the client gets an OpenAI-format error, never the server's HTML 500, and the request is recorded
+as failed. Also the engine's own error events inside a stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from gateway.models import RequestSample, Usage
+
+from tests.gateway.asgi_driver import CHAT, app_with, call, chunk, final_usage, sse
+
+pytestmark = pytest.mark.usefixtures("gateway_data")
+
+CUT = [
+    (httpx.ReadError("connection reset"), 502, "upstream_failed"),
+    (
+        httpx.RemoteProtocolError("peer closed connection without sending complete message body"),
+        502,
+        "upstream_failed",
+    ),
+    (httpx.ReadTimeout("timed out"), 504, "upstream_timeout"),
+]
+
+
+class DyingStream(httpx.AsyncByteStream):
+    """An engine's response body that sends ``parts``, then breaks off with ``error``; its close
+    raises ``close_error`` if one is given (a connection that is already broken)."""
+
+    def __init__(self, parts: list[bytes], error: Exception, close_error: Exception | None = None) -> None:
+        self.parts, self.error, self.close_error = parts, error, close_error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
+        raise self.error
+
+    async def aclose(self) -> None:
+        if self.close_error is not None:
+            raise self.close_error
+
+
+class DyingEngine:
+    """An upstream whose every answer is a 200 that breaks off; ``hosts``: the replicas it was asked."""
+
+    def __init__(self, parts: list[bytes], error: Exception, close_error: Exception | None = None) -> None:
+        self.parts, self.error, self.close_error = parts, error, close_error
+        self.hosts: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.hosts.append(request.url.host)
+        return httpx.Response(200, stream=DyingStream(self.parts, self.error, self.close_error))
+
+
+@pytest.mark.parametrize(("error", "status", "code"), CUT)
+def test_a_non_streamed_answer_that_breaks_off_is_a_502_or_504_recorded_as_failed(
+    gateway_data: dict[str, Any], error: Exception, status: int, code: str
+) -> None:
+    upstream = DyingEngine([b'{"id": "c1", "choi'], error)
+    app, secret = app_with(upstream), gateway_data["secret"]
+    result = asyncio.run(call(app, "/v1/chat/completions", CHAT, secret))
+    assert result.status == status and result.headers[b"content-type"] == b"application/json"
+    assert result.json()["error"]["type"] == "server_error" and result.json()["error"]["code"] == code
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "failed" and sample.deployment_id == gateway_data["deployments"][0].pk
+    assert Usage.objects.get().requests == 1
+    asyncio.run(call(app, "/v1/chat/completions", CHAT, secret))
+    assert upstream.hosts == ["replica-a", "replica-b"], "the replica that failed is tried last"
+
+
+def test_a_connection_that_also_fails_to_close_is_still_answered_and_recorded(
+    gateway_data: dict[str, Any],
+) -> None:
+    upstream = DyingEngine([b'{"id"'], httpx.ReadError("reset"), close_error=httpx.ReadError("reset again"))
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == 502 and result.json()["error"]["code"] == "upstream_failed"
+    assert RequestSample.objects.get().outcome == "failed"
+
+
+@pytest.mark.parametrize(("error", "status", "code"), CUT)
+def test_a_stream_that_breaks_off_ends_with_an_error_event_recorded_as_failed(
+    gateway_data: dict[str, Any], error: Exception, status: int, code: str
+) -> None:
+    sent = sse(chunk("a", 7, 1), chunk("b", 7, 2)).removesuffix(b"data: [DONE]\n\n")
+    upstream = DyingEngine([sent, b'data: {"id": "c1", "cho'], error)  # the last event is cut in two
+    body = {**CHAT, "stream": True}
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
+    assert result.status == 200
+    *chunks, last = result.events()
+    assert [json.loads(c)["choices"][0]["delta"]["content"] for c in chunks] == ["a", "b"]
+    assert json.loads(last) == {
+        "error": {
+            "message": json.loads(last)["error"]["message"],
+            "type": "server_error",
+            "param": None,
+            "code": code,
+        }
+    }
+    assert "mid-response" in json.loads(last)["error"]["message"]
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "failed" and sample.completion_tokens == 2
+    assert Usage.objects.get().completion_tokens == 2
+
+
+def test_a_stream_that_breaks_off_after_done_was_served_in_full(gateway_data: dict[str, Any]) -> None:
+    upstream = DyingEngine([sse(chunk("a", 7, 1), final_usage(7, 1))], httpx.ReadError("reset"))
+    body = {**CHAT, "stream": True}
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
+    assert result.events()[-1] == "[DONE]" and "error" not in result.body.decode()
+    assert RequestSample.objects.get().outcome == "completed"
+
+
+def test_an_engine_error_event_in_a_stream_gets_the_gateways_shape_and_counts_as_failed(
+    gateway_data: dict[str, Any],
+) -> None:
+    # vLLM's stream generator on a failure: an ErrorResponse event, then [DONE].
+    engine_error = {"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}}
+    stream = sse(chunk("a", 7, 1), engine_error)
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, stream=httpx.ByteStream(stream), headers={"content-type": "text/event-stream"}
+        )
+
+    body = {**CHAT, "stream": True}
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
+    events = result.events()
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2]) == {
+        "error": {"message": "boom", "type": "server_error", "param": None, "code": None}
+    }
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "failed" and sample.completion_tokens == 1
