@@ -56,6 +56,14 @@ def create_api_key(
     return Issued(record=key, plaintext=secret.plaintext)
 
 
+PLAYGROUND_KEY_NAME = "playground"
+
+
+def live_api_keys(owner: Any) -> int:
+    """The owner's unrevoked keys (the chat playground's included)."""
+    return ApiKey.objects.filter(owner=owner, revoked=False).count()
+
+
 def authenticate_api_key(plaintext: str) -> ApiKey | None:
     """The unrevoked key with this secret whose owner is active, else ``None`` (chat gateway)."""
     key = (

@@ -252,6 +252,8 @@ CELERY_BEAT_SCHEDULE = {
 # Default quotas of a new end-user API key (an admin may change them per key).
 API_KEY_DEFAULT_REQUESTS_PER_MINUTE = env_int("API_KEY_DEFAULT_REQUESTS_PER_MINUTE", 60, minimum=1)
 API_KEY_DEFAULT_TOKENS_PER_DAY = env_int("API_KEY_DEFAULT_TOKENS_PER_DAY", 1_000_000, minimum=1)
+# Quotas are per key: without a cap on live keys a user could multiply them by creating keys.
+API_KEYS_PER_USER = env_int("API_KEYS_PER_USER", 10, minimum=1)
 
 # Chat gateway (/v1, platform/gateway): upstream connect timeout, the longest an engine may stay
 # silent mid-response, and the Retry-After sent when no replica of a model is healthy.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from accounts.models import ApiKey
 from accounts.roles import is_admin
-from accounts.services import create_api_key
+from accounts.services import PLAYGROUND_KEY_NAME, create_api_key, revoke_api_key
 from deployments.models import DesiredState
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -20,8 +20,8 @@ from registry.models import ServedModel
 
 from core.secrets import digest_secret
 
-PLAYGROUND_KEY_NAME = "playground"
 SESSION_KEY = "gateway_playground_key"
+PLAYGROUND_KEYS_KEPT = 3
 
 
 @require_GET
@@ -45,4 +45,9 @@ def playground_key(request: HttpRequest) -> JsonResponse:
     if not live:
         secret = create_api_key(request.user, PLAYGROUND_KEY_NAME).plaintext
         request.session[SESSION_KEY] = secret
+        # One key per session would let a user multiply the per-key quotas by signing in again;
+        # the newest few stay (a user may have the playground open in more than one browser).
+        stale = ApiKey.objects.filter(owner=request.user, name=PLAYGROUND_KEY_NAME, revoked=False)
+        for key in stale.order_by("-created_at", "-pk")[PLAYGROUND_KEYS_KEPT:]:
+            revoke_api_key(key)
     return JsonResponse({"key": secret, "name": PLAYGROUND_KEY_NAME})

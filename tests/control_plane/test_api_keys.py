@@ -7,6 +7,7 @@ import hashlib
 import pytest
 from accounts.models import ApiKey, User
 from accounts.services import authenticate_api_key
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 URL = "/api/v1/api-keys/"
@@ -75,3 +76,15 @@ def test_it_rejects_unknown_and_read_only_fields(viewer_client: APIClient) -> No
     assert response.status_code == 400
     assert set(response.data) == {"revoked", "scope"}
     assert ApiKey.objects.count() == 0
+
+
+@override_settings(API_KEYS_PER_USER=3)
+def test_a_user_holds_at_most_the_configured_number_of_live_keys(viewer_client: APIClient, bob: User) -> None:
+    created = [viewer_client.post(URL, {"name": f"k{i}"}, format="json") for i in range(3)]
+    assert [r.status_code for r in created] == [201, 201, 201]
+    refused = viewer_client.post(URL, {"name": "k3"}, format="json")
+    assert refused.status_code == 400
+    assert "revoke one first" in refused.json()["non_field_errors"][0]
+    assert ApiKey.objects.filter(owner=bob).count() == 3
+    assert viewer_client.post(f"{URL}{created[0].data['id']}/revoke/").status_code == 200
+    assert viewer_client.post(URL, {"name": "k3"}, format="json").status_code == 201

@@ -48,3 +48,14 @@ def test_another_user_gets_their_own_key(bob: User) -> None:
         client.force_login(user)
         keys.append(authenticate_api_key(client.post("/playground/key/").json()["key"]))
     assert [k.owner.username for k in keys if k is not None] == ["bob", "carol"]
+
+
+def test_signing_in_again_does_not_pile_up_playground_keys(bob: User) -> None:
+    secrets = []
+    for _ in range(5):  # five sessions, each with a fresh key
+        client = Client()
+        client.force_login(bob)
+        secrets.append(client.post("/playground/key/").json()["key"])
+    live = [s for s in secrets if authenticate_api_key(s) is not None]
+    assert live == secrets[-3:]  # the newest three stay usable
+    assert ApiKey.objects.filter(owner=bob, revoked=False).count() == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import authenticate
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
@@ -88,6 +89,16 @@ class ApiKeyViewSet(
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        live = services.live_api_keys(request.user)
+        if live >= settings.API_KEYS_PER_USER:
+            raise ValidationError(
+                {
+                    "non_field_errors": [
+                        f"You have {live} live API keys, the most a user may hold "
+                        f"({settings.API_KEYS_PER_USER}); revoke one first."
+                    ]
+                }
+            )
         issued = services.create_api_key(
             request.user, data["name"], data.get("requests_per_minute"), data.get("tokens_per_day")
         )
