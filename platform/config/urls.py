@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from core.api.notfound import api_not_found
 
 api_v1 = [
     path("", include("accounts.api.urls")),
@@ -22,6 +24,7 @@ urlpatterns = [
     path("api/", include("core.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    re_path(r"^api/(?P<rest>.*)$", api_not_found),  # after every API route: JSON 404s under /api/
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     # The chat playground page (the /v1 gateway itself is mounted in config/asgi.py).

@@ -167,3 +167,27 @@ def test_the_admin_lists_keys_and_tokens_but_cannot_add_them() -> None:
     for name in ("apikey", "apitoken"):
         assert client.get(f"/admin/accounts/{name}/").status_code == 200
         assert client.get(f"/admin/accounts/{name}/add/").status_code == 403
+
+
+def test_unknown_api_paths_are_json_404s_and_a_missing_slash_is_named(admin_client: APIClient) -> None:
+    unknown = admin_client.get("/api/v1/nothing-here/")
+    assert unknown.status_code == 404 and unknown.json() == {"detail": "Not found."}
+    no_slash = admin_client.post("/api/v1/models", {"name": "x"}, format="json")
+    assert no_slash.status_code == 404
+    assert "Use /api/v1/models/ (with a trailing slash)" in no_slash.json()["detail"]
+    assert not ServedModel.objects.exists()
+    assert admin_client.get("/api/v1/models/").status_code == 200  # real routes still resolve first
+
+
+def test_job_filters_with_unknown_values_are_400s(admin_client: APIClient) -> None:
+    response = admin_client.get("/api/v1/jobs/?status=runing&kind=noop")
+    assert response.status_code == 400
+    assert set(response.json()) == {"status"}
+    assert admin_client.get("/api/v1/jobs/?status=running&kind=noop").status_code == 200
+
+
+def test_clients_choose_the_page_size_up_to_a_limit(admin_client: APIClient) -> None:
+    for i in range(3):
+        Job.objects.create(kind="noop", celery_id=f"c{i}")
+    page = admin_client.get("/api/v1/jobs/?page_size=2").json()
+    assert page["count"] == 3 and len(page["results"]) == 2 and page["next"] is not None

@@ -6,12 +6,14 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs import services
 from jobs.api.serializers import JobKindSerializer, JobSerializer, describe_kinds
-from jobs.models import Job
+from jobs.models import Job, JobStatus
+from jobs.registry import kind_names
 
 
 class JobViewSet(
@@ -26,10 +28,18 @@ class JobViewSet(
 
     def get_queryset(self) -> QuerySet[Job]:
         jobs = Job.objects.select_related("created_by").order_by("-id")
-        for name in ("status", "kind"):
+        if self.action != "list":
+            return jobs
+        known = {"status": sorted(JobStatus.values), "kind": kind_names()}
+        errors = {}
+        for name, choices in known.items():
             value = self.request.query_params.get(name)
-            if value:
+            if value and value not in choices:
+                errors[name] = [f"{value!r} is not one of {', '.join(choices)}."]
+            elif value:
                 jobs = jobs.filter(**{name: value})
+        if errors:  # a typo in a filter would otherwise read as "no such jobs"
+            raise ValidationError(errors)
         return jobs
 
     @extend_schema(

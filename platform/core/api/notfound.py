@@ -1,0 +1,22 @@
+"""Unknown paths under /api/ answer JSON, like the rest of the API, instead of Django's HTML 404.
+
+It also replaces Django's trailing-slash redirect there: a 301 makes clients re-send a POST as a
+GET without its body, so a missing slash is a 404 that names the right path instead.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+from django.urls import Resolver404, resolve
+
+
+def api_not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    path = request.path
+    if not path.endswith("/"):
+        try:
+            match = resolve(path + "/")
+        except Resolver404:
+            match = None
+        if match is not None and match.func is not api_not_found:
+            return JsonResponse({"detail": f"Not found. Use {path}/ (with a trailing slash)."}, status=404)
+    return JsonResponse({"detail": "Not found."}, status=404)
