@@ -5,18 +5,26 @@ telemetry frame; deployment status changes are sent as they happen; on each (re)
 sends `register` and every deployment's status. Frames from the control plane become host actions:
 `desired_deployments` -> converge, `command` -> restart / log tail, `probe` -> replay a workload
 against an engine and answer `probe_result` (gpu_agent/probe.py), `error` -> logged.
+
+The link is supervised: should `AgentLink.run()` ever end or raise while the agent is up (it is
+built not to), the agent logs it at ERROR and starts it again after a backoff. It does not stop
+instead, because stopping the agent stops every engine on the host: a fault in reporting would
+become an outage of the models the host serves, which keep serving through the gateway while the
+link is down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Coroutine
 from typing import Any
 
 from gpu_agent import __version__
-from gpu_agent.backoff import Backoff
+from gpu_agent.backoff import Backoff, seed_for
+from gpu_agent.engines.logs import LOG_TAIL_BYTES, cap_lines
 from gpu_agent.host import Host
 from gpu_agent.link import AgentLink
 from gpu_agent.protocol import (
@@ -49,6 +57,18 @@ class Agent:
         buffer_size: int = 300,
         backoff: Backoff | None = None,
     ) -> None:
+        """
+        Args:
+            host: What this agent reports and controls.
+            control_plane: Base URL of the control plane.
+            token: The host token.
+            name: Host name sent in `register`; also seeds the reconnect jitter, so that hosts
+                which lose the control plane together do not all retry at the same moments.
+            address: Where the gateway reaches this host's engines.
+            telemetry_interval_s: Seconds between telemetry frames (and heartbeats).
+            buffer_size: Telemetry frames kept while disconnected.
+            backoff: Reconnect delays; default 0.5 s doubling to 30 s, seeded from `name`.
+        """
         self.host = host
         self.name = name
         self.address = address
@@ -60,8 +80,9 @@ class Agent:
             on_frame=self._on_frame,
             heartbeat_interval_s=telemetry_interval_s,
             buffer_size=buffer_size,
-            backoff=backoff,
+            backoff=backoff or Backoff(seed=seed_for(name)),
         )
+        self._link_restarts = Backoff(base_s=1.0, cap_s=30.0, seed=seed_for(name))
         self._statuses: asyncio.Queue[DeploymentStatus] = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -84,7 +105,7 @@ class Agent:
     async def run(self) -> None:
         await self.host.start(self._statuses.put_nowait)
         workers = [
-            asyncio.create_task(self.link.run(), name="link"),
+            asyncio.create_task(self._keep_link_up(), name="link"),
             asyncio.create_task(self._telemetry_loop(), name="telemetry"),
             asyncio.create_task(self._status_loop(), name="statuses"),
         ]
@@ -99,6 +120,31 @@ class Agent:
             for t in workers[1:]:
                 t.cancel()
             await asyncio.gather(*workers, *self._tasks, return_exceptions=True)
+
+    async def _keep_link_up(self) -> None:
+        """Run the link until the agent stops, starting it again if it ever ends or raises."""
+        while True:
+            started = time.monotonic()
+            try:
+                await self.link.run()
+                error = None
+            except Exception as exc:
+                error = exc
+            if self._stopping.is_set():
+                return
+            if time.monotonic() - started >= 60.0:
+                self._link_restarts.reset()
+            delay = self._link_restarts.next_delay()
+            log.error(
+                "The control-plane link stopped unexpectedly (%s); restarting it in %.1f s.",
+                "returned" if error is None else f"{type(error).__name__}: {error}",
+                delay,
+                exc_info=error,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            if self._stopping.is_set():
+                return
 
     # ---- outgoing -----------------------------------------------------------------------------
 
@@ -171,6 +217,8 @@ class Agent:
         else:
             lines = self.host.tail(cmd.deployment_id, cmd.lines)
             if lines is not None:
+                # Bounded: the control plane drops a message over 1 MiB, and the agent's link with it.
+                lines = cap_lines(lines, LOG_TAIL_BYTES)
                 await self.link.send(LogTail(cmd.deployment_id, lines, command_id=cmd.command_id))
                 return
         await self.link.send(

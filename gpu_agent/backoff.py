@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass, field
+
+
+def seed_for(name: str) -> int:
+    """A jitter seed derived from `name` (e.g. the host name).
+
+    Every agent of a fleet loses the control plane at the same moment when it restarts; with one
+    shared seed their "random" delays would be the same numbers and they would all reconnect in
+    step. A seed from the host's (unique) name spreads them while keeping one host's delays
+    reproducible. A stable hash, not `hash()`, which changes with every process.
+    """
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "big")
 
 
 @dataclass

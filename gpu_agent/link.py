@@ -10,6 +10,12 @@ While disconnected, telemetry goes into a bounded buffer (oldest dropped first, 
 other frames are not buffered (the statuses are re-sent on connect). Reconnects back off
 exponentially with seeded jitter; a refused token (HTTP 401/403 at the handshake, or close code
 4401/4403) is logged as such and retried with the same backoff.
+
+No single frame may take the link down: one that cannot be serialised (a NaN reading, say, which
+strict JSON refuses) is dropped with an error log, and any other unexpected exception in a
+connection is logged with its traceback and treated like a lost connection (reconnect with
+backoff). Without this one bad telemetry sample ended `run()` for good while the engines kept
+running unobserved.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
@@ -58,6 +66,7 @@ class LinkStats:
     telemetry_sent: int = 0
     dropped: int = 0  # telemetry frames dropped because the buffer was full
     rejected_frames: int = 0  # malformed frames received
+    unsendable: int = 0  # outgoing frames dropped because they could not be serialised
 
 
 class AuthRefused(Exception):
@@ -88,7 +97,9 @@ class AgentLink:
             on_frame: Awaited for every valid frame from the control plane, in arrival order.
             heartbeat_interval_s: Seconds between heartbeats.
             buffer_size: Telemetry frames kept while disconnected.
-            backoff: Reconnect delays; default 0.5 s doubling to 30 s, seed 0.
+            backoff: Reconnect delays; default 0.5 s doubling to 30 s with a random seed. Pass a
+                per-host seed (`Backoff(seed=seed_for(host))`, as `Agent` does) for reproducible
+                delays; never one seed for all hosts, or they all reconnect at the same moments.
             stable_after_s: A connection that lived this long resets the backoff when it ends.
             open_timeout_s: Handshake timeout.
         """
@@ -102,7 +113,7 @@ class AgentLink:
         self._on_frame = on_frame
         self._heartbeat_s = heartbeat_interval_s
         self._buffer: deque[Telemetry] = deque(maxlen=buffer_size)
-        self._backoff = backoff or Backoff()
+        self.backoff = backoff or Backoff(seed=random.SystemRandom().getrandbits(64))
         self._stable_after_s = stable_after_s
         self._open_timeout_s = open_timeout_s
         self._ws: ClientConnection | None = None
@@ -135,11 +146,30 @@ class AgentLink:
                 self._held.append(frame)
                 return True
             return False
+        text = self._encode(frame)
+        if text is None:
+            return False
         try:
-            await ws.send(dumps(frame))
+            await ws.send(text)
         except ConnectionClosed:
             return False
         return True
+
+    def _encode(self, frame: Frame, **changes: Any) -> str | None:
+        """The JSON text of `frame` (a dataclass) with `changes` applied, or None (logged,
+        counted) when that cannot be serialised or is not a valid frame.
+
+        Dropping is the only way on: the same frame would fail again on every retry, and a frame
+        left at the head of the telemetry buffer would block every frame behind it.
+        """
+        try:
+            if changes:  # every frame type is a dataclass
+                frame = dataclasses.replace(frame, **changes)  # type: ignore[type-var]
+            return dumps(frame)
+        except (ValueError, TypeError) as exc:
+            self.stats.unsendable += 1
+            log.error("Dropped a %r frame that cannot be serialised: %s: %.500r", frame.TYPE, exc, frame)
+            return None
 
     def stop(self) -> None:
         """Ask `run()` to close the connection and return."""
@@ -164,14 +194,17 @@ class AgentLink:
                     reason = f"handshake failed with HTTP {code}"
             except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a bug, not the network: log it, but keep the link
+                log.exception("Control plane link to %s failed unexpectedly", self.url)
+                reason = f"unexpected {type(exc).__name__}: {exc}"
             else:
                 reason = "connection closed"
             if self._stopping.is_set():
                 break
             self.stats.failed_attempts += 1
             if time.monotonic() - started >= self._stable_after_s:
-                self._backoff.reset()
-            delay = self._backoff.next_delay()
+                self.backoff.reset()
+            delay = self.backoff.next_delay()
             refused = "refused the host token" in reason
             (log.error if refused else log.warning)(
                 "Control plane link to %s down (%s); retrying in %.1f s.", self.url, reason, delay
@@ -189,9 +222,11 @@ class AgentLink:
                 # change during the handshake is neither lost nor sent before `register`.
                 self._held = []
                 for frame in self._hello():
-                    await ws.send(dumps(frame))
+                    if (text := self._encode(frame)) is not None:
+                        await ws.send(text)
                 while self._held:
-                    await ws.send(dumps(self._held.pop(0)))
+                    if (text := self._encode(self._held.pop(0))) is not None:
+                        await ws.send(text)
                 self._held = None
                 self._ws = ws
                 self.stats.connects += 1
@@ -250,9 +285,11 @@ class AgentLink:
     async def _flush(self, ws: ClientConnection) -> None:
         while True:
             while self._buffer:
-                frame = dataclasses.replace(self._buffer[0], dropped=self.stats.dropped)
-                await ws.send(dumps(frame))
+                text = self._encode(self._buffer[0], dropped=self.stats.dropped)
+                if text is not None:
+                    await ws.send(text)
+                    self.stats.telemetry_sent += 1
+                # Popped after the send: a connection lost mid-send keeps the frame for the next.
                 self._buffer.popleft()
-                self.stats.telemetry_sent += 1
             self._wake.clear()
             await self._wake.wait()

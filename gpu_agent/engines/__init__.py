@@ -1,7 +1,7 @@
 """vLLM engine processes: command lines, supervision, metrics scraping and log files."""
 
-from gpu_agent.engines.command import LaunchSpec, VllmLauncher
+from gpu_agent.engines.command import EngineConfigError, LaunchSpec, VllmLauncher
 from gpu_agent.engines.manager import EngineManager
 from gpu_agent.engines.supervisor import EngineSupervisor
 
-__all__ = ["EngineManager", "EngineSupervisor", "LaunchSpec", "VllmLauncher"]
+__all__ = ["EngineConfigError", "EngineManager", "EngineSupervisor", "LaunchSpec", "VllmLauncher"]

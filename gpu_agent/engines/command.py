@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -21,6 +22,27 @@ AQUA_KV_TRANSFER = {
 # Written by serving.vllm_ext's offload worker into $AQUA_STATS_DIR (serving/aqua/offload/stats.py).
 OFFLOAD_STATS_FILE = "offload-worker.json"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class EngineConfigError(ValueError):
+    """A deployment's spec cannot become an engine command (e.g. `engine_options["seed"]` is
+    "abc"). Launching it again cannot help: the supervisor reports it and waits for a new spec."""
+
+
+def _opt(opts: dict[str, Any], key: str, kind: type[int] | type[float], default: Any = None) -> Any:
+    """`engine_options[key]` as `kind`; EngineConfigError naming the option if it is not one.
+
+    Strict like the control plane's check (platform/registry/validators.py): "4" is refused, as
+    are booleans, NaN and infinities; 4.0 passes as an integer.
+    """
+    value = opts.get(key, default)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and kind is int:
+        ok = value == int(value)
+    if not ok:
+        what = "an integer" if kind is int else "a number"
+        raise EngineConfigError(f"engine_options[{key!r}] must be {what}, got {value!r:.200}")
+    return kind(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +80,7 @@ class VllmLauncher:
     base_env: dict[str, str] | None = None
 
     def __call__(self, spec: DeploymentSpec, port: int) -> LaunchSpec:
+        """The engine's command for `spec` on `port`; EngineConfigError if an option is invalid."""
         model = spec.model
         opts: dict[str, Any] = model.engine_options
         argv = [self.python, "-m", "vllm.entrypoints.openai.api_server"]
@@ -67,19 +90,22 @@ class VllmLauncher:
         if model.max_context_len is not None:
             argv += ["--max-model-len", str(model.max_context_len)]
         if "seed" in opts:
-            argv += ["--seed", str(int(opts["seed"]))]
+            argv += ["--seed", str(_opt(opts, "seed", int))]
         if opts.get("enforce_eager"):
             argv.append("--enforce-eager")
         if "max_num_seqs" in opts:
-            argv += ["--max-num-seqs", str(int(opts["max_num_seqs"]))]
+            argv += ["--max-num-seqs", str(_opt(opts, "max_num_seqs", int))]
         if "kv_cache_bytes" in opts:
-            argv += ["--kv-cache-memory-bytes", str(int(opts["kv_cache_bytes"]))]
+            argv += ["--kv-cache-memory-bytes", str(_opt(opts, "kv_cache_bytes", int))]
         if "gpu_memory_utilization" in opts and self.host_kind == "gpu":
-            argv += ["--gpu-memory-utilization", str(float(opts["gpu_memory_utilization"]))]
+            argv += ["--gpu-memory-utilization", str(_opt(opts, "gpu_memory_utilization", float))]
         if opts.get("aqua"):
             argv += ["--scheduler-cls", AQUA_SCHEDULER]
             argv += ["--kv-transfer-config", json.dumps(self._kv_transfer(spec))]
-        argv += [str(a) for a in opts.get("extra_args", [])]
+        extra_args = opts.get("extra_args", [])
+        if not isinstance(extra_args, list):
+            raise EngineConfigError(f"engine_options['extra_args'] must be a list, got {extra_args!r:.200}")
+        argv += [str(a) for a in extra_args]
 
         env = dict(os.environ if self.base_env is None else self.base_env)
         # Our vLLM plug-ins (serving.vllm_ext) must import inside the engine's processes.
@@ -95,9 +121,9 @@ class VllmLauncher:
             if "kv_cache_bytes" in opts:
                 env.pop("VLLM_CPU_KVCACHE_SPACE", None)
             else:
-                env["VLLM_CPU_KVCACHE_SPACE"] = str(int(opts.get("cpu_kvcache_space_gib", 1)))
+                env["VLLM_CPU_KVCACHE_SPACE"] = str(_opt(opts, "cpu_kvcache_space_gib", int, 1))
             if "cpu_threads" in opts:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{int(opts['cpu_threads']) - 1}"
+                env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{_opt(opts, 'cpu_threads', int) - 1}"
             if opts.get("aqua"):
                 # With any KV connector vLLM reserves an extra core per worker; on a small host that
                 # leaves none, and the worker's threads share the busy-polling engine core's core
@@ -118,7 +144,12 @@ class VllmLauncher:
         """The Aqua connector's config: the coordinator socket and this deployment's id as its
         consumer id (how the agent maps lending back to devices), plus engine_options["aqua_options"]
         (e.g. dram_bytes, lent_bytes; see serving/vllm_ext/offload_config.py)."""
-        extra: dict[str, Any] = dict(spec.model.engine_options.get("aqua_options", {}))
+        aqua_options = spec.model.engine_options.get("aqua_options", {})
+        if not isinstance(aqua_options, dict):
+            raise EngineConfigError(
+                f"engine_options['aqua_options'] must be a mapping, got {aqua_options!r:.200}"
+            )
+        extra: dict[str, Any] = dict(aqua_options)
         if self.aqua_socket is not None:
             extra.setdefault("coordinator", self.aqua_socket)
         extra.setdefault("consumer_id", spec.id)

@@ -7,6 +7,17 @@ Life of a deployment:
 A `restart()` (operator command) terminates the process and starts it again at once, counted in
 `restarts` like a crash restart but without the backoff. Every state change is reported through
 `on_status`. While running, /metrics is scraped every `scrape_interval_s`.
+
+An exception while building or launching the engine is a `failed` status with the error, never a
+silently dead supervisor (which left the deployment `starting` for ever):
+    starting --launcher raises--> failed --backoff--> starting ...
+except a configuration error (`EngineConfigError`, e.g. `engine_options["seed"]` = "abc"). Trying
+the same spec again cannot fix that, so it stays `failed` until the control plane sends a new spec
+(a new supervisor) or an operator restarts it.
+
+Engine output goes to `log_path`, rotated at each start (engines/logs.py) so that a crash loop
+cannot fill the disk. The `error` of a failed status carries the log's last lines, bounded in bytes
+(`ERROR_TAIL_BYTES`): it goes out in a frame, and is re-sent on every reconnect.
 """
 
 from __future__ import annotations
@@ -25,8 +36,8 @@ from collections.abc import Callable
 import httpx
 
 from gpu_agent.backoff import Backoff
-from gpu_agent.engines.command import LaunchSpec
-from gpu_agent.engines.logs import tail_lines
+from gpu_agent.engines.command import EngineConfigError, LaunchSpec
+from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
 from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, parse_metrics, summarize
 from gpu_agent.protocol import (
     DeploymentSpec,
@@ -40,6 +51,7 @@ log = logging.getLogger(__name__)
 
 Launcher = Callable[[DeploymentSpec, int], LaunchSpec]
 ERROR_LINES = 30
+ERROR_TAIL_BYTES = 16 * 2**10  # of log lines in a failed status's `error`
 # Execs the engine so that it gets SIGTERM if the agent dies (see exec_guard.py).
 EXEC_GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_guard.py")
 
@@ -67,7 +79,24 @@ class EngineSupervisor:
         scrape_interval_s: float = 1.0,
         stable_s: float = 60.0,
         simulated: bool = False,
+        log_max_bytes: int = LOG_MAX_BYTES,
+        log_backups: int = LOG_BACKUPS,
     ) -> None:
+        """
+        Args:
+            spec: The deployment.
+            launcher: Builds the engine's command; may raise EngineConfigError.
+            log_path: The engine's log file.
+            on_status: Called with every status change.
+            backoff: Restart delays; default 1 s doubling to 60 s.
+            health_timeout_s: How long the engine may take to answer /health.
+            grace_s: SIGTERM-to-SIGKILL grace.
+            scrape_interval_s: Seconds between /metrics scrapes.
+            stable_s: A run this long resets the backoff when it ends.
+            simulated: Reported in statuses.
+            log_max_bytes: At an engine start, a log file this big is rotated to `<log>.1`.
+            log_backups: Rotated files kept.
+        """
         self.spec = spec
         self._launcher = launcher
         self.log_path = log_path
@@ -78,6 +107,8 @@ class EngineSupervisor:
         self._scrape_s = scrape_interval_s
         self._stable_s = stable_s
         self._simulated = simulated
+        self._log_max_bytes = log_max_bytes
+        self._log_backups = log_backups
         self.state: DeploymentState = "starting"
         self.restarts = 0
         self.port: int | None = None
@@ -145,7 +176,15 @@ class EngineSupervisor:
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
-            error = await self._run_once()
+            retry = True
+            try:
+                error = await self._run_once()
+            except EngineConfigError as exc:
+                error, retry = f"bad engine configuration: {exc}", False
+            except Exception as exc:  # report it: a dead supervisor would leave `starting` for ever
+                log.exception("Launching deployment %s failed", self.spec.id)
+                error = f"engine could not be launched: {type(exc).__name__}: {exc}"
+                await self._terminate()  # had it started, a retry must not run a second one
             if self._stopping.is_set():
                 return
             if self._restart_requested:
@@ -156,8 +195,14 @@ class EngineSupervisor:
             if since is not None and time.monotonic() - since >= self._stable_s:
                 self._backoff.reset()  # it had been up a good while: this is a fresh failure
             self._set_state("failed", error)
-            delay = self._backoff.next_delay()
-            log.warning("Deployment %s failed; restarting in %.1f s: %s", self.spec.id, delay, error)
+            delay: float | None = None  # None: wait for a restart command or stop()
+            if retry:
+                delay = self._backoff.next_delay()
+                log.warning("Deployment %s failed; restarting in %.1f s: %s", self.spec.id, delay, error)
+            else:
+                log.error(
+                    "Deployment %s not started (until a new spec or a restart): %s", self.spec.id, error
+                )
             self._kick.clear()
             waiters = [asyncio.ensure_future(e.wait()) for e in (self._stopping, self._kick)]
             await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
@@ -178,6 +223,10 @@ class EngineSupervisor:
                 os.unlink(launch.offload_stats)
         self.port, self._metrics, self._window = port, None, None
         self._ran_stable_since = None
+        try:
+            rotate(self.log_path, self._log_max_bytes, self._log_backups)
+        except OSError as exc:  # a log we cannot rotate must not keep the engine down
+            log.warning("Could not rotate %s: %s", self.log_path, exc)
         with open(self.log_path, "ab") as logf:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
             logf.write(f"=== {stamp} agent: starting engine on port {port}: {launch}\n".encode())
@@ -211,7 +260,7 @@ class EngineSupervisor:
             what = f"engine exited with code {proc.returncode}"
         else:
             what = f"engine exited with code {proc.returncode} while starting"
-        lines = "\n".join(self.tail(ERROR_LINES))
+        lines = "\n".join(cap_lines(self.tail(ERROR_LINES), ERROR_TAIL_BYTES))
         return f"{what}; last log lines:\n{lines}"
 
     async def _wait_healthy(self, proc: asyncio.subprocess.Process, http: httpx.AsyncClient) -> bool:
