@@ -17,6 +17,11 @@ Control plane -> agent:
 Both directions:
   error               the peer sent something it could not accept; the link stays up.
 
+Values are bounded where the control plane stores them: integers fit in 64 bits (gpu_agent/schema.py),
+device indices in 0..MAX_DEVICE_INDEX, counts in 0..MAX_COUNT, times `ts` in [0, MAX_TS). A value
+out of range is a `ProtocolError` like any other, so the receiver answers with an `error` frame
+instead of failing later in its database.
+
 `parse_frame(dict)` returns the typed frame or raises `ProtocolError` naming the bad field;
 `dumps`/`loads` do the JSON around it. This module imports nothing outside the standard library,
 so the control plane can import it.
@@ -28,7 +33,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from gpu_agent.schema import ProtocolError, check, decode, encode
+from gpu_agent.schema import (
+    MAX_COUNT,
+    MAX_DEVICE_INDEX,
+    MAX_TS,
+    ProtocolError,
+    at_most,
+    check,
+    decode,
+    encode,
+    non_negative,
+    timestamp,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -37,7 +53,18 @@ AquaRole = Literal["producer", "consumer", "none"]
 DeploymentState = Literal["starting", "running", "failed", "stopped"]
 Sender = Literal["agent", "control_plane"]
 
+# Close codes the control plane uses after accepting the socket (see PROTOCOL.md).
+CLOSE_TOKEN_REFUSED = 4401  # the token is not, or no longer, a live token of the host
+CLOSE_WRONG_HOST = 4403  # `register` named another host than the token's
+CLOSE_SUPERSEDED = 4409  # a newer connection of the same host registered; this one is dropped
+
 __all__ = [
+    "CLOSE_SUPERSEDED",
+    "CLOSE_TOKEN_REFUSED",
+    "CLOSE_WRONG_HOST",
+    "MAX_COUNT",
+    "MAX_DEVICE_INDEX",
+    "MAX_TS",
     "PROTOCOL_VERSION",
     "Command",
     "DeploymentSpec",
@@ -76,14 +103,6 @@ class Frame:
         return {"v": PROTOCOL_VERSION, "type": self.TYPE, **encode(self)}
 
 
-def _non_negative(obj: Any, *names: str) -> None:
-    # Telemetry runs this for every sample: the message is only formatted for a bad value.
-    for name in names:
-        value = getattr(obj, name)
-        if value is not None and value < 0:
-            raise ProtocolError(name, f"must be >= 0, got {value!r}")
-
-
 # ---- agent -> control plane -------------------------------------------------------------------
 
 
@@ -99,8 +118,11 @@ class DeviceInfo:
     nvlink_peers: list[int] = field(default_factory=list)  # indices of devices reachable by NVLink
 
     def __post_init__(self) -> None:
-        _non_negative(self, "index", "memory_total_bytes")
+        at_most(self, MAX_DEVICE_INDEX, "index")
+        non_negative(self, "memory_total_bytes")
         check(bool(self.uuid), "uuid", "must not be empty")
+        peers_ok = all(0 <= p <= MAX_DEVICE_INDEX for p in self.nvlink_peers)
+        check(peers_ok, "nvlink_peers", f"indices must be in 0..{MAX_DEVICE_INDEX}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +149,9 @@ class Heartbeat(Frame):
     SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
     ts: float  # agent's wall clock, seconds since the epoch
 
+    def __post_init__(self) -> None:
+        timestamp(self.ts)
+
 
 @dataclass(frozen=True, slots=True)
 class LatencySummary:
@@ -140,7 +165,8 @@ class LatencySummary:
     p99: float | None = None
 
     def __post_init__(self) -> None:
-        _non_negative(self, "count", "p50", "p99")
+        at_most(self, MAX_COUNT, "count")
+        non_negative(self, "p50", "p99")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +185,9 @@ class DeviceSample:
     paired_with: int | None = None  # index of the device on the other side of the lending
 
     def __post_init__(self) -> None:
-        _non_negative(self, "index", "memory_used_bytes", "memory_free_bytes", "power_w")
-        _non_negative(self, "lent_bytes", "borrowed_bytes")
+        at_most(self, MAX_DEVICE_INDEX, "index", "paired_with")
+        non_negative(self, "memory_used_bytes", "memory_free_bytes", "power_w")
+        non_negative(self, "lent_bytes", "borrowed_bytes")
         u = self.utilization_pct
         if u is not None and not 0 <= u <= 100:
             raise ProtocolError("utilization_pct", f"must be in [0, 100], got {u!r}")
@@ -181,7 +208,8 @@ class EngineSample:
     bytes_offloaded: int = 0  # KV bytes moved out on preemption, since the engine started
 
     def __post_init__(self) -> None:
-        _non_negative(self, "running", "waiting", "preemptions_total", "bytes_offloaded")
+        at_most(self, MAX_COUNT, "running", "waiting")
+        non_negative(self, "preemptions_total", "bytes_offloaded")
         k = self.kv_cache_usage
         if k is not None and not 0 <= k <= 1:
             raise ProtocolError("kv_cache_usage", f"must be in [0, 1], got {k!r}")
@@ -201,7 +229,8 @@ class Telemetry(Frame):
     simulated: bool = False
 
     def __post_init__(self) -> None:
-        _non_negative(self, "dropped")
+        timestamp(self.ts)
+        non_negative(self, "dropped")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +246,8 @@ class DeploymentStatus(Frame):
     simulated: bool = False
 
     def __post_init__(self) -> None:
-        _non_negative(self, "restarts")
+        timestamp(self.ts)
+        at_most(self, MAX_COUNT, "restarts")
         p = self.port
         check(p is None or 0 < p < 65536, "port", f"must be in 1..65535, got {p!r}")
 
@@ -266,7 +296,8 @@ class DeploymentSpec:
         check(bool(self.id), "id", "must not be empty")
         check(bool(self.devices), "devices", "must name at least one device")
         check(len(set(self.devices)) == len(self.devices), "devices", "duplicate device index")
-        check(all(d >= 0 for d in self.devices), "devices", "indices must be >= 0")
+        in_range = all(0 <= d <= MAX_DEVICE_INDEX for d in self.devices)
+        check(in_range, "devices", f"indices must be in 0..{MAX_DEVICE_INDEX}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +352,7 @@ class ProbeRequestSpec:
     max_tokens: int
 
     def __post_init__(self) -> None:
-        _non_negative(self, "arrival_s")
+        non_negative(self, "arrival_s")
         check(self.prompt_tokens >= 1, "prompt_tokens", f"must be >= 1, got {self.prompt_tokens}")
         check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
 
@@ -392,9 +423,9 @@ class ProbeReport(Frame):
     decode_samples: list[IterationSample] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _non_negative(self, "num_requests", "finished", "kv_capacity_bytes", "peak_kv_used_bytes")
-        _non_negative(self, "peak_kv_demand_bytes", "kv_bytes_per_token", "duration_s")
-        _non_negative(self, "ttft_p99_s", "tbt_p99_s", "ttft_p50_s", "tbt_p50_s")
+        non_negative(self, "num_requests", "finished", "kv_capacity_bytes", "peak_kv_used_bytes")
+        non_negative(self, "peak_kv_demand_bytes", "kv_bytes_per_token", "duration_s")
+        non_negative(self, "ttft_p99_s", "tbt_p99_s", "ttft_p50_s", "tbt_p50_s")
 
 
 FRAME_TYPES: dict[str, type[Frame]] = {

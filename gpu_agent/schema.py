@@ -4,8 +4,11 @@
 a decoder built once per class (see `_decoder`; telemetry frames arrive many times a second):
 `int` (never a bool), `float` (an int is accepted and widened), `str`, `bool`, `list[X]`,
 `dict[str, Any]` (any JSON object), `Literal[...]`, `X | None` and nested dataclasses. Unknown keys
-and missing required keys are errors. Every error is a `ProtocolError` whose `field` is the dotted
-path of the offending value, e.g. ``devices[2].memory_total_bytes``.
+and missing required keys are errors. Integers must fit in a signed 64-bit integer and floats must
+be finite: the receiver stores them in database columns and builds datetimes from them, where a
+larger value raises far from the parser (an `OverflowError` in the database driver, say). Every
+error is a `ProtocolError` whose `field` is the dotted path of the offending value, e.g.
+``devices[2].memory_total_bytes``.
 """
 
 from __future__ import annotations
@@ -192,11 +195,17 @@ def _bool(value: Any) -> bool:
     return value
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _int(value: Any) -> int:
-    if type(value) is int:  # the common case first; bool is a subclass of int, not int itself
+    # the common case first; bool is a subclass of int, not int itself
+    if type(value) is int and INT64_MIN <= value <= INT64_MAX:
         return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProtocolError("", f"expected an integer, got {type(value).__name__}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ProtocolError("", f"must fit in a signed 64-bit integer, got {value!r}")
     return value
 
 
@@ -234,3 +243,34 @@ def check(condition: bool, field: str, reason: str) -> None:
     """Raise ProtocolError(field, reason) unless `condition`; for `__post_init__` range checks."""
     if not condition:
         raise ProtocolError(field, reason)
+
+
+# ---- value ranges the control plane stores (protocol.py's frames check them) ---------------------
+
+# Device indices are stored as small integers (16-bit columns) by the control plane.
+MAX_DEVICE_INDEX = 2**15 - 1
+# Per-window latency counts, queue lengths and restart counters are stored in 32-bit columns.
+MAX_COUNT = 2**31 - 1
+# `ts` is seconds since the epoch, before 2106-02-07: every sane clock, and any datetime can hold it.
+MAX_TS = float(2**32)
+
+
+def non_negative(obj: Any, *names: str) -> None:
+    # Telemetry runs this for every sample: the message is only formatted for a bad value.
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < 0:
+            raise ProtocolError(name, f"must be >= 0, got {value!r}")
+
+
+def at_most(obj: Any, high: int, *names: str) -> None:
+    # Integers stored in narrow columns: 0..high (None passes, like in non_negative).
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not 0 <= value <= high:
+            raise ProtocolError(name, f"must be in 0..{high}, got {value!r}")
+
+
+def timestamp(ts: float) -> None:
+    if not 0 <= ts < MAX_TS:
+        raise ProtocolError("ts", f"must be seconds since the epoch in [0, 2**32), got {ts!r}")

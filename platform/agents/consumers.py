@@ -6,11 +6,22 @@ closed before it is accepted and daphne answers the upgrade with HTTP 403, which
 treats as "token refused". A `register` naming another host than the token's is answered with an
 `error` frame and close code 4403 (also a refusal to the agent).
 
+One live connection per host: `register` makes a connection the host's current one and only then
+joins the host's group (``agent.<host_id>``), which carries desired-list changes and commands. An
+older connection of the host is closed with 4409, and a connection whose token is revoked (a new
+token was issued) with 4401; both at once through the group within this process, and within
+``AGENTS_DESIRED_POLL_S`` for changes made elsewhere (each connection re-checks its session, see
+`services.session_end`). Only the current connection marks the link disconnected when it ends.
+
 After `register`, the consumer sends `desired_deployments` (the full list) and re-sends it whenever
-it changes: at once when a deployment change in this process signals the host's group
-(``agent.<host_id>``), and within ``AGENTS_DESIRED_POLL_S`` for changes made elsewhere (a Celery
-worker, another ASGI process). Malformed frames are answered with an `error` frame, counted and
-logged; the link stays up.
+it changes: at once when a deployment change in this process signals the host's group, and within
+``AGENTS_DESIRED_POLL_S`` for changes made elsewhere (a Celery worker, another ASGI process). Every
+frame but `register` and `error` needs a `register` first. Malformed frames are answered with an
+`error` frame, counted and logged; the link stays up.
+
+However a connection ends (a close, a newer connection, or a handler that raised: daphne then
+closes the socket with 1011 without calling `disconnect()`), `_release()` stops its tasks, leaves
+the group and marks the link; see `__call__`.
 """
 
 from __future__ import annotations
@@ -24,13 +35,15 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import DatabaseError, IntegrityError
 from inventory.models import Host
 from planning.relay import relay_probes, store_probe_result
 
 from agents import services, sweeper
 from agents.ingest import rows_for, writer
 from gpu_agent.protocol import (
+    CLOSE_SUPERSEDED,
+    CLOSE_TOKEN_REFUSED,
     DeploymentStatus,
     ErrorFrame,
     Frame,
@@ -46,7 +59,11 @@ from gpu_agent.protocol import (
 
 log = logging.getLogger(__name__)
 
-CLOSE_REFUSED = 4403
+# Why this side closes a connection: close code -> (error frame code, message).
+_ENDINGS = {
+    CLOSE_TOKEN_REFUSED: ("unauthorized", "the host token was revoked"),
+    CLOSE_SUPERSEDED: ("superseded", "a newer connection of this host registered"),
+}
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -54,34 +71,69 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     host: Host | None = None
     linked: services.LinkedHost | None = None
+    _token_id: int | None = None  # the AgentToken this connection authenticated with
+    _watch: asyncio.Task[None] | None = None  # _watch_session, from `register` on
+    _probes: asyncio.Task[None] | None = None  # planning.relay: probes for this host's agent
+    _in_group = False
+    _released = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Channels' consumer loop, then `_release()` whatever ended it.
+
+        A handler that raises ends the loop without a `websocket.disconnect` message (daphne then
+        closes the socket with 1011), so `disconnect()` alone would leave this connection's tasks
+        polling forever and the link marked connected.
+        """
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release()
 
     async def connect(self) -> None:
         self._desired_sent: str | None = None
-        self._poll: asyncio.Task[None] | None = None
-        self._probes: asyncio.Task[None] | None = None  # planning.relay: probes for this host's agent
         self._reported_unknown: set[str] = set()
         token = services.bearer_token(self.scope.get("headers", []))
-        host = await database_sync_to_async(services.authenticate)(token)
-        if host is None:
+        record = await database_sync_to_async(services.authenticate)(token)
+        if record is None:
             why = "no bearer token" if not token else "unknown or revoked token"
             log.warning("Refused an agent connection from %s: %s.", self.scope.get("client"), why)
             await self.close()  # before accept(): the handshake fails with HTTP 403
             return
-        self.host = host
+        self.host, self._token_id = record.host, record.pk
         await self.accept()
-        await self.channel_layer.group_add(services.agent_group(host.pk), self.channel_name)
         sweeper.ensure_started()
 
     async def disconnect(self, code: int) -> None:
-        if self.host is None:
+        if self.host is not None:
+            log.info("Agent of %s disconnected (code %s).", self.host.name, code)
+        await self._release()
+
+    async def _release(self) -> None:
+        """Stop this connection's tasks, leave the host's group, and mark the link disconnected if
+        this is still the host's current connection. Runs once, however the connection ended."""
+        if self._released or self.host is None:
             return
-        if self._poll is not None:
-            self._poll.cancel()
-        if self._probes is not None:
-            self._probes.cancel()
-        await self.channel_layer.group_discard(services.agent_group(self.host.pk), self.channel_name)
-        await database_sync_to_async(services.disconnected)(self.host.pk)
-        log.info("Agent of %s disconnected (code %s).", self.host.name, code)
+        self._released = True
+        current = asyncio.current_task()
+        tasks = [t for t in (self._watch, self._probes) if t is not None and t is not current]
+        for task in tasks:
+            task.cancel()
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._in_group:
+                await self.channel_layer.group_discard(services.agent_group(self.host.pk), self.channel_name)
+            if self.linked is not None:
+                await database_sync_to_async(services.disconnected)(self.linked)
+        except Exception:  # never hide what ended the connection behind a clean-up failure
+            log.exception("Cleaning up the agent connection of %s failed", self.host.name)
+
+    async def _end(self, code: int) -> None:
+        """Close the connection from this side (revoked token, newer connection), cleaned up first."""
+        error_code, reason = _ENDINGS[code]
+        log.warning("Closing the agent connection of %s: %s.", self._host().name, reason)
+        await self._release()
+        await self.send_frame(ErrorFrame(error_code, reason))
+        await self.close(code=code)
 
     # ---- incoming -----------------------------------------------------------------------------
 
@@ -100,6 +152,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self._released:
+            return  # this side is closing the connection: frames still in flight are dropped
         if text_data is None:
             await self.reject("", "binary messages are not part of the protocol; send JSON text")
             return
@@ -108,48 +162,58 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except ProtocolError as exc:
             await self.reject(exc.field, exc.reason)
             return
-        if isinstance(frame, Telemetry):
-            await self.on_telemetry(frame)
-        elif isinstance(frame, Heartbeat):
-            await database_sync_to_async(services.heartbeat)(self._host().pk)
-        elif isinstance(frame, Register):
+        if isinstance(frame, Register):
             await self.on_register(frame)
-        elif isinstance(frame, DeploymentStatus):
-            await self.on_status(frame)
-        elif isinstance(frame, LogTail):
-            await self.on_log_tail(frame)
-        elif isinstance(frame, ProbeReport):
-            if not await database_sync_to_async(store_probe_result)(self._host().pk, frame):
-                log.warning("Agent of %s answered unknown probe %s", self._host().name, frame.probe_id)
-        elif isinstance(frame, ErrorFrame):
+            return
+        if isinstance(frame, ErrorFrame):
             log.warning("Agent of %s reported: %s (%s)", self._host().name, frame.message, frame.code)
+            return
+        linked = self.linked
+        if linked is None:
+            await self.reject("type", f"send `register` before {frame.TYPE}", "not_registered")
+        elif isinstance(frame, Telemetry):
+            await self.on_telemetry(linked, frame)
+        elif isinstance(frame, Heartbeat):
+            await database_sync_to_async(services.heartbeat)(linked.host_id)
+        elif isinstance(frame, DeploymentStatus):
+            await self.on_status(linked, frame)
+        elif isinstance(frame, LogTail):
+            await self.on_log_tail(linked, frame)
+        elif isinstance(frame, ProbeReport):
+            await self.on_probe_result(linked, frame)
 
     async def on_register(self, frame: Register) -> None:
         host = self._host()
         try:
-            self.linked = await database_sync_to_async(services.register)(host, frame)
+            linked = await database_sync_to_async(services.register)(host, frame, token_id=self._token_id)
         except services.RegistrationRefused as exc:
             log.warning("Refused the agent of %s: %s.", host.name, exc)
             await self.send_frame(ErrorFrame("unauthorized", str(exc), "host"))
-            await self.close(code=CLOSE_REFUSED)
+            await self.close(code=exc.close_code)
             return
         except IntegrityError as exc:
             await self.reject("devices", f"cannot store the devices: {exc}")
             return
+        except DatabaseError as exc:  # e.g. a value beyond a column's range; nothing was stored
+            await self.reject("", f"cannot store the registration: {exc}")
+            return
+        self.linked = linked
+        group = services.agent_group(host.pk)
+        # Older connections of the host in this process close at once; others see it when they poll.
+        await self.channel_layer.group_send(group, {"type": "agent.superseded", "by": self.channel_name})
+        if not self._in_group:
+            await self.channel_layer.group_add(group, self.channel_name)
+            self._in_group = True
         log.info(
             "Agent %s of %s registered %d device(s).", frame.agent_version, host.name, len(frame.devices)
         )
         await self.push_desired(force=True)
-        if self._poll is None:
-            self._poll = asyncio.create_task(self._poll_desired())
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._watch_session(), name=f"agent-watch:{host.pk}")
         if self._probes is None:
             self._probes = asyncio.create_task(relay_probes(host.pk, self._send_json_frame))
 
-    async def on_telemetry(self, frame: Telemetry) -> None:
-        linked = self.linked
-        if linked is None:
-            await self.reject("type", "send `register` before telemetry", "not_registered")
-            return
+    async def on_telemetry(self, linked: services.LinkedHost, frame: Telemetry) -> None:
         stored = rows_for(linked, frame)  # no database access: cheap enough for the event loop
         await writer().submit(stored)
         for index in stored.unknown_devices:
@@ -163,23 +227,29 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 f"deployment:{dep}", "engines", f"deployment {dep!r} is not on host {linked.name}"
             )
 
-    async def on_status(self, frame: DeploymentStatus) -> None:
-        linked = self.linked
-        if linked is None:
-            await self.reject("type", "send `register` before deployment_status", "not_registered")
-            return
+    async def on_status(self, linked: services.LinkedHost, frame: DeploymentStatus) -> None:
         try:
             await database_sync_to_async(services.report_status)(linked, frame)
         except services.UnknownDeployment as exc:
             await self.reject("deployment_id", str(exc), "unknown_deployment")
+        except DatabaseError as exc:  # a value beyond a column's range; nothing was stored
+            await self.reject("", f"cannot store the status: {exc}")
 
-    async def on_log_tail(self, frame: LogTail) -> None:
-        # Relayed to whoever asked (a dashboard socket in group agents.logs.<deployment id>).
-        if frame.deployment_id.isascii() and frame.deployment_id.isdigit():
-            await self.channel_layer.group_send(
-                f"agents.logs.{frame.deployment_id}",
-                {"type": "log.tail", "deployment_id": frame.deployment_id, "lines": frame.lines},
-            )
+    async def on_log_tail(self, linked: services.LinkedHost, frame: LogTail) -> None:
+        """Relay to whoever asked: dashboard sockets in group ``agents.logs.<deployment id>``. Only
+        for the host's own deployments: an agent must not write into another host's log view."""
+        dep = frame.deployment_id
+        if not await database_sync_to_async(services.is_host_deployment)(linked, dep):
+            reason = f"deployment {dep!r} is not on host {linked.name}"
+            await self.reject("deployment_id", reason, "unknown_deployment")
+            return
+        await self.channel_layer.group_send(
+            f"agents.logs.{dep}", {"type": "log.tail", "deployment_id": dep, "lines": frame.lines}
+        )
+
+    async def on_probe_result(self, linked: services.LinkedHost, frame: ProbeReport) -> None:
+        if not await database_sync_to_async(store_probe_result)(linked.host_id, frame):
+            log.warning("Agent of %s answered unknown probe %s", linked.name, frame.probe_id)
 
     async def reject(self, field: str, reason: str, code: str = "bad_frame") -> None:
         """Answer a frame we cannot accept with an `error` frame; the link stays up."""
@@ -204,7 +274,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def push_desired(self, force: bool = False) -> None:
         """Send `desired_deployments` if it differs from what this connection sent last."""
-        if self.linked is None:
+        if self.linked is None or self._released:
             return
         frame = await database_sync_to_async(services.desired_deployments)(self.linked)
         text = dumps(frame)
@@ -212,20 +282,40 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self._desired_sent = text
             await self.send(text_data=text)
 
-    async def _poll_desired(self) -> None:
+    async def _watch_session(self) -> None:
+        """Every ``AGENTS_DESIRED_POLL_S``: close the connection if its token was revoked or a newer
+        connection of the host registered, else re-send the desired list if it changed. This is
+        how changes made in other processes (a Celery worker, `manage.py register_host`, another
+        ASGI process) reach the connection."""
+        assert self._token_id is not None, "only accepted connections register"
         while True:
             await asyncio.sleep(settings.AGENTS_DESIRED_POLL_S)
             try:
+                code = await database_sync_to_async(services.session_end)(self._token_id, self.linked)
+                if code is not None:
+                    await self._end(code)
+                    return
                 await self.push_desired()
             except Exception:
-                log.exception("Re-reading the desired deployments of %s failed", self._host().name)
+                log.exception("Re-checking the agent connection of %s failed", self._host().name)
 
     # Channel-layer messages sent to the group agent.<host_id> (agents.services).
     async def desired_changed(self, event: dict[str, Any]) -> None:
         await self.push_desired()
 
     async def agent_command(self, event: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(event["frame"]))
+        if not self._released:
+            await self.send(text_data=json.dumps(event["frame"]))
+
+    async def agent_superseded(self, event: dict[str, Any]) -> None:
+        """Another connection of this host registered (in this process): it takes over."""
+        if event["by"] != self.channel_name and not self._released:
+            await self._end(CLOSE_SUPERSEDED)
+
+    async def agent_revoked(self, event: dict[str, Any]) -> None:
+        """Agent tokens of this host were revoked: close if this connection used one of them."""
+        if self._token_id in event["token_ids"] and not self._released:
+            await self._end(CLOSE_TOKEN_REFUSED)
 
     def _host(self) -> Host:
         assert self.host is not None, "frames arrive only on accepted connections"

@@ -6,7 +6,9 @@ one transaction. The consumer hands its batches to the process's ``TelemetryWrit
 whatever accumulated while the previous write ran: one commit per write instead of one per frame,
 and no Django model instances on the hot path (see benchmarks/telemetry_ingest.py for the rates).
 A frame is stored within one write's time of its arrival; if the ASGI process dies, frames not yet
-written are lost, like frames in flight.
+written are lost, like frames in flight. When a group commit fails (a frame the database refuses, a
+device deleted meanwhile), its frames are written again one transaction each, so that a bad frame
+loses only itself and not the telemetry of every other host in the group.
 
 Timestamps are the agent's (a frame buffered while the link was down keeps the time it was
 sampled), clamped to the server's clock so that a fast agent clock cannot put samples in the
@@ -26,11 +28,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from agents.models import AgentLink, DeviceSample, EngineSample
-from agents.services import LinkedHost
+from agents.services import LinkedHost, wire_pk
 from core.loops import PerLoop
 from gpu_agent.protocol import Telemetry
 
@@ -84,6 +86,7 @@ class Batch:
     link_update: tuple[datetime, int] | None = None  # (last_telemetry_at, dropped) to store
     unknown_devices: list[int] = field(default_factory=list)
     unknown_deployments: list[str] = field(default_factory=list)
+    host_name: str = ""  # for logs
 
 
 def rows_for(linked: LinkedHost, frame: Telemetry, now: datetime | None = None) -> Batch:
@@ -91,7 +94,7 @@ def rows_for(linked: LinkedHost, frame: Telemetry, now: datetime | None = None) 
     deployment that is not on the host, are left out and listed in the batch."""
     now = now or timezone.now()
     ts = min(datetime.fromtimestamp(frame.ts, UTC), now)
-    batch = Batch(linked.host_id, [], [])
+    batch = Batch(linked.host_id, [], [], host_name=linked.name)
     for d in frame.devices:
         device_id = linked.device_ids.get(d.index)
         if device_id is None:
@@ -104,7 +107,7 @@ def rows_for(linked: LinkedHost, frame: Telemetry, now: datetime | None = None) 
     for e in frame.engines:
         # linked.deployment_ids is refreshed whenever the desired list is (re)computed, which
         # happens before an agent can learn of a new deployment.
-        pk = int(e.deployment_id) if e.deployment_id.isascii() and e.deployment_id.isdigit() else None
+        pk = wire_pk(e.deployment_id)
         if pk is None or pk not in linked.deployment_ids:
             batch.unknown_deployments.append(e.deployment_id)
             continue
@@ -164,6 +167,27 @@ def write_rows(batches: Sequence[Batch]) -> int:
                 last_telemetry_at=seen, telemetry_dropped=dropped
             )
     return len(devices)
+
+
+def write_each(batches: Sequence[Batch]) -> list[Batch]:
+    """Write the batches one transaction each (after their group commit failed); returns those
+    that failed, each logged with its host. Stops at an error of the connection itself: the
+    remaining batches would fail the same way."""
+    failed: list[Batch] = []
+    for i, batch in enumerate(batches):
+        try:
+            write_rows([batch])
+        except (OperationalError, InterfaceError):
+            log.exception("Telemetry writes failed: the database is unavailable")
+            return failed + list(batches[i:])
+        except Exception:
+            log.exception(
+                "A telemetry frame of host %s (id %s) could not be stored; it is lost",
+                batch.host_name or "?",
+                batch.host_id,
+            )
+            failed.append(batch)
+    return failed
 
 
 def store_telemetry(linked: LinkedHost, frame: Telemetry, now: datetime | None = None) -> Batch:
@@ -233,7 +257,18 @@ class TelemetryWriter:
             try:
                 write_rows(batches)
             except Exception:
-                log.exception("Writing %d telemetry frame(s) failed; they are lost", len(batches))
+                if len(batches) == 1:
+                    only = batches[0]
+                    log.exception(
+                        "A telemetry frame of host %s (id %s) could not be stored; it is lost",
+                        only.host_name or "?",
+                        only.host_id,
+                    )
+                else:  # find the bad frame(s): the others are stored
+                    log.warning("Writing %d telemetry frame(s) failed; writing them one by one", len(batches))
+                    lost = write_each(batches)
+                    if lost:
+                        log.warning("%d of %d telemetry frame(s) are lost", len(lost), len(batches))
                 return  # back to the loop: Django's clean-up drops a broken connection first
 
 

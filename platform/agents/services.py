@@ -1,7 +1,14 @@
 """Agent link operations: authenticate, register, liveness, deployment reports, desired state.
 
 The consumer (agents/consumers.py) parses frames with ``gpu_agent.protocol`` and calls these; every
-function here is synchronous ORM code (the consumer wraps it in ``database_sync_to_async``).
+function here is synchronous ORM code (the consumer wraps it in ``database_sync_to_async``), except
+the ``notify_*``/``send_command`` helpers, which post to a host's channel-layer group.
+
+One live connection per host: the connection that registered last is the host's current one.
+``AgentLink.connected_at`` is its registration time, and doubles as its identity: an older
+connection sees a newer time (`session_end`) and is closed, and only the current connection may
+mark the link disconnected (`disconnected`). Channel-layer messages close the older one at once
+within a process; the time check, polled by every connection, reaches other processes too.
 
 Wire identifiers: a deployment's id on the wire is ``str(Deployment.pk)``; devices are named by
 their host-local ``index``.
@@ -20,11 +27,14 @@ from deployments.services import report_observed_state
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from inventory.models import Device, DeviceKind, Host
-from inventory.services import authenticate_agent, mark_seen
+from inventory.models import AgentToken, Device, DeviceKind, Host
+from inventory.services import agent_token_is_live, live_agent_token, mark_seen
 
 from agents.models import AgentLink, Replica
 from gpu_agent.protocol import (
+    CLOSE_SUPERSEDED,
+    CLOSE_TOKEN_REFUSED,
+    CLOSE_WRONG_HOST,
     DeploymentSpec,
     DeploymentStatus,
     DesiredDeployments,
@@ -36,7 +46,12 @@ log = logging.getLogger(__name__)
 
 
 class RegistrationRefused(Exception):
-    """The agent's `register` frame does not match the host its token belongs to."""
+    """The agent may not register: `register` names another host than the token's, or the token
+    was revoked since the socket was accepted. ``close_code`` is the code to close the link with."""
+
+    def __init__(self, message: str, close_code: int = CLOSE_WRONG_HOST) -> None:
+        super().__init__(message)
+        self.close_code = close_code
 
 
 class UnknownDeployment(Exception):
@@ -55,6 +70,16 @@ class LinkedHost:
     deployment_ids: set[int] = field(default_factory=set)  # this host's deployment pks (refreshed on miss)
     dropped: int = 0  # the agent's cumulative dropped-telemetry counter, as last stored
     link_touched_at: float = 0.0  # monotonic time AgentLink.last_telemetry_at was last written
+    connected_at: datetime | None = None  # this connection's registration (AgentLink.connected_at)
+
+
+def wire_pk(wire_id: str) -> int | None:
+    """The primary key a wire deployment id stands for, or None when it cannot be one of ours (not
+    decimal digits, or too long for a 64-bit key: such a number would overflow the database
+    driver, and a long enough one even ``int()``)."""
+    if wire_id.isascii() and wire_id.isdigit() and len(wire_id) <= 18:
+        return int(wire_id)
+    return None
 
 
 def agent_group(host_id: int) -> str:
@@ -62,9 +87,9 @@ def agent_group(host_id: int) -> str:
     return f"agent.{host_id}"
 
 
-def authenticate(token: str) -> Host | None:
-    """The host whose live agent token this is (inventory's digests), else None."""
-    return authenticate_agent(token) if token else None
+def authenticate(token: str) -> AgentToken | None:
+    """The live agent token with this plaintext (inventory's digests), with its host, else None."""
+    return live_agent_token(token) if token else None
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> str:
@@ -78,20 +103,26 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> str:
 
 
 @transaction.atomic
-def register(host: Host, frame: Register, now: datetime | None = None) -> LinkedHost:
+def register(
+    host: Host, frame: Register, now: datetime | None = None, *, token_id: int | None = None
+) -> LinkedHost:
     """Record the agent's host and devices (upsert by device index) and mark the host online.
 
     Devices the agent no longer reports are deleted unless a deployment still uses them (then they
     are kept, so the operator sees the deployment fail instead of silently losing its devices).
+    The returned ``connected_at`` makes the calling connection the host's current one.
 
     Raises:
-        RegistrationRefused: the frame names another host than the token's.
+        RegistrationRefused: the frame names another host than the token's, or the token the
+            connection authenticated with (``token_id``) is no longer live.
     """
     now = now or timezone.now()
     if frame.host != host.name:
         raise RegistrationRefused(
             f"this token belongs to host {host.name!r}, but the agent registered as {frame.host!r}"
         )
+    if token_id is not None and not agent_token_is_live(token_id):
+        raise RegistrationRefused("the host token was revoked", CLOSE_TOKEN_REFUSED)
     Host.objects.filter(pk=host.pk).update(address=frame.address, simulated=frame.simulated)
     reported = {d.index for d in frame.devices}
     for info in frame.devices:
@@ -120,6 +151,7 @@ def register(host: Host, frame: Register, now: datetime | None = None) -> Linked
         simulated=frame.simulated,
         device_ids=devices,
         deployment_ids=set(Deployment.objects.filter(host=host).values_list("pk", flat=True)),
+        connected_at=now,
     )
 
 
@@ -128,10 +160,31 @@ def heartbeat(host_id: int, now: datetime | None = None) -> None:
     mark_seen(Host(pk=host_id), now)
 
 
-def disconnected(host_id: int, now: datetime | None = None) -> None:
-    """The agent's connection closed. The host's status is left to the liveness sweep, which marks
-    it stale after missed heartbeats (a reconnect within that time goes unnoticed)."""
-    AgentLink.objects.filter(host_id=host_id).update(connected=False, disconnected_at=now or timezone.now())
+def disconnected(linked: LinkedHost, now: datetime | None = None) -> bool:
+    """The agent's connection closed: mark the link disconnected, unless a newer connection of the
+    host registered since (its link is live; the older one's end changes nothing). Returns whether
+    the link was marked. The host's status is left to the liveness sweep, which marks it stale
+    after missed heartbeats (a reconnect within that time goes unnoticed)."""
+    return bool(
+        AgentLink.objects.filter(host_id=linked.host_id, connected_at=linked.connected_at).update(
+            connected=False, disconnected_at=now or timezone.now()
+        )
+    )
+
+
+def session_end(token_id: int, linked: LinkedHost | None) -> int | None:
+    """The close code that ends a connection authenticated by ``token_id``, or None to keep it.
+
+    `CLOSE_TOKEN_REFUSED` once the token is revoked; `CLOSE_SUPERSEDED` once a newer connection of
+    the host registered (only for a registered connection: ``linked`` is its `register` result).
+    """
+    if not agent_token_is_live(token_id):
+        return CLOSE_TOKEN_REFUSED
+    if linked is not None:
+        current = AgentLink.objects.filter(host_id=linked.host_id).values_list("connected_at", flat=True)
+        if current.first() != linked.connected_at:
+            return CLOSE_SUPERSEDED
+    return None
 
 
 def count_rejected(host_id: int) -> None:
@@ -173,11 +226,24 @@ def report_status(linked: LinkedHost, frame: DeploymentStatus) -> Replica:
     return replica
 
 
+def is_host_deployment(linked: LinkedHost, wire_id: str) -> bool:
+    """Whether the wire id names a deployment of the linked host (``linked.deployment_ids``, and
+    the database on a miss: a deployment made in another process since the last refresh)."""
+    pk = wire_pk(wire_id)
+    if pk is None:
+        return False
+    if pk in linked.deployment_ids:
+        return True
+    if Deployment.objects.filter(pk=pk, host_id=linked.host_id).exists():
+        linked.deployment_ids.add(pk)
+        return True
+    return False
+
+
 def _host_deployment(linked: LinkedHost, wire_id: str) -> Deployment:
-    try:
-        pk = int(wire_id)
-    except ValueError:
-        raise UnknownDeployment(f"deployment id {wire_id!r} is not one this control plane issued") from None
+    pk = wire_pk(wire_id)
+    if pk is None:
+        raise UnknownDeployment(f"deployment id {wire_id[:40]!r} is not one this control plane issued")
     deployment = Deployment.objects.filter(pk=pk, host_id=linked.host_id).first()
     if deployment is None:
         raise UnknownDeployment(f"deployment {wire_id} is not on host {linked.name}")
@@ -229,6 +295,16 @@ def notify_desired_changed(host_id: int) -> None:
     if layer is None:
         return
     async_to_sync(layer.group_send)(agent_group(host_id), {"type": "desired.changed"})
+
+
+def notify_tokens_revoked(host_id: int, token_ids: list[int]) -> None:
+    """Tell the host's connections (in this process's channel layer) that these tokens are revoked;
+    those that authenticated with one close. Others find out by polling (`session_end`)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    message = {"type": "agent.revoked", "token_ids": list(token_ids)}
+    async_to_sync(layer.group_send)(agent_group(host_id), message)
 
 
 def send_command(host_id: int, frame_dict: dict[str, object]) -> None:

@@ -1,8 +1,9 @@
-"""Deployment changes -> the host's agent connection re-sends its desired list.
+"""Deployment changes -> the host's agent connection re-sends its desired list; a revoked agent
+token -> the connections it authenticated are closed.
 
-Hooks, not edits: the deployments app does not know about agents. After the transaction commits,
-the host's group in this process's channel layer is told; connections elsewhere pick the change
-up by polling (see agents/consumers.py).
+Hooks, not edits: neither the deployments app nor inventory knows about agents. After the
+transaction commits, the host's group in this process's channel layer is told; connections
+elsewhere pick the change up by polling (see agents/consumers.py).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from deployments.models import Deployment
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
+from inventory.models import AgentToken
+from inventory.services import agent_tokens_revoked
 from registry.models import ServedModel
 
-from agents.services import notify_desired_changed
+from agents.services import notify_desired_changed, notify_tokens_revoked
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +52,15 @@ def deployment_devices_changed(sender: Any, instance: Any, action: str, **kwargs
 def model_changed(sender: Any, instance: ServedModel, created: bool, **kwargs: Any) -> None:
     if not created:
         _notify_after_commit(set(Deployment.objects.filter(model=instance).values_list("host_id", flat=True)))
+
+
+@receiver(agent_tokens_revoked, sender=AgentToken, dispatch_uid="agents.tokens_revoked")
+def tokens_revoked(sender: Any, host_id: int, token_ids: list[int], **kwargs: Any) -> None:
+    def notify() -> None:
+        try:
+            notify_tokens_revoked(host_id, token_ids)
+        except Exception:
+            # The revocation is stored; connections re-check their token when they poll.
+            log.exception("Telling the agent connections of host %s about revoked tokens failed", host_id)
+
+    transaction.on_commit(notify)

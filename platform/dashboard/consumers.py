@@ -11,6 +11,10 @@ Frames sent (JSON): ``{"type": "snapshot", "data": {key: value}}`` once, then
 ``{"type": "delta", "set": {key: value}, "remove": [key]}``; the model socket sends
 ``{"type": "points", "deployment": id, "points": [...]}`` with new samples only, and the log
 socket ``{"type": "log", "deployment": id, "lines": [...]}``.
+
+The sockets only push: whatever a browser sends is ignored. A socket's polling task and groups are
+released however it ends, including when a handler raises (daphne then closes it with 1011 and
+`disconnect()` is never called); see `LiveConsumer.__call__`.
 """
 
 from __future__ import annotations
@@ -48,6 +52,17 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     """Base: refuses sockets without a platform role, then runs ``tick()`` at most once a second."""
 
     stream = ""
+    _loop: asyncio.Task[None] | None = None  # _run, from accept() on
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Channels' consumer loop, then `_release()` whatever ended it: a handler that raises ends
+        the loop without `disconnect()`, which would leave `_run` reading the database every
+        second for a socket that is gone."""
+        self._groups: list[str] = []  # channel-layer groups joined, left by _release()
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release()
 
     async def connect(self) -> None:
         if role_of(self.scope.get("user")) is None:
@@ -60,18 +75,38 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.accept()
         if self.stream:
-            await self.channel_layer.group_add(stream_group(self.stream), self.channel_name)
+            await self.join(stream_group(self.stream))
         await self.start()
-        self._loop = asyncio.create_task(self._run())
+        self._loop = asyncio.create_task(self._run(), name=f"dashboard:{type(self).__name__}")
 
     async def disconnect(self, code: int) -> None:
-        loop = getattr(self, "_loop", None)
+        await self._release()
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """Browsers send nothing on these sockets; anything that arrives is dropped, so a stray or
+        hostile message can neither break the socket nor reach a handler."""
+        log.debug("Ignored a client message on dashboard stream %s", self.stream or type(self).__name__)
+
+    async def join(self, group: str) -> None:
+        """Join a channel-layer group for the socket's life."""
+        await self.channel_layer.group_add(group, self.channel_name)
+        self._groups.append(group)
+
+    async def _release(self) -> None:
+        """Stop the polling task and leave every group joined; safe to call more than once."""
+        loop, self._loop = self._loop, None
         if loop is not None:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
-        if self.stream:
-            await self.channel_layer.group_discard(stream_group(self.stream), self.channel_name)
+        groups, self._groups = self._groups, []
+        try:
+            for group in groups:
+                await self.channel_layer.group_discard(group, self.channel_name)
+        except Exception:  # never hide what ended the socket behind a clean-up failure
+            log.exception(
+                "Leaving the groups of dashboard stream %s failed", self.stream or type(self).__name__
+            )
 
     async def prepare(self) -> bool:
         """Called before accepting: parse the URL, look up the object; False refuses the socket."""
@@ -194,13 +229,8 @@ class LogConsumer(LiveConsumer):
 
     async def start(self) -> None:
         self._lines: list[str] | None = None
-        await self.channel_layer.group_add(f"agents.logs.{self.deployment.pk}", self.channel_name)
+        await self.join(f"agents.logs.{self.deployment.pk}")
         await self.tick()
-
-    async def disconnect(self, code: int) -> None:
-        await super().disconnect(code)
-        if getattr(self, "deployment", None) is not None:
-            await self.channel_layer.group_discard(f"agents.logs.{self.deployment.pk}", self.channel_name)
 
     async def tick(self) -> None:
         command = Command(uuid.uuid4().hex, "tail_log", str(self.deployment.pk), lines=self.LINES)

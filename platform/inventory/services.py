@@ -6,10 +6,17 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from core.secrets import Issued, digest_secret, issue_secret
 from inventory.models import AgentToken, Host, HostStatus
+
+# Sent (inside the revoking transaction) with ``host_id`` and ``token_ids`` when agent tokens are
+# revoked. The agents app listens and closes live connections that authenticated with them: a
+# websocket checks its token only at the handshake, so without this a rotated-out token would keep
+# its open session. Inventory does not know about agent connections; hence a signal, not a call.
+agent_tokens_revoked = Signal()
 
 
 def register_host(name: str, address: str = "", *, simulated: bool = False) -> Host:
@@ -20,21 +27,36 @@ def register_host(name: str, address: str = "", *, simulated: bool = False) -> H
 
 @transaction.atomic
 def issue_agent_token(host: Host) -> Issued:
-    """A new token for the host's agent. Earlier tokens of the host are revoked."""
-    AgentToken.objects.filter(host=host, revoked=False).update(revoked=True)
+    """A new token for the host's agent. Earlier tokens of the host are revoked (and their open
+    agent connections closed, see ``agent_tokens_revoked``)."""
+    live = AgentToken.objects.filter(host=host, revoked=False)
+    revoked = sorted(live.values_list("pk", flat=True))
+    if revoked:
+        AgentToken.objects.filter(pk__in=revoked).update(revoked=True)
+        agent_tokens_revoked.send(sender=AgentToken, host_id=host.pk, token_ids=revoked)
     secret = issue_secret("agt")
     token = AgentToken.objects.create(host=host, prefix=secret.prefix, digest=secret.digest)
     return Issued(record=token, plaintext=secret.plaintext)
 
 
-def authenticate_agent(plaintext: str) -> Host | None:
-    """The host whose live agent token this is, else ``None``."""
-    token = (
+def live_agent_token(plaintext: str) -> AgentToken | None:
+    """The live (not revoked) agent token with this plaintext, with its host, else ``None``."""
+    return (
         AgentToken.objects.select_related("host")
         .filter(digest=digest_secret(plaintext), revoked=False)
         .first()
     )
+
+
+def authenticate_agent(plaintext: str) -> Host | None:
+    """The host whose live agent token this is, else ``None``."""
+    token = live_agent_token(plaintext)
     return None if token is None else token.host
+
+
+def agent_token_is_live(token_id: int) -> bool:
+    """Whether the token still exists and is not revoked (an open connection re-checks its own)."""
+    return AgentToken.objects.filter(pk=token_id, revoked=False).exists()
 
 
 def status_at(last_seen_at: datetime | None, now: datetime) -> HostStatus:

@@ -171,3 +171,58 @@ def test_it_needs_no_third_party_imports() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _telemetry_dict() -> dict[str, Any]:
+    return make_frames()[2].to_dict()
+
+
+def _set(path: str, value: Any) -> Any:
+    """A mutation of a frame dict: ``path`` like ``devices.0.index`` (list indices as numbers)."""
+
+    def mutate(data: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target: Any = data
+        for key in parents:
+            target = target[int(key)] if key.isdigit() else target[key]
+        target[int(last) if last.isdigit() else last] = value
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("index", "mutate", "field"),
+    [
+        # Integers beyond 64 bits: a database driver raises OverflowError on them.
+        (0, _set("devices.0.memory_total_bytes", 2**63), "devices[0].memory_total_bytes"),
+        (0, _set("devices.0.index", 2**70), "devices[0].index"),
+        (2, _set("devices.0.memory_used_bytes", 2**64), "devices[0].memory_used_bytes"),
+        (2, _set("dropped", -(2**63) - 1), "dropped"),
+        # Device indices and counts beyond the columns that store them.
+        (0, _set("devices.0.index", 32768), "devices[0].index"),
+        (0, _set("devices.0.nvlink_peers", [40000]), "devices[0].nvlink_peers"),
+        (2, _set("devices.1.paired_with", -1), "devices[1].paired_with"),
+        (2, _set("engines.0.running", 2**31), "engines[0].running"),
+        (2, _set("engines.0.ttft.count", 2**31), "engines[0].ttft.count"),
+        (3, _set("restarts", 2**31), "restarts"),
+        # Times no clock shows: datetime.fromtimestamp raises OverflowError or ValueError on them.
+        (1, _set("ts", 1e20), "ts"),
+        (2, _set("ts", -1e15), "ts"),
+        (3, _set("ts", 2.0**32), "ts"),
+    ],
+)
+def test_it_rejects_values_beyond_what_the_receiver_can_store(index: int, mutate: Any, field: str) -> None:
+    data = make_frames()[index].to_dict()
+    mutate(data)
+    with pytest.raises(ProtocolError) as err:
+        parse_frame(data)
+    assert err.value.field == field
+
+
+def test_it_accepts_the_largest_values_the_receiver_can_store() -> None:
+    data = _telemetry_dict()
+    data["ts"] = 2.0**32 - 1
+    data["devices"][0].update(index=32767, memory_used_bytes=2**63 - 1, paired_with=32767)
+    data["engines"][0].update(running=2**31 - 1, bytes_offloaded=2**63 - 1)
+    frame = parse_frame(data)
+    assert isinstance(frame, Telemetry) and frame.devices[0].memory_used_bytes == 2**63 - 1

@@ -257,15 +257,24 @@ async def test_it_records_deployment_status_and_the_replica_url(
     assert (replica.restarts, replica.base_url) == (3, "")
 
 
-async def test_it_refuses_telemetry_before_register(agent_host: AgentHost) -> None:
+async def test_it_refuses_every_frame_but_register_before_register(agent_host: AgentHost) -> None:
     with NO_SWEEP:
         comm = communicator(agent_host.token)
         assert (await comm.connect())[0]
-        await comm.send_json_to(telemetry_frame([device_sample(0)]))
-        error = await comm.receive_json_from(timeout=5)
-        assert error["code"] == "not_registered"
-        await comm.send_json_to({"v": 1, "type": "heartbeat", "ts": 1.0})  # the link is still up
-        assert await comm.receive_nothing(timeout=0.3)
+        before = [
+            telemetry_frame([device_sample(0)]),
+            {"v": 1, "type": "heartbeat", "ts": 1.0},  # must not mark the host online
+            {"v": 1, "type": "deployment_status", "deployment_id": "1", "state": "running", "ts": 1.0},
+            {"v": 1, "type": "log_tail", "deployment_id": "1", "lines": ["x"]},
+        ]
+        for frame in before:
+            await comm.send_json_to(frame)
+            error = await comm.receive_json_from(timeout=5)
+            assert (error["code"], error["field"]) == ("not_registered", "type"), frame["type"]
+        host = await database_sync_to_async(Host.objects.get)(pk=agent_host.host.pk)
+        assert host.last_seen_at is None and host.status != HostStatus.ONLINE
+        await comm.send_json_to(register_frame())  # the link is still up
+        assert (await comm.receive_json_from(timeout=5))["type"] == "desired_deployments"
         await comm.disconnect()
 
 

@@ -15,6 +15,7 @@ from agents.models import DeviceSample
 from agents.services import LinkedHost
 from channels.db import database_sync_to_async
 from inventory.models import Device
+from inventory.services import register_host
 
 from gpu_agent.protocol import Telemetry, parse_frame
 
@@ -145,3 +146,35 @@ async def test_concurrent_frames_are_all_stored(agent_host: AgentHost) -> None:
     await asyncio.gather(*(agent(25) for _ in range(8)))
     await writer.flush()
     assert await database_sync_to_async(DeviceSample.objects.count)() == 200
+
+
+async def test_a_bad_frame_in_a_group_commit_loses_only_itself(
+    agent_host: AgentHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One agent's frame the database refuses must not drop the other hosts' frames written with it."""
+
+    @database_sync_to_async
+    def hosts() -> tuple[LinkedHost, LinkedHost]:
+        linked = []
+        for host in (agent_host.host, register_host("gpu-b")):
+            device = Device.objects.create(
+                host=host, index=0, uuid=f"GPU-{host.name}-0", name="H100", memory_total_bytes=80 << 30
+            )
+            linked.append(LinkedHost(host.pk, host.name, "10.0.0.5", False, {0: device.pk}))
+        return linked[0], linked[1]
+
+    good, bad = await hosts()
+    frame = parse_frame(telemetry_frame([device_sample(0)]))
+    assert isinstance(frame, Telemetry)
+    refused = rows_for(bad, frame)
+    # Past the parser's bounds (built here directly): SQLite raises OverflowError, PostgreSQL DataError.
+    refused.devices[0] = (refused.devices[0][0], refused.devices[0][1], 2**64, *refused.devices[0][3:])
+    writer = TelemetryWriter()
+    for batch in (rows_for(good, frame), refused, rows_for(good, frame)):  # queued before the write
+        await writer.submit(batch)
+    await writer.flush()
+    stored = await database_sync_to_async(list)(
+        DeviceSample.objects.values_list("device__host__name", flat=True)
+    )
+    assert stored == ["gpu-a", "gpu-a"]
+    assert any("host gpu-b" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
