@@ -126,6 +126,8 @@ class GatewayApp:
     async def _complete(self, request: CompletionRequest, key: ApiKey, receive: Receive, send: Send) -> None:
         started = time.monotonic()
         admission = await database_sync_to_async(services.admit)(key, request.model)
+        if admission.limits is not None:  # OpenAI's x-ratelimit-* headers on whatever answers
+            send = _with_headers(send, admission.limits.headers())
         meter = StreamMeter(started, include_usage=request.include_usage)
         state: dict[str, Any] = {"target": None, "outcome": "failed"}
         relay = asyncio.ensure_future(self._relay(request, admission, meter, state, send))
@@ -296,6 +298,17 @@ async def _respond(
     headers = headers or [(b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    """``send`` that adds ``extra`` to the response's headers."""
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return sending
 
 
 def _json_or_none(payload: bytes) -> Any:

@@ -9,11 +9,17 @@
 - Tokens per day: the key's ``Usage`` rows of the current UTC day. A request is refused once the
   day's total reached the quota; the request that crosses it is served in full (its size is only
   known when it ends), so a key can overshoot by one response.
+
+An admitted request's response carries OpenAI's rate-limit headers (``RateLimits.headers``):
+``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``. Remaining requests are what the sliding
+minute still admits after this one; requests reset when both counted minutes have passed, tokens
+at the next UTC midnight. Resets are durations like ``59s`` or ``1m30s``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from accounts.models import ApiKey
@@ -38,20 +44,72 @@ def tokens_used_today(key: ApiKey, now: datetime) -> int:
     return int(totals["p"] or 0) + int(totals["c"] or 0)
 
 
-def check_token_quota(key: ApiKey, now: datetime) -> None:
-    """Raise 429 if the key used its tokens for today."""
+@dataclass(frozen=True)
+class RateLimits:
+    """Where an admitted request leaves its key's limits."""
+
+    requests_limit: int
+    requests_remaining: int
+    requests_reset_s: float
+    tokens_limit: int
+    tokens_remaining: int
+    tokens_reset_s: float
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        values = {
+            "limit-requests": str(self.requests_limit),
+            "remaining-requests": str(self.requests_remaining),
+            "reset-requests": duration(self.requests_reset_s),
+            "limit-tokens": str(self.tokens_limit),
+            "remaining-tokens": str(self.tokens_remaining),
+            "reset-tokens": duration(self.tokens_reset_s),
+        }
+        return [(f"x-ratelimit-{name}".encode(), value.encode()) for name, value in values.items()]
+
+
+def duration(seconds: float) -> str:
+    """``59s``, ``1m30s``, ``23h59m59s``: whole seconds, rounded up."""
+    total = max(0, math.ceil(seconds))
+    h, rest = divmod(total, 3600)
+    m, sec = divmod(rest, 60)
+    return (f"{h}h" if h else "") + (f"{m}m" if h or m else "") + f"{sec}s"
+
+
+def _until_tomorrow(now: datetime) -> float:
+    return (day_start(now) + timedelta(days=1) - now).total_seconds()
+
+
+def check_token_quota(key: ApiKey, now: datetime) -> int:
+    """Raise 429 if the key used its tokens for today; else the tokens it used today."""
     used = tokens_used_today(key, now)
     if used >= key.tokens_per_day:
-        retry = day_start(now) + timedelta(days=1) - now
         raise rate_limited(
             f"Token quota exceeded: {used} of {key.tokens_per_day} tokens used today (UTC).",
-            int(retry.total_seconds()) + 1,
+            int(_until_tomorrow(now)) + 1,
             "tokens_quota_exceeded",
         )
+    return used
 
 
-def take_request(key: ApiKey, now: datetime) -> None:
-    """Count one request in the key's sliding minute, or raise 429 if that would exceed the limit."""
+def rate_limits(
+    key: ApiKey, now: datetime, tokens_used: int, requests_remaining: int, requests_reset_s: float
+) -> RateLimits:
+    return RateLimits(
+        requests_limit=key.requests_per_minute,
+        requests_remaining=requests_remaining,
+        requests_reset_s=requests_reset_s,
+        tokens_limit=key.tokens_per_day,
+        tokens_remaining=max(0, key.tokens_per_day - tokens_used),
+        tokens_reset_s=_until_tomorrow(now),
+    )
+
+
+def take_request(key: ApiKey, now: datetime) -> tuple[int, float]:
+    """Count one request in the key's sliding minute, or raise 429 if that would exceed the limit.
+
+    Returns how many more requests the sliding minute admits now, and the seconds until it
+    counts none of the requests made so far.
+    """
     window = now.replace(second=0, microsecond=0)
     previous = window - MINUTE
     rows = RateWindow.objects.filter(key=key, window_start=window)
@@ -77,6 +135,8 @@ def take_request(key: ApiKey, now: datetime) -> None:
             max(1, math.ceil(_seconds_until_admitted(before, current - 1, limit, elapsed))),
             "rate_limit_exceeded",
         )
+    remaining = max(0, math.floor(limit - (before * (1.0 - elapsed) + current) + 1e-9))
+    return remaining, (2.0 - elapsed) * 60.0  # the current minute stops counting a minute after it ends
 
 
 def _seconds_until_admitted(before: int, current: int, limit: int, elapsed: float) -> float:

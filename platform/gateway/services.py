@@ -26,7 +26,7 @@ from registry.models import ServedModel
 
 from gateway.errors import model_not_found, unauthorized, unavailable
 from gateway.models import RequestSample, Usage
-from gateway.quota import check_token_quota, day_start, take_request
+from gateway.quota import RateLimits, check_token_quota, day_start, rate_limits, take_request
 from gateway.routing import Target
 
 
@@ -38,6 +38,7 @@ class Admission:
     model_id: int
     model_name: str  # the engine's served model name (agents pass --served-model-name <name>)
     targets: list[Target]
+    limits: RateLimits | None = None  # the key's limits after this request (response headers)
 
 
 @dataclass(frozen=True)
@@ -95,15 +96,16 @@ def admit(key: ApiKey, model_name: str, now: datetime | None = None) -> Admissio
     model = ServedModel.objects.filter(name=model_name).first()
     if model is None:
         raise model_not_found(model_name)
-    check_token_quota(key, now)
+    tokens_used = check_token_quota(key, now)
     targets = healthy_targets(model)
     if not targets:
         raise unavailable(
             f"No healthy replica of model '{model_name}' is available; retry later.",
             settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S,
         )
-    take_request(key, now)
-    return Admission(key.pk, model.pk, model.name, targets)
+    remaining, reset_s = take_request(key, now)
+    limits = rate_limits(key, now, tokens_used, remaining, reset_s)
+    return Admission(key.pk, model.pk, model.name, targets, limits)
 
 
 def record_usage(

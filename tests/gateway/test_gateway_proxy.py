@@ -103,6 +103,10 @@ def test_it_streams_rewritten_chunks_and_records_usage(
     body = {**CHAT, "stream": True, "stream_options": {"include_usage": include_usage}}
     result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
     assert result.status == 200 and result.headers[b"content-type"].startswith(b"text/event-stream")
+    assert (
+        result.headers[b"x-ratelimit-limit-requests"] == str(gateway_data["key"].requests_per_minute).encode()
+    )
+    assert b"x-ratelimit-remaining-tokens" in result.headers
     assert seen[0]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     events = result.events()
     assert events[-1] == "[DONE]"

@@ -9,7 +9,7 @@ import pytest
 from accounts.services import create_api_key
 from gateway.errors import GatewayError
 from gateway.models import RateWindow, Usage
-from gateway.quota import check_token_quota, take_request
+from gateway.quota import check_token_quota, duration, take_request
 from gateway.services import admit, record_usage
 
 NOW = datetime(2026, 3, 4, 10, 20, 45, tzinfo=UTC)
@@ -102,3 +102,34 @@ def test_admission_lists_healthy_replicas_only(gateway_data: dict[str, Any]) -> 
     admission = admit(gateway_data["key"], "tiny")
     assert [t.deployment_id for t in admission.targets] == [first.pk]
     assert admission.model_name == "tiny"
+
+
+def test_taking_a_request_tells_how_many_more_the_minute_admits_and_when_it_resets(
+    gateway_data: dict[str, Any],
+) -> None:
+    key = create_api_key(gateway_data["user"], "rpm", requests_per_minute=3).record
+    taken = [take_request(key, NOW) for _ in range(3)]  # 45 s into the minute
+    assert [remaining for remaining, _ in taken] == [2, 1, 0]
+    assert taken[0][1] == pytest.approx(75.0)  # this minute stops counting at 10:22:00
+
+
+def test_durations_read_like_openais() -> None:
+    assert [duration(s) for s in (0, 0.2, 59, 60, 90.5, 86399)] == [
+        "0s",
+        "1s",
+        "59s",
+        "1m0s",
+        "1m31s",
+        "23h59m59s",
+    ]
+
+
+def test_an_admission_carries_the_keys_limits_as_headers(gateway_data: dict[str, Any]) -> None:
+    issued = create_api_key(gateway_data["user"], "h", requests_per_minute=5, tokens_per_day=100)
+    record_usage(issued.record.pk, gateway_data["model"].pk, 30, 10, NOW)
+    headers = dict(admit(issued.record, "tiny", NOW).limits.headers())  # type: ignore[union-attr]
+    assert headers[b"x-ratelimit-limit-requests"] == b"5"
+    assert headers[b"x-ratelimit-remaining-requests"] == b"4"
+    assert headers[b"x-ratelimit-limit-tokens"] == b"100"
+    assert headers[b"x-ratelimit-remaining-tokens"] == b"60"
+    assert headers[b"x-ratelimit-reset-tokens"] == b"13h39m15s"  # to midnight UTC from 10:20:45
