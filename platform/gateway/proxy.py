@@ -174,6 +174,13 @@ class GatewayApp:
             self.router.acquire(target)
             try:
                 response = await self.client.send(upstream, stream=True)
+            except httpx.ReadTimeout:
+                # The engine took the request and may still be generating (a non-streamed answer
+                # sends its headers only at the end): another replica would do the work twice.
+                self.router.release(target)
+                raise upstream_lost(
+                    f"The engine did not answer within {settings.GATEWAY_READ_TIMEOUT_S:g} s.", timed_out=True
+                ) from None
             except httpx.TransportError as exc:
                 self.router.release(target)
                 self.router.failed(target)

@@ -136,3 +136,17 @@ def test_an_engine_error_event_in_a_stream_gets_the_gateways_shape_and_counts_as
     }
     sample = RequestSample.objects.get()
     assert sample.outcome == "failed" and sample.completion_tokens == 1
+
+
+def test_an_engine_silent_past_the_read_timeout_before_its_headers_is_a_504_not_a_retry(
+    gateway_data: dict[str, Any],
+) -> None:
+    asked: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.host)  # it took the request: it may still be generating
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == 504 and result.json()["error"]["code"] == "upstream_timeout"
+    assert len(asked) == 1, "another replica would generate the same answer again"
