@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.vllm_aqua.engines import BLOCK_SIZE
+from tests.vllm_aqua.engines import BLOCK_SIZE, COMMON_ENGINE_ARGS
 
 
 def make_scheduler(
@@ -32,14 +32,11 @@ def make_scheduler(
     args = EngineArgs(
         model=str(build_model()),
         dtype="float32",
-        block_size=BLOCK_SIZE,
-        enable_prefix_caching=False,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
-        async_scheduling=False,
-        enforce_eager=True,
         additional_config=additional or {},
+        **COMMON_ENGINE_ARGS,
     )
     config = args.create_engine_config()
     config.cache_config.num_gpu_blocks = num_blocks

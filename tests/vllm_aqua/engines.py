@@ -17,6 +17,15 @@ REPO = Path(__file__).resolve().parents[2]
 BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 4  # layers x (K, V) x kv heads x head_dim x fp32
 BLOCK_SIZE = 32
 AQUA_SCHEDULER = "serving.vllm_ext.scheduler.AquaScheduler"
+# What every engine (and bare scheduler) of the tests and benchmarks shares: no prefix caching (it
+# would hide recomputation), synchronous scheduling (one step's output before the next step's
+# decisions), no torch.compile warm-up.
+COMMON_ENGINE_ARGS: dict[str, Any] = {
+    "block_size": BLOCK_SIZE,
+    "enable_prefix_caching": False,
+    "async_scheduling": False,
+    "enforce_eager": True,
+}
 
 _TEXT = (
     "the quick brown fox jumps over lazy dog memory lending lets one GPU borrow idle memory from a "
@@ -106,14 +115,11 @@ def make_llm(
             model=str(model),
             dtype=cast(Any, dtype),
             kv_cache_memory_bytes=kv_tokens * BYTES_PER_TOKEN // (1 if dtype == "float32" else 2),
-            block_size=BLOCK_SIZE,
-            enable_prefix_caching=False,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
-            async_scheduling=False,
-            enforce_eager=True,
             seed=0,
+            **COMMON_ENGINE_ARGS,
             **kwargs,
         )
 
