@@ -45,10 +45,18 @@ def check_placement(
         raise PlacementError("devices", f"Devices already used by: {', '.join(taken)}.")
 
 
+def _lock_host(host_id: int) -> None:
+    """Serialise placements on one host until the transaction ends: the device check and the write
+    must not interleave with another request's, or two deployments could take the same devices.
+    A row lock on PostgreSQL; on SQLite (the single-process development database) it does nothing."""
+    Host.objects.select_for_update().filter(pk=host_id).first()
+
+
 @transaction.atomic
 def create_deployment(
     model: ServedModel, host: Host, devices: Sequence[Device], desired_state: str = DesiredState.RUNNING
 ) -> Deployment:
+    _lock_host(host.pk)
     check_placement(model, host, devices)
     deployment = Deployment.objects.create(model=model, host=host, desired_state=desired_state)
     deployment.devices.set(devices)
@@ -63,6 +71,7 @@ def update_deployment(
     desired_state: str | None = None,
 ) -> Deployment:
     """Change the devices and/or desired state; the model and host of a deployment are fixed."""
+    _lock_host(deployment.host_id)
     if desired_state is not None:
         deployment.desired_state = desired_state
     if devices is not None or deployment.desired_state == DesiredState.RUNNING:

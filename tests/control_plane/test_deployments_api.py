@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import pytest
 from deployments.models import Deployment
+from django.db import connection
 from inventory.models import Device, Host
 from registry.models import ServedModel
 from rest_framework.test import APIClient
@@ -88,3 +91,42 @@ def test_it_forbids_viewers_to_deploy(viewer_client: APIClient, setup: dict[str,
     body = {"model": "llama-3-8b", "host": "host-a", "devices": [a[0].pk, a[1].pk]}
     assert viewer_client.post(URL, body, format="json").status_code == 403
     assert Deployment.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: the PostgreSQL path")
+def test_two_concurrent_deployments_cannot_take_the_same_devices(
+    setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deployments import services
+
+    # Each request waits (up to 1 s) after its device check for the other to have checked too:
+    # without a lock both checks see free devices and both deployments are created.
+    both_checked = threading.Barrier(2)
+    check = services.check_placement
+
+    def slow_check(*args: Any, **kwargs: Any) -> None:
+        check(*args, **kwargs)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_checked.wait(timeout=1.0)
+
+    monkeypatch.setattr(services, "check_placement", slow_check)
+    model, host, a = setup["model"], Host.objects.get(name="host-a"), setup["a"]
+    outcomes: list[str] = []
+
+    def deploy() -> None:
+        try:
+            services.create_deployment(model, host, a[:2])
+            outcomes.append("created")
+        except services.PlacementError:
+            outcomes.append("refused")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deploy) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(outcomes) == ["created", "refused"]
+    assert Deployment.objects.count() == 1
