@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from accounts.models import ApiKey, Role, User
+from accounts.services import issue_api_token
 from deployments.models import Deployment
 from django.test import Client, override_settings
 from inventory.models import Device, Host
@@ -177,6 +178,10 @@ def test_unknown_api_paths_are_json_404s_and_a_missing_slash_is_named(admin_clie
     assert "Use /api/v1/models/ (with a trailing slash)" in no_slash.json()["detail"]
     assert not ServedModel.objects.exists()
     assert admin_client.get("/api/v1/models/").status_code == 200  # real routes still resolve first
+    strict = Client(enforce_csrf_checks=True)  # as a script with a token: no CSRF cookie
+    token = f"Token {issue_api_token(User.objects.get(username='alice'), 'script').plaintext}"
+    answer = strict.post("/api/v1/models", {}, content_type="application/json", HTTP_AUTHORIZATION=token)
+    assert answer.status_code == 404 and "trailing slash" in answer.json()["detail"]
 
 
 def test_job_filters_with_unknown_values_are_400s(admin_client: APIClient) -> None:
