@@ -62,6 +62,7 @@ from serving.predictor import LengthPredictor, make_corpus, prompt_workload, tra
 from serving.predictor.corpus import PromptSample
 from serving.sim.config import EngineConfig
 from serving.sim.engine import EngineSim
+from serving.workload import Request
 
 MODEL, GPU = "llama-2-13b", "a100"
 CHATBOT = SLO(ttft_s=0.25, tbt_s=0.1)
@@ -106,6 +107,17 @@ KV_TOKENS["a100_40gb"] = int(
     (0.9 * 40 * 2**30 - get_model_config(MODEL).weight_bytes())
     // get_model_config(MODEL).kv_bytes_per_token()
 )
+
+
+def without_costliest(reqs: list[Request], frac: float) -> list[Request]:
+    """`reqs` (in arrival order) less the costliest `frac` of them by KV-time, (prompt + output / 2)
+    x output tokens: what a clairvoyant policy sheds."""
+    n_out = round(frac * len(reqs))
+    if n_out == 0:
+        return reqs
+    kv_time = sorted(reqs, key=lambda r: (r.prompt_tokens + r.output_tokens / 2) * r.output_tokens)
+    costliest = {id(r) for r in kv_time[-n_out:]}
+    return [r for r in reqs if id(r) not in costliest]
 
 
 def make_policy(variant: str, slo: SLO | dict[str | None, SLO]) -> SchedulingPolicy:
@@ -166,10 +178,9 @@ class Bench:
             else:
                 preds = wl.predictions(self.predictor)
             fractions = SHED_FRACTIONS if variant == "clairvoyant_shed" else (0.0,)
-            by_cost = sorted(reqs, key=lambda r: (r.prompt_tokens + r.output_tokens / 2) * r.output_tokens)
             best = (-1.0, 0, 0.0)  # attainment, preemptions, fraction left out
             for frac in fractions:
-                kept = sorted(by_cost[: len(reqs) - round(frac * len(reqs))], key=lambda r: r.arrival)
+                kept = without_costliest(reqs, frac)
                 engine = EngineSim(
                     self.cost, make_config(variant, KV_TOKENS[hw]), make_policy(variant, SLOS[slo])
                 )
