@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,21 @@ from config.routing import (  # noqa: E402
     browser_websocket_urlpatterns,
 )
 
+
+
+def _name_every_status() -> None:
+    """daphne writes its status lines from Twisted's phrase table, which lacks some statuses we
+    send (429: the gateway's quotas; Twisted 26.10), so those went out as "429 Unknown Status".
+    Fill the gaps from the standard library's names; a Twisted without daphne is left as it is."""
+    try:
+        from twisted.web import http
+    except ImportError:
+        return
+    for status in HTTPStatus:
+        http.RESPONSES.setdefault(status.value, status.phrase.encode("ascii"))
+
+
+_name_every_status()
 _agent_app = URLRouter(agent_websocket_urlpatterns)
 # The OpenAI-compatible chat gateway is a plain ASGI app (see gateway/proxy.py for why).
 _gateway_app = GatewayApp()

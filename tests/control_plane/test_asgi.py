@@ -25,3 +25,14 @@ async def test_it_refuses_browser_sockets_opened_from_another_site() -> None:
     connected, _ = await communicator.connect()
     assert connected is False
     await communicator.disconnect()
+
+
+def test_daphne_names_every_status_the_platform_sends() -> None:
+    # daphne takes the reason phrase from Twisted's table, which has no 429: quota answers went
+    # out as "HTTP/1.1 429 Unknown Status" until config.asgi filled the gaps.
+    from twisted.web import http
+
+    for status in (429, 431, 451):
+        assert http.RESPONSES[status] != b"Unknown Status"
+    assert http.RESPONSES[429] == b"Too Many Requests"
+    assert http.RESPONSES[200] == b"OK"
