@@ -32,6 +32,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from deployments.models import Deployment
 from django.utils import timezone
+from jobs.models import Job
 from registry.models import ServedModel
 
 from dashboard import snapshots
@@ -173,6 +174,20 @@ class JobsConsumer(SnapshotConsumer):
 
     async def read(self) -> snapshots.Snapshot:
         return await database_sync_to_async(snapshots.jobs)()
+
+
+class JobConsumer(SnapshotConsumer):
+    """``/ws/dashboard/jobs/<pk>/``: one job, for its page. The jobs stream carries only the newest
+    ``JOBS_SHOWN``: an older job still queued or running would never update there."""
+
+    stream = "jobs"
+
+    async def prepare(self) -> bool:
+        self.job_pk = int(self.scope["url_route"]["kwargs"]["pk"])
+        return bool(await database_sync_to_async(Job.objects.filter(pk=self.job_pk).exists)())
+
+    async def read(self) -> snapshots.Snapshot:
+        return await database_sync_to_async(snapshots.job)(self.job_pk)
 
 
 class ModelConsumer(LiveConsumer):

@@ -14,6 +14,7 @@ from django.http import QueryDict
 from jobs.api.serializers import JobSerializer
 from registry.api.serializers import ServedModelSerializer
 from registry.models import ServedModel
+from rest_framework.settings import api_settings
 
 MODEL_FIELDS = [
     "name",
@@ -47,18 +48,37 @@ def _json_field(field: str, text: str) -> Any:
         ) from None
 
 
-def model_data(post: QueryDict) -> dict[str, Any]:
-    """The API payload for a served-model form post."""
+def model_data(post: QueryDict, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The API payload for a served-model form post, without the fields in ``skip``."""
     data: dict[str, Any] = {}
     for name in MODEL_FIELDS:
         value = post.get(name, "").strip()
-        if name in OPTIONAL_MODEL_FIELDS and value == "":
+        if name in skip or (name in OPTIONAL_MODEL_FIELDS and value == ""):
             continue
         data[name] = _json_field(name, value) if name == "engine_options" else value
     return data
 
 
-Errors = dict[str, Any]
+Errors = dict[str, list[str]]
+
+
+def field_errors(errors: Any) -> Errors:
+    """Serializer errors as ``field -> [message]`` for the template. Nested errors (a job's
+    ``params`` are checked by the kind's own serializer) become ``"<key>: <message>"`` lines under
+    their field: listed as they are, a dict would show only its keys."""
+    return {str(name): _messages(value) for name, value in dict(errors).items()}
+
+
+def _messages(value: Any, prefix: str = "") -> list[str]:
+    if isinstance(value, dict):
+        out = []
+        for key, inner in value.items():
+            label = "" if key == api_settings.NON_FIELD_ERRORS_KEY else f"{key}: "
+            out += _messages(inner, prefix + label)
+        return out
+    if isinstance(value, list | tuple):
+        return [message for item in value for message in _messages(item, prefix)]
+    return [f"{prefix}{value}"]
 
 
 def model_serializer(
@@ -66,15 +86,19 @@ def model_serializer(
 ) -> tuple[ServedModelSerializer | None, Errors]:
     """A validated serializer for a create or, with ``instance``, an edit, and the field errors.
 
-    The serializer is None when a value could not even be parsed (``engine_options`` not JSON).
+    The serializer is None when a value could not even be parsed (``engine_options`` not JSON);
+    the other fields are still checked, so that the page lists every error at once.
     """
     try:
         data = model_data(post)
     except JsonInputError as exc:
-        return None, {exc.field: [str(exc)]}
+        rest = model_data(post, skip=frozenset({exc.field}))
+        others = ServedModelSerializer(instance, data=rest, partial=instance is not None)
+        others.is_valid()
+        return None, {**field_errors(others.errors), exc.field: [str(exc)]}
     serializer = ServedModelSerializer(instance, data=data, partial=instance is not None)
     serializer.is_valid()
-    return serializer, dict(serializer.errors)
+    return serializer, field_errors(serializer.errors)
 
 
 def job_serializer(post: QueryDict) -> tuple[JobSerializer | None, Errors]:
@@ -86,4 +110,4 @@ def job_serializer(post: QueryDict) -> tuple[JobSerializer | None, Errors]:
         return None, {exc.field: [str(exc)]}
     serializer = JobSerializer(data={"kind": post.get("kind", ""), "params": params})
     serializer.is_valid()
-    return serializer, dict(serializer.errors)
+    return serializer, field_errors(serializer.errors)

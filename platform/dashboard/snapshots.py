@@ -112,6 +112,11 @@ def jobs() -> Snapshot:
     return {f"job:{job.pk}": job_row(job) for job in Job.objects.order_by("-pk")[:JOBS_SHOWN]}
 
 
+def job(pk: int) -> Snapshot:
+    """One job (``job:<pk>``), newest or not; empty if it is gone."""
+    return {f"job:{job.pk}": job_row(job) for job in Job.objects.filter(pk=pk)}
+
+
 def _point(sample: dict[str, Any], previous_ts: datetime | None) -> dict[str, Any]:
     """A chart point from an engine sample; the request rate is first tokens per second of window."""
     ts: datetime = sample["ts"]

@@ -25,6 +25,7 @@ from jobs.models import Job
 from planning.applying import PlanConflict, PlanNotApplicable, apply_plan
 from planning.models import PlacementPlan
 from registry.models import ServedModel
+from rest_framework.exceptions import ValidationError
 
 from dashboard import forms, snapshots
 from dashboard.assets import PLOTLY_VERSION
@@ -110,8 +111,12 @@ def _model_form(request: HttpRequest, instance: ServedModel | None) -> HttpRespo
     if request.method == "POST":
         serializer, errors = forms.model_serializer(request.POST, instance)
         if serializer is not None and not errors:
-            model = serializer.save()
-            return HttpResponseRedirect(reverse("dashboard:model-detail", args=[model.pk]))
+            try:
+                model = serializer.save()
+            except ValidationError as exc:  # a concurrent request took the name since is_valid()
+                errors = forms.field_errors(exc.detail)
+            else:
+                return HttpResponseRedirect(reverse("dashboard:model-detail", args=[model.pk]))
         values = {name: request.POST.get(name, "") for name in forms.MODEL_FIELDS}
     context = {"instance": instance, "values": values, "errors": errors, "dtypes": _dtypes()}
     return _page(request, "model_form.html", context, status=400 if errors else 200)

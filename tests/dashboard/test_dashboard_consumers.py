@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from datetime import timedelta
 from typing import Any
@@ -13,9 +14,13 @@ from accounts.models import User
 from agents.services import agent_group
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
+from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
+from dashboard import snapshots
 from dashboard.consumers import JobsConsumer, LogConsumer, ModelConsumer, OverviewConsumer, stream_group
+from dashboard.routing import websocket_urlpatterns
 from deployments.models import Deployment
+from django.test import Client
 from django.utils import timezone
 from inventory.models import Device, Host
 from jobs.models import Job, JobStatus
@@ -167,4 +172,29 @@ async def test_it_asks_the_agent_for_the_log_tail_and_relays_its_answer(
     )
     message = await communicator.receive_json_from(timeout=5)
     assert message == {"type": "log", "deployment": deployment.pk, "lines": lines}
+    await communicator.disconnect()
+
+
+async def test_a_job_page_streams_its_job_even_when_newer_jobs_fill_the_list(
+    viewer_user: User, viewer_client: Client
+) -> None:
+    old = await database_sync_to_async(Job.objects.create)(kind="noop", status=JobStatus.RUNNING)
+    await database_sync_to_async(Job.objects.bulk_create)(
+        [Job(kind="noop", status=JobStatus.QUEUED) for _ in range(snapshots.JOBS_SHOWN)]
+    )
+    page = await database_sync_to_async(viewer_client.get)(f"/jobs/{old.pk}/")
+    path = re.search(r'data-socket="([^"]+)"', page.content.decode())[1]  # type: ignore[index]
+    communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+    communicator.scope["user"] = viewer_user
+    assert (await communicator.connect())[0]
+    first = await communicator.receive_json_from(timeout=5)
+    assert first["data"][f"job:{old.pk}"]["status"] == "running"
+
+    def finish() -> None:
+        Job.objects.filter(pk=old.pk).update(status=JobStatus.SUCCEEDED, progress=1.0)
+
+    await database_sync_to_async(finish)()
+    await get_channel_layer().group_send(stream_group("jobs"), {"type": "dashboard.changed"})
+    delta = await communicator.receive_json_from(timeout=5)
+    assert delta["set"][f"job:{old.pk}"]["status"] == "succeeded"  # the page reloads on this
     await communicator.disconnect()

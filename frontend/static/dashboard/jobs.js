@@ -4,7 +4,21 @@
   const table = document.getElementById("jobs");
   const only = table.dataset.only;
   const state = {};
+  // Newest first, as the page lists them: a frame may bring several new jobs, in any key order.
+  function insert(row) {
+    const newer = Number(row.dataset.job);
+    for (const other of table.tBodies[0].rows) {
+      if (Number(other.dataset.job) < newer) { other.before(row); return; }
+    }
+    table.tBodies[0].appendChild(row);
+  }
   function update() {
+    if (!only) {
+      // A job that left the stream (no longer among the newest) would keep its last status forever.
+      for (const row of [...table.tBodies[0].rows]) {
+        if (row.dataset.job && !(("job:" + row.dataset.job) in state)) row.remove();
+      }
+    }
     for (const [key, job] of Object.entries(state)) {
       const id = key.split(":")[1];
       if (only && id !== only) continue;
@@ -16,7 +30,7 @@
           '<td><progress max="1"></progress> <span class="pct"></span></td><td></td>';
         row.children[1].textContent = job.kind;
         row.children[4].textContent = job.created;
-        table.tBodies[0].prepend(row);
+        insert(row);
       }
       if (!row) continue;
       const wasActive = row.dataset.status === "queued" || row.dataset.status === "running";

@@ -1,0 +1,109 @@
+"""The dashboard's scripts against crafted socket frames: hostile strings stay text, new rows land in
+order, and a reconnect's snapshot replaces what the page showed.
+
+A stand-in ``WebSocket`` (installed before the page's scripts run) lets the test deliver frames and
+drop the connection; the pages themselves come from the real server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from accounts.models import User
+
+from tests.browser.conftest import sign_in
+from tests.fleet.servers import AsgiServer
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+HOSTILE = '<img src=x onerror="window.__xss = 1">'
+FAKE_SOCKET = """
+window.__sockets = [];
+window.WebSocket = class {
+  constructor(url) { this.url = url; window.__sockets.push(this); setTimeout(() => this.onopen(), 0); }
+  send() {}
+  close() { this.onclose({}); }
+};
+window.__push = (frame) => window.__sockets.at(-1).onmessage({ data: JSON.stringify(frame) });
+"""
+
+
+def open_page(browser: Any, server: AsgiServer, path: str) -> Any:
+    page = sign_in(browser, server.url, "ada")
+    page.context.add_init_script(FAKE_SOCKET)
+    page.goto(path)
+    page.wait_for_selector("#live-status[data-state=live]")
+    return page
+
+
+def reconnect(page: Any) -> None:
+    """Drop the socket; wait until live.js has opened a new one."""
+    page.evaluate("() => window.__sockets.at(-1).close()")
+    page.wait_for_function("() => window.__sockets.length === 2")
+    page.wait_for_selector("#live-status[data-state=live]")
+
+
+def job(status: str = "running") -> dict[str, Any]:
+    return {
+        "kind": "noop" + HOSTILE,
+        "status": status,
+        "progress": 0.5,
+        "error": "boom" + HOSTILE,
+        "created": "2026-01-01T00:00:00+00:00",
+        "finished": None,
+    }
+
+
+def rows(page: Any) -> list[str]:
+    return list(page.eval_on_selector_all("#jobs tbody tr", "rs => rs.map(r => r.dataset.job)"))
+
+
+def assert_inert(page: Any) -> None:
+    assert page.evaluate("() => [window.__xss, document.querySelectorAll('main img').length]") == [None, 0]
+
+
+def test_new_jobs_are_listed_newest_first_and_a_reconnect_drops_jobs_no_longer_streamed(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    page = open_page(browser, server, "/jobs/")
+    page.evaluate("(frame) => window.__push(frame)", {"type": "snapshot", "data": {"job:1": job()}})
+    # The server lists a delta's keys newest first; both must land above job 1, in order.
+    delta = {"type": "delta", "set": {"job:3": job(), "job:2": job()}, "remove": []}
+    page.evaluate("(frame) => window.__push(frame)", delta)
+    assert rows(page) == ["3", "2", "1"]
+    first = page.locator('tr[data-job="1"]')
+    assert first.locator("td").nth(1).inner_text() == "noop" + HOSTILE
+    assert first.locator(".status").inner_text() == "running: boom" + HOSTILE
+
+    reconnect(page)
+    # Jobs 4 and 5 were created while the socket was down; 1 and 2 left the newest listed.
+    snapshot = {"job:5": job(), "job:4": job(), "job:3": job("succeeded")}
+    page.evaluate("(frame) => window.__push({type: 'snapshot', data: frame})", snapshot)
+    assert rows(page) == ["5", "4", "3"]
+    assert page.locator('tr[data-job="3"]').get_attribute("data-status") == "succeeded"
+    assert_inert(page)
+
+
+def test_the_gpu_map_draws_an_unknown_host_from_a_delta_and_resyncs_on_reconnect(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    page = open_page(browser, server, "/")
+    page.evaluate("() => window.__push({type: 'snapshot', data: {}})")
+    card = {
+        "host": 7, "index": 0, "name": "H100" + HOSTILE, "kind": "gpu", "total": 80, "role": "none",
+        "used": 0, "lent": 0, "borrowed": 0, "free": 80, "paired_with": None, "utilization": None, "ts": None,
+    }  # fmt: skip
+    host = {"name": "h" + HOSTILE, "status": "online", "simulated": False, "last_seen": None}
+    delta = {"type": "delta", "set": {"host:7": host, "device:70": card}, "remove": []}
+    page.evaluate("(frame) => window.__push(frame)", delta)
+    section = page.locator("section.host")
+    assert section.locator("h2").inner_text().startswith("h" + HOSTILE)
+    assert section.locator(".card h3").inner_text() == "GPU 0 · H100" + HOSTILE
+    assert section.locator(".card .ts").inner_text() == "no sample yet"
+    assert_inert(page)
+
+    reconnect(page)
+    page.evaluate("() => window.__push({type: 'snapshot', data: {}})")
+    assert page.locator("section.host").count() == 0  # the host went away while the socket was down
+    assert page.locator("#hosts .empty").inner_text() == "No hosts yet."

@@ -1,0 +1,63 @@
+"""Form posts that fail: every field error shown beside its input, with its message; nothing saved."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+from django.test import Client
+from jobs.models import Job
+from registry.models import ServedModel
+from rest_framework.validators import UniqueValidator
+
+from tests.dashboard.test_dashboard_pages import FORM
+
+pytestmark = pytest.mark.django_db
+
+
+def field_errors(response: object) -> dict[str, list[str]]:
+    page = response.content.decode()  # type: ignore[attr-defined]
+    found: dict[str, list[str]] = {}
+    for field, message in re.findall(r'<p class="field-error" data-field="([^"]+)">(.*?)</p>', page):
+        found.setdefault(field, []).append(html.unescape(message))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ('{"steps": 0}', "steps: Ensure this value is greater than or equal to 1."),
+        ('{"steps": 1, "colour": "red"}', "colour: Unknown parameter."),
+        ("[1]", "Parameters must be a JSON object."),
+    ],
+)
+def test_it_shows_the_message_of_a_bad_job_parameter_not_only_its_name(
+    admin_client: Client, params: str, message: str
+) -> None:
+    response = admin_client.post("/jobs/start/", {"kind": "noop", "params": params})
+    assert response.status_code == 400
+    assert field_errors(response)["params"] == [message]
+    assert not Job.objects.exists()
+
+
+def test_it_lists_the_other_field_errors_when_engine_options_are_not_json(admin_client: Client) -> None:
+    form = {**FORM, "engine_options": "{oops", "tensor_parallel_size": "3", "name": ""}
+    response = admin_client.post("/models/new/", form)
+    assert response.status_code == 400
+    errors = field_errors(response)
+    assert set(errors) == {"engine_options", "tensor_parallel_size", "name"}
+    assert errors["engine_options"][0].startswith("Not valid JSON")
+    assert not ServedModel.objects.exists()
+
+
+def test_it_answers_a_name_taken_after_validation_with_a_field_error(
+    admin_client: Client, served_model: ServedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A concurrent request registering the same name between is_valid() and save(): the unique
+    # check passes, the insert hits the database's constraint.
+    monkeypatch.setattr(UniqueValidator, "__call__", lambda self, value, field: None)
+    response = admin_client.post("/models/new/", {**FORM, "name": served_model.name})
+    assert response.status_code == 400
+    assert field_errors(response)["name"] == ["served model with this name already exists."]
+    assert ServedModel.objects.count() == 1
