@@ -4,8 +4,9 @@ Why polling: job progress is written by Celery workers and telemetry by whicheve
 holds an agent's link. With Channels' in-memory layer (the embedded default) those processes
 cannot ``group_send`` to this one, so each socket re-reads the database itself and sends only what
 changed. That works the same with channels_redis. A ``dashboard.changed`` message on the stream's
-group (``dashboard.<stream>``, see dashboard/notify.py) wakes the sockets at once instead of at
-their next tick; either way a series is pushed at most once per ``push_interval_s()`` (1 Hz).
+group (``stream_group``: ``dashboard.<stream>``) wakes the sockets at once instead of at their next
+tick; nothing in the platform sends one yet (the tests do), so today the tick paces every update.
+Either way a series is pushed at most once per ``push_interval_s()`` (1 Hz).
 
 Frames sent (JSON): ``{"type": "snapshot", "data": {key: value}}`` once, then
 ``{"type": "delta", "set": {key: value}, "remove": [key]}``; the model socket sends
