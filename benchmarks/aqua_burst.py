@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -55,7 +54,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.aqua_copy import copy_bandwidth  # noqa: E402
+from benchmarks.bench_io import out_file  # noqa: E402
 from serving.aqua.offload.stats import read_json  # noqa: E402
+from serving.atomic_file import write_json_atomic, write_text_atomic  # noqa: E402
 from serving.vllm_ext.cpu_binding import RESERVED_CPUS_ENV  # noqa: E402
 from tests.vllm_aqua import engines  # noqa: E402
 
@@ -324,8 +325,8 @@ async def _resume_costs(llm: Any, stats: Path) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="a short run (under 3 minutes)")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "aqua_burst.json")
-    ap.add_argument("--html", type=Path, default=None, help="plotly chart (default: beside --out)")
+    ap.add_argument("--out", type=out_file, default=REPO / "benchmarks" / "results" / "aqua_burst.json")
+    ap.add_argument("--html", type=out_file, default=None, help="plotly chart (default: beside --out)")
     args = ap.parse_args()
     cfg = {
         "n_long": 8,
@@ -382,8 +383,7 @@ def main() -> None:
         "targets": TARGETS,
         "wall_s": time.perf_counter() - t0,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(args.out, result, sort_keys=True)
     html = args.html or args.out.with_suffix(".html")
     _chart(result, html)
     for key, target in TARGETS.items():
@@ -434,7 +434,7 @@ def _chart(result: dict[str, Any], path: Path) -> None:
     fig.update_layout(title=f"Aqua burst on vLLM CPU (tiny Llama): {ratios}", barmode="group")
     fig.update_xaxes(title_text="seconds", row=1, col=1)
     fig.update_yaxes(type="log", title_text="seconds", row=1, col=2)
-    path.write_text(fig.to_html(include_plotlyjs=True, full_html=True))
+    write_text_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
 if __name__ == "__main__":

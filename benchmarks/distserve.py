@@ -47,7 +47,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_io import out_file
 from benchmarks.distserve_fidelity import paper_calibrated
+from serving.atomic_file import write_json_atomic, write_text_atomic
 from serving.distserve import (
     IB_HDR,
     DisaggDeployment,
@@ -80,8 +82,8 @@ def fixed_workload(rate: float, seconds: float, min_requests: int, seed: int = 0
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter end-to-end runs")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/distserve.json"))
-    ap.add_argument("--html", type=Path, default=None, help="plot path (default: --out with .html)")
+    ap.add_argument("--out", type=out_file, default=Path("benchmarks/results/distserve.json"))
+    ap.add_argument("--html", type=out_file, default=None, help="plot path (default: --out with .html)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     e2e_seconds = 30.0 if args.quick else 90.0
@@ -229,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": time.perf_counter() - t0,
         "load_average_end": list(os.getloadavg()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_json_atomic(args.out, out)
     html = args.html or args.out.with_suffix(".html")
     write_html(html, curves)
     print(f"colocated vLLM v0 per-GPU goodput by tp: { {k: round(v, 2) for k, v in colocated.items()} }")
@@ -276,7 +277,7 @@ def write_html(path: Path, curves: dict[str, dict[float, float]]) -> None:
         xaxis_title="request rate per GPU (req/s/GPU)",
         yaxis_title="SLO attainment (TTFT and TPOT)",
     )
-    fig.write_html(str(path), include_plotlyjs="cdn")
+    write_text_atomic(path, fig.to_html(include_plotlyjs="cdn"))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -54,6 +53,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_io import non_negative_int, out_file, positive_float
+from serving.atomic_file import write_json_atomic, write_text_atomic
 from serving.costmodel import get_preset, kv_capacity_tokens
 from serving.costmodel.presets import get_model_config
 from serving.metrics import SLO, attainment, goodput
@@ -242,17 +243,17 @@ def write_html(path: Path, curves: dict[str, dict[float, float]], goodputs: dict
         xaxis_title="request rate (req/s)",
         yaxis_title="SLO attainment",
     )
-    fig.write_html(str(path), include_plotlyjs="cdn")
+    write_text_atomic(path, fig.to_html(include_plotlyjs="cdn"))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="60 s workloads, coarser goodput search")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/ecoserve.json"))
-    ap.add_argument("--html", type=Path, default=None, help="plot path (default: --out with .html)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fixed-rate", type=float, default=5.0)
-    ap.add_argument("--overload-rate", type=float, default=7.0)
+    ap.add_argument("--out", type=out_file, default=Path("benchmarks/results/ecoserve.json"))
+    ap.add_argument("--html", type=out_file, default=None, help="plot path (default: --out with .html)")
+    ap.add_argument("--seed", type=non_negative_int, default=0)
+    ap.add_argument("--fixed-rate", type=positive_float, default=5.0)
+    ap.add_argument("--overload-rate", type=positive_float, default=7.0)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     predictor = train_predictor(n=2000 if args.quick else 4000)
@@ -333,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": list(os.getloadavg()),
         "wall_seconds": time.perf_counter() - t0,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_json_atomic(args.out, out)
     html = args.html or args.out.with_suffix(".html")
     write_html(html, bench.curves, goodputs)
     for k in goodputs:

@@ -18,7 +18,6 @@ greedy_objective, greedy_over_ilp, plus the same per extra instance.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -27,6 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_io import out_file, positive_float
+from serving.atomic_file import write_json_atomic
 from serving.placement import (
     ModelProfile,
     PlacerConfig,
@@ -118,9 +119,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="8 servers x 8 GPUs, 64 models")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/placer.json"))
+    parser.add_argument("--out", type=out_file, default=Path("benchmarks/results/placer.json"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--time-limit", type=float, default=1.5, help="CP-SAT wall-clock limit (s)")
+    parser.add_argument("--time-limit", type=positive_float, default=1.5, help="CP-SAT wall-clock limit (s)")
     args = parser.parse_args()
     servers, models = (8, 64) if args.quick else (32, 256)
     available_placers()  # import both placers (and OR-Tools) before timing anything
@@ -139,8 +140,7 @@ def main() -> None:
         ms, ss = make_instance(args.seed, servers, 8, models, tp_mix=tp_mix, balanced=balanced)
         result[label] = run_instance(label, ms, ss, args.time_limit)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json_atomic(args.out, result)
     print(
         f"main: solve_seconds {result['solve_seconds']:.2f} (target < 2), gap {result['gap']:.4f} "
         f"(target <= 0.01), greedy/ILP objective ratio {result['greedy_over_ilp']:.3f}; wrote {args.out}"

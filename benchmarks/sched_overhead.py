@@ -18,7 +18,6 @@ JSON: per number of running requests, `default_us` and `aqua_us` (microseconds p
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -30,6 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.bench_io import out_file  # noqa: E402
+from serving.atomic_file import write_json_atomic  # noqa: E402
 from tests.vllm_aqua import bare_scheduler  # noqa: E402
 from tests.vllm_aqua.engines import BLOCK_SIZE  # noqa: E402  (the engine tests' and aqua_burst's)
 
@@ -92,7 +93,7 @@ def measure(running: int, steps: int, reps: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="a short run (seconds)")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sched_overhead.json")
+    ap.add_argument("--out", type=out_file, default=REPO / "benchmarks" / "results" / "sched_overhead.json")
     args = ap.parse_args()
     steps, reps = (100, 2) if args.quick else (400, 7)
     t0 = time.perf_counter()
@@ -105,8 +106,7 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "wall_s": time.perf_counter() - t0,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(args.out, result, sort_keys=True)
     for c in configs:
         print(
             f"{c['running']:3d} running: vLLM {c['default_us']:.1f} us/step, aqua {c['aqua_us']:.1f} us/step "

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import json
 import os
 import platform
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as `python benchmarks/...`
 
+from benchmarks.bench_io import non_negative_int, out_file
+from serving.atomic_file import write_json_atomic
 from serving.costmodel.presets import get_preset, kv_capacity_tokens
 from serving.metrics.summary import summarize
 from serving.sim.cluster import ClusterResult, ClusterSim, EngineSpec
@@ -71,8 +72,8 @@ def timed_run(cluster: ClusterSim, requests: list) -> tuple[ClusterResult, float
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="5 simulated minutes instead of 60")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/sim_speed.json"))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=out_file, default=Path("benchmarks/results/sim_speed.json"))
+    ap.add_argument("--seed", type=non_negative_int, default=0)
     args = ap.parse_args()
     duration = 300.0 if args.quick else 3600.0
 
@@ -133,8 +134,7 @@ def main() -> int:
         "tbt_p99": summary["tbt_p99"],
         "throughput_tokens_per_s": summary["throughput_tokens_per_s"],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_json_atomic(args.out, out)
     print(
         f"{len(requests)} requests, {iterations} iterations ({jumped} fast-forwarded), "
         f"{sim_s:.0f} simulated s in {wall:.1f} wall s ({cpu:.1f} CPU s)\n"

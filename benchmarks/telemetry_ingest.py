@@ -32,7 +32,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 TARGET = 2000.0
+
+from benchmarks.bench_io import out_file, positive_int  # noqa: E402
+from serving.atomic_file import write_json_atomic  # noqa: E402
+
 DEVICES = 8
 ENGINES = 2
 
@@ -259,15 +264,15 @@ def start_server(port: int) -> subprocess.Popen[bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a short run (5 s measured)")
-    parser.add_argument("--out", type=Path, help="write the JSON result here")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent fake agents (8 devices each)")
-    parser.add_argument("--backlog", type=int, default=16, help="frames in flight per client")
+    parser.add_argument("--out", type=out_file, help="write the JSON result here")
+    parser.add_argument(
+        "--clients", type=positive_int, default=8, help="concurrent fake agents (8 devices each)"
+    )
+    parser.add_argument("--backlog", type=positive_int, default=16, help="frames in flight per client")
     parser.add_argument(
         "--database-url", help="a scratch PostgreSQL database (default: SQLite in a temp dir)"
     )
     args = parser.parse_args()
-    if args.clients < 1 or args.backlog < 1:
-        parser.error("--clients and --backlog must be >= 1")
     warmup_s, measure_s, baseline_s = (2.0, 5.0, 2.0) if args.quick else (5.0, 30.0, 10.0)
 
     with tempfile.TemporaryDirectory(prefix="telemetry-ingest-") as tmp:
@@ -325,8 +330,7 @@ def main() -> None:
         f"CPU-second; 1-min load average at start {load:.1f} on {os.cpu_count()} CPUs"
     )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=2) + "\n")
+        write_json_atomic(args.out, out)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 def make_config(argv: Sequence[str] | None) -> AgentConfig:
     """Parse the command line (and config file) into a validated config; ValueError if bad."""
     args = build_parser().parse_args(argv)
-    file_values = load_config_file(args.config) if args.config else {}
+    file_values = load_config_file(args.config) if args.config is not None else {}
     overrides = {k: v for k, v in vars(args).items() if k != "config"}
     if overrides.get("token") is None and "token" not in file_values:
         overrides["token"] = os.environ.get("GPU_AGENT_TOKEN")
@@ -56,6 +56,10 @@ def make_host(cfg: AgentConfig) -> Host:
     from gpu_agent.host import LocalHost
     from gpu_agent.inventory import detect_inventory
 
+    try:  # now, not from inside the running agent
+        os.makedirs(cfg.state_dir, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--state-dir {cfg.state_dir!r}: cannot create it ({exc.strerror})") from None
     return LocalHost(
         detect_inventory(),
         cfg.state_dir,

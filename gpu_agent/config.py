@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import re
 import socket
+import sys
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -39,6 +42,19 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _check_url(url: str) -> None:
+    """Refuse a control plane URL the link could never connect to (ValueError naming it)."""
+    parts = urlsplit(agent_ws_url(url))  # agent_ws_url raises on a bad scheme
+    try:
+        parts.port  # noqa: B018  (raises on a port that is not a number in 0..65535)
+    except ValueError as exc:
+        raise ValueError(f"control plane URL {url!r}: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"control plane URL {url!r} has no host name")
+    if any(c.isspace() for c in url):
+        raise ValueError(f"control plane URL {url!r} contains whitespace")
 
 
 def parse_simulate_spec(spec: str) -> tuple[int, str]:
@@ -85,19 +101,24 @@ class AgentConfig:
             self.engine_bind = self.address if _is_ip(self.address) else "0.0.0.0"
         if not self.control_plane:
             raise ValueError("control_plane is required (--control-plane URL)")
-        agent_ws_url(self.control_plane)  # raises ValueError naming a bad URL
+        _check_url(self.control_plane)
         if not self.token:
             raise ValueError("token is required (--token, GPU_AGENT_TOKEN or the config file)")
         if self.simulate is not None:
             parse_simulate_spec(self.simulate)
-        if self.telemetry_interval_s <= 0:
-            raise ValueError(f"{self.telemetry_interval_s=} must be positive")
-        if self.buffer_size < 1:
-            raise ValueError(f"{self.buffer_size=} must be >= 1")
-        if self.sim_rate <= 0:
-            raise ValueError(f"{self.sim_rate=} must be positive")
-        if self.health_timeout_s <= 0:
-            raise ValueError(f"{self.health_timeout_s=} must be positive")
+        for key in ("name", "address", "state_dir"):
+            if not getattr(self, key).strip():
+                raise ValueError(f"{key}={getattr(self, key)!r} must not be empty")
+        if not 0 < self.telemetry_interval_s < math.inf:  # also refuses nan
+            raise ValueError(f"{self.telemetry_interval_s=} must be positive and finite")
+        if not 1 <= self.buffer_size <= sys.maxsize:
+            raise ValueError(f"{self.buffer_size=} must be in 1..{sys.maxsize}")
+        if not 0 < self.sim_rate < math.inf:
+            raise ValueError(f"{self.sim_rate=} must be positive and finite")
+        if self.sim_seed < 0:
+            raise ValueError(f"{self.sim_seed=} must be >= 0")
+        if not 0 < self.health_timeout_s < math.inf:
+            raise ValueError(f"{self.health_timeout_s=} must be positive and finite")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ValueError(f"{self.log_level=} must be DEBUG, INFO, WARNING or ERROR")
 
@@ -135,6 +156,10 @@ def load_config_file(path: str) -> dict[str, Any]:
             data = yaml.safe_load(f)
     except OSError as exc:
         raise ValueError(f"cannot read config file {path!r}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"config file {path!r} is not UTF-8 text: {exc.reason} at byte {exc.start}"
+        ) from None
     except yaml.YAMLError as exc:
         raise ValueError(f"config file {path!r} is not valid YAML: {exc}") from None
     if data is None:

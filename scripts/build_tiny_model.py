@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,33 +107,49 @@ def build_model(out_dir: Path = DEFAULT_OUT, force: bool = False) -> Path:
     marker = out_dir / "model.safetensors"
     if marker.exists() and not force:
         return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ASSET_FILES:
-        shutil.copyfile(ASSETS / name, out_dir / name)
-    cfg = LlamaConfig.from_pretrained(str(out_dir))
-    cfg.initializer_range = INIT_STD
-    torch.manual_seed(SEED)
-    model = LlamaForCausalLM(cfg)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    shutil.move(str(tmp / "model.safetensors"), str(marker))
-    shutil.rmtree(tmp, ignore_errors=True)
+    # Build in a scratch directory beside `out_dir` (same file system, so each file is renamed into
+    # place): a failed or interrupted build leaves `out_dir` as it was.
+    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.", dir=out_dir.parent) as tmp:
+        stage = Path(tmp)
+        for name in ASSET_FILES:
+            shutil.copyfile(ASSETS / name, stage / name)
+        cfg = LlamaConfig.from_pretrained(str(stage))
+        cfg.initializer_range = INIT_STD
+        torch.manual_seed(SEED)
+        model = LlamaForCausalLM(cfg)
+        model.save_pretrained(str(stage / "hf"), safe_serialization=True)  # its config.json is not ours
+        out_dir.mkdir(exist_ok=True)
+        for name in ASSET_FILES:
+            os.replace(stage / name, out_dir / name)
+        os.replace(stage / "hf" / "model.safetensors", marker)  # last: its presence means "built"
     return out_dir
 
 
-def main() -> None:
+def _out_dir(text: str) -> Path:
+    path = Path(text)
+    if not text.strip() or not path.name:  # "" or "." would build into the current directory
+        raise argparse.ArgumentTypeError(f"{text!r} does not name a directory, e.g. var/models/tiny-llama")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=_out_dir, default=DEFAULT_OUT, help="model directory (created if missing)")
     ap.add_argument("--tokenizer", action="store_true", help="retrain the committed tokenizer first")
     ap.add_argument("--force", action="store_true", help="rebuild the weights even if present")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.tokenizer:
         build_tokenizer()
-    print(build_model(args.out, force=args.force or args.tokenizer))
+    try:
+        print(build_model(args.out, force=args.force or args.tokenizer))
+    except OSError as exc:
+        ap.error(f"cannot build the model in --out {args.out}: {exc}")
 
 
 if __name__ == "__main__":

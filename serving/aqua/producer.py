@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -38,7 +39,7 @@ class LenderAgent:
     def __init__(self, socket_path: str, device: str, nbytes: int, producer_id: str | None = None) -> None:
         if nbytes <= 0:
             raise ValueError(f"{nbytes=} must be positive")
-        if not (device.startswith("cpu") or device.startswith("cuda:")):
+        if re.fullmatch(r"cpu\d*|cuda:\d+", device) is None:
             raise ValueError(f"{device=} must be cpu<N> (shared memory) or cuda:<N> (CUDA IPC)")
         self.device = device
         self.nbytes = nbytes
@@ -51,7 +52,10 @@ class LenderAgent:
         """Create the memory and lease it; returns the region id."""
         if self.region_id is not None:
             raise RuntimeError(f"already lending region {self.region_id}")
-        self.region = _create_region(self.device, self.nbytes)
+        try:
+            self.region = _create_region(self.device, self.nbytes)
+        except OSError as exc:
+            raise RuntimeError(f"cannot create a {self.nbytes}-byte region on {self.device}: {exc}") from exc
         self.region_id = self.client.lease(self.producer_id, self.device, self.nbytes, self.region.handle())
         return self.region_id
 
@@ -93,14 +97,28 @@ def _emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= threading.TIMEOUT_MAX:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a number of seconds in 0..{threading.TIMEOUT_MAX:.0f}"
+        )
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.aqua.producer", description=__doc__)
     parser.add_argument("--socket", required=True, help="the coordinator's Unix socket")
     parser.add_argument("--device", default="cpu0", help="cpu<N> (shared memory) or cuda:<N>")
     parser.add_argument("--nbytes", type=int, required=True, help="bytes to lend")
     parser.add_argument("--producer-id", default=None, help="producer name (default producer-<pid>)")
-    parser.add_argument("--reclaim-after", type=float, default=None, help="reclaim after this many seconds")
-    parser.add_argument("--reclaim-timeout", type=float, default=30.0, help="give up waiting after (s)")
+    parser.add_argument(
+        "--reclaim-after", type=_seconds, default=None, help="reclaim after this many seconds"
+    )
+    parser.add_argument("--reclaim-timeout", type=_seconds, default=30.0, help="give up waiting after (s)")
     args = parser.parse_args(argv)
     if args.nbytes <= 0:
         parser.error(f"--nbytes {args.nbytes} must be positive")

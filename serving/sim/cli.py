@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from serving.atomic_file import write_text_atomic
 from serving.costmodel.config import MODEL_CONFIGS
 from serving.costmodel.gpus import GPU_SPECS
 from serving.costmodel.presets import get_preset, kv_capacity_tokens
@@ -30,7 +31,7 @@ from serving.policies import available_policies, get_policy
 from serving.sim.config import PREEMPTION_MODES, EngineConfig
 from serving.sim.engine import EngineSim
 from serving.sim.events import PEER_CAPACITY, TimedChange
-from serving.sim.report import write_report
+from serving.sim.report import render_report
 from serving.workload.datasets import available_length_dists
 from serving.workload.factory import WORKLOAD_KINDS, make_workload
 from serving.workload.request import Request
@@ -49,6 +50,22 @@ def _positive(kind: type) -> Any:
         return value
 
     return parse
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid int") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _path(text: str) -> Path:
+    if not text.strip():  # Path("") would silently mean the current directory
+        raise argparse.ArgumentTypeError(f"{text!r} is not a path")
+    return Path(text)
 
 
 def _non_negative_float(text: str) -> float:
@@ -71,13 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=_positive(float), default=None, help="requests/s (burst: base rate)")
     p.add_argument("--duration", type=_positive(float), default=300.0, help="arrival window (s)")
     p.add_argument("--dataset", default="sharegpt", choices=available_length_dists())
-    p.add_argument("--trace", default=None, help="CSV trace for --workload trace")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", type=_path, default=None, help="CSV trace for --workload trace")
+    p.add_argument("--seed", type=_non_negative_int, default=0)
     p.add_argument(
         "--predict", default="none", choices=("none", "oracle"),
         help="response-length predictions for the policy: none, or each request's true length",
     )  # fmt: skip
-    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--out", required=True, type=_path, help="output directory (created if missing)")
     g = p.add_argument_group("engine")
     g.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
     g.add_argument("--max-num-batched-tokens", type=_positive(int), default=2048)
@@ -134,8 +151,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         kw: dict[str, Any] = {"path": a.trace} if a.workload == "trace" else {}
         requests: list[Request] = make_workload(a.workload, a.rate, a.duration, a.dataset, a.seed, **kw)
         slo = SLO(a.ttft_slo_ms / 1e3, a.tbt_slo_ms / 1e3)
+    except UnicodeDecodeError as exc:
+        parser.error(f"--trace {a.trace}: not a UTF-8 text file ({exc.reason} at byte {exc.start})")
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
+    if a.workload == "trace" and not requests:
+        parser.error(f"--trace {a.trace} holds no requests")
+    try:  # now, not after a long simulation
+        a.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser.error(f"--out {a.out}: cannot create it ({exc.strerror})")
     changes = [] if a.reclaim_at is None else [TimedChange(a.reclaim_at, PEER_CAPACITY, 0, 0)]
     engine = EngineSim(cost, config, get_policy(a.policy))
     t0 = time.perf_counter()
@@ -160,12 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_num_seqs": a.max_num_seqs, "simulated_s": engine.now, "wall_s": wall,
         "iterations": engine.stats.iterations, "rejected": engine.stats.rejected,
     }  # fmt: skip
-    a.out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {k: (None if math.isnan(v) else v) for k, v in summary.items()}
     doc["run"] = run_info
-    (a.out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
     title = f"{cost.name} · {a.policy} · {a.workload} @ {a.rate} req/s · seed {a.seed}"
-    write_report(records, a.out / "report.html", title)
+    html = render_report(records, title)  # both rendered before either is written
+    write_text_atomic(a.out / "report.html", html)
+    write_text_atomic(a.out / "summary.json", json.dumps(doc, indent=2) + "\n")
     print(format_table(summary, run_info))
     print(f"wrote {a.out / 'summary.json'} and {a.out / 'report.html'}")
     return 0

@@ -9,7 +9,6 @@ offline.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
@@ -102,8 +101,6 @@ def build_figure(records: Sequence[RequestRecord], title: str) -> go.Figure:
     return fig
 
 
-def write_report(records: Sequence[RequestRecord], path: str | Path, title: str) -> Path:
-    """Write the HTML report (plotly.js embedded, works offline); returns its path."""
-    out = Path(path)
-    build_figure(records, title).write_html(out, include_plotlyjs=True, full_html=True)
-    return out
+def render_report(records: Sequence[RequestRecord], title: str) -> str:
+    """The HTML report (plotly.js embedded, works offline)."""
+    return str(build_figure(records, title).to_html(include_plotlyjs=True, full_html=True))

@@ -22,10 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", default="600", help="socket file permissions, octal (default 600)")
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = parser.parse_args(argv)
+    if not args.socket:
+        parser.error("--socket '' is not a path")
     try:
         mode = int(args.mode, 8)
     except ValueError:
-        parser.error(f"--mode {args.mode!r} is not an octal permission like 600")
+        mode = -1
+    if not 0 <= mode <= 0o777:  # also refuses "-1" and setuid/sticky bits
+        parser.error(f"--mode {args.mode!r} is not an octal permission 000..777 like 600")
     level = logging.getLevelName(args.log_level.upper())
     if not isinstance(level, int):
         parser.error(f"--log-level {args.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
@@ -38,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
     except (RuntimeError, TimeoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: --socket {args.socket}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps({"event": "listening", "socket": args.socket}), flush=True)
     while not done.wait(0.5):

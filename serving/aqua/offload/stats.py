@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from serving.atomic_file import write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +41,6 @@ class OffloadStats:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
-    """Write `data` to `path` so that a reader never sees a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    os.replace(tmp, path)
 
 
 class StatsFile:
@@ -79,7 +71,7 @@ class StatsFile:
 
     def _write(self, data: dict[str, Any]) -> None:
         try:
-            write_json_atomic(self.path, data)
+            write_json_atomic(self.path, data, indent=None, sort_keys=True)
         except OSError as e:
             logger.warning("could not write %s: %s", self.path, e)
 

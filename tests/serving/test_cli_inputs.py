@@ -1,0 +1,264 @@
+"""Bad input to the serving CLIs, scripts/build_tiny_model.py and the benchmark scripts.
+
+Each must answer with a one-line error naming the bad value (argparse's exit status 2, or 1), never
+a traceback, and must leave no half-written output behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.bench_io import out_file
+from serving.aqua.coordinator import CoordinatorServer
+from serving.atomic_file import write_json_atomic, write_text_atomic
+from serving.sim.cli import main as sim_main
+
+REPO = Path(__file__).resolve().parents[2]
+SIM = ["--rate", "1", "--duration", "5", "--no-progress"]
+BENCHMARKS = (
+    "aqua_burst",
+    "chat_proxy",
+    "distserve",
+    "ecoserve",
+    "placer",
+    "sched_overhead",
+    "sim_speed",
+    "telemetry_ingest",
+)
+
+
+def run_cli(*argv: str, cwd: Path = REPO, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python *argv` (a script, or -m and a module) with the repo importable; output captured."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def assert_clean_error(out: subprocess.CompletedProcess[str], named: str, code: int = 2) -> None:
+    assert out.returncode == code, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert named in out.stderr.strip().splitlines()[-1], out.stderr
+
+
+def sim_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The simulator's error line for `argv` (which must make it exit with status 2)."""
+    with pytest.raises(SystemExit) as exc:
+        sim_main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# ----------------------------------------------------------------------------- python -m serving.sim
+def test_the_simulator_rejects_a_negative_seed_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = sim_error([*SIM, "--seed", "-1", "--out", str(tmp_path / "x")], capsys)
+    assert "--seed" in err and "'-1'" in err
+
+
+@pytest.mark.parametrize("flag", ["--out", "--trace"])
+def test_the_simulator_refuses_an_empty_path_rather_than_using_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = {"--out": [*SIM, "--out", ""], "--trace": ["--workload", "trace", "--trace", "", "--out", "x"]}
+    err = sim_error(argv[flag], capsys)
+    assert f"{flag}: ''" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_simulator_checks_out_before_it_simulates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("simulated before checking --out")
+
+    monkeypatch.setattr("serving.sim.cli.EngineSim.run", must_not_run)
+    err = sim_error([*SIM, "--out", str(blocker / "run")], capsys)
+    assert str(blocker / "run") in err
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (b"\xff\xfetimestamp,input_tokens\n", "not a UTF-8"),
+        (b"timestamp,input_tokens,output_tokens\n", "no requests"),
+    ],
+)
+def test_the_simulator_names_a_trace_it_cannot_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, named: str
+) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_bytes(content)
+    err = sim_error(["--workload", "trace", "--trace", str(trace), "--out", str(tmp_path / "x")], capsys)
+    assert str(trace) in err and named in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_simulator_writes_no_partial_output_when_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt  # Ctrl-C while the report is being produced
+
+    monkeypatch.setattr("serving.sim.report.build_figure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sim_main([*SIM, "--out", str(tmp_path / "run")])
+    assert list((tmp_path / "run").iterdir()) == []  # no summary.json without its report
+
+
+@pytest.mark.parametrize(
+    ("write", "content", "error"),
+    [
+        (write_text_atomic, "half written \ud800", UnicodeEncodeError),  # fails part way through
+        (write_json_atomic, {"ok": 1, "bad": object()}, TypeError),  # not JSON
+    ],
+    ids=["text", "json"],
+)
+def test_a_failed_write_keeps_the_previous_file(
+    tmp_path: Path, write: Callable[[Path, Any], None], content: Any, error: type[Exception]
+) -> None:
+    path = tmp_path / "result.json"
+    path.write_text("previous")
+    with pytest.raises(error):
+        write(path, content)
+    assert path.read_text() == "previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary file left
+
+
+# ------------------------------------------------------------------- coordinator and producer processes
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["--mode", "-1"], "'-1'"), (["--mode", "7777"], "'7777'"), (["--socket", ""], "--socket ''")],
+)
+def test_the_coordinator_rejects_bad_flags_naming_them(args: list[str], named: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="aqua-") as d:  # short: Unix socket paths are limited
+        sock = os.path.join(d, "c.sock")
+        out = run_cli("-m", "serving.aqua.coordinator", "--socket", sock, *args, timeout=20)
+    assert_clean_error(out, named)
+
+
+def test_the_coordinator_names_a_socket_it_cannot_create() -> None:
+    with tempfile.TemporaryDirectory(prefix="aqua-") as d:
+        sock = os.path.join(d, "missing", "c.sock")
+        out = run_cli("-m", "serving.aqua.coordinator", "--socket", sock, timeout=20)
+    assert_clean_error(out, sock, code=1)
+
+
+PRODUCER = ("-m", "serving.aqua.producer", "--socket", "/nonexistent/aqua.sock", "--nbytes", "10")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--reclaim-after", "nan"),
+        ("--reclaim-after", "-1"),
+        ("--reclaim-after", "inf"),
+        ("--reclaim-timeout", "nan"),
+        ("--reclaim-timeout", "-5"),
+    ],
+)
+def test_the_producer_rejects_bad_durations_naming_them(flag: str, value: str) -> None:
+    assert_clean_error(run_cli(*PRODUCER, flag, value), f"{flag}: '{value}'")
+
+
+@pytest.mark.parametrize("device", ["cuda:x", "cuda:", "cpu/x"])
+def test_the_producer_rejects_a_malformed_device_before_connecting(device: str) -> None:
+    assert_clean_error(run_cli(*PRODUCER, "--device", device), repr(device), code=1)
+
+
+def test_the_producer_names_the_region_it_cannot_create() -> None:
+    nbytes = str(1 << 60)  # more than any address space
+    with tempfile.TemporaryDirectory(prefix="aqua-") as d:
+        server = CoordinatorServer(os.path.join(d, "c.sock"))
+        server.start()
+        try:
+            out = run_cli("-m", "serving.aqua.producer", "--socket", server.socket_path, "--nbytes", nbytes)
+        finally:
+            server.stop()
+    assert out.returncode == 1
+    # (Python 3.11's resource tracker may add its own traceback after a failed SharedMemory create.)
+    assert f"error: cannot create a {nbytes}-byte region on cpu0" in out.stderr
+
+
+# ------------------------------------------------------------------------ scripts/build_tiny_model.py
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [("", "''"), ("a-file", "'a-file'"), ("a-file/model", "a-file/model")],
+)
+def test_build_tiny_model_rejects_an_unusable_out(tmp_path: Path, value: str, named: str) -> None:
+    (tmp_path / "a-file").write_text("")
+    out = run_cli(str(REPO / "scripts" / "build_tiny_model.py"), "--out", value, cwd=tmp_path, timeout=120)
+    assert_clean_error(out, named)
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]  # nothing built into the cwd
+
+
+def test_a_failed_tiny_model_build_leaves_no_model_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scripts.build_tiny_model import build_model
+
+    class BrokenConfig:
+        @staticmethod
+        def from_pretrained(path: str) -> None:
+            raise OSError("disk trouble")
+
+    transformers = types.ModuleType("transformers")
+    transformers.LlamaConfig = BrokenConfig  # type: ignore[attr-defined]
+    transformers.LlamaForCausalLM = None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "transformers", transformers)
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    with pytest.raises(OSError, match="disk trouble"):
+        build_model(tmp_path / "tiny-llama")
+    assert list(tmp_path.iterdir()) == []  # neither a half-built model nor its scratch directory
+
+
+# -------------------------------------------------------------------------------------- benchmarks
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_checks_out_before_running(tmp_path: Path, name: str) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = run_cli(f"benchmarks/{name}.py", "--quick", "--out", str(blocker / "result.json"))
+    assert_clean_error(out, f"{blocker} is not a directory")
+
+
+@pytest.mark.parametrize(
+    ("name", "flag", "value"),
+    [
+        ("placer", "--time-limit", "nan"),
+        ("placer", "--time-limit", "0"),
+        ("ecoserve", "--fixed-rate", "-1"),
+        ("ecoserve", "--overload-rate", "inf"),
+        ("ecoserve", "--seed", "-1"),
+        ("sim_speed", "--seed", "-1"),
+        ("chat_proxy", "--streams", "0"),
+        ("telemetry_ingest", "--clients", "0"),
+    ],
+)
+def test_benchmarks_reject_bad_numbers_naming_them(tmp_path: Path, name: str, flag: str, value: str) -> None:
+    out = run_cli(f"benchmarks/{name}.py", "--quick", flag, value, "--out", str(tmp_path / "r.json"))
+    assert_clean_error(out, f"{flag}: '{value}'")
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("value", ["", ".", "{tmp}", "{tmp}/a-file/result.json"])
+def test_the_benchmark_out_type_refuses_paths_it_could_not_write(tmp_path: Path, value: str) -> None:
+    (tmp_path / "a-file").write_text("")
+    text = value.format(tmp=tmp_path)
+    with pytest.raises(argparse.ArgumentTypeError) as err:
+        out_file(text)
+    assert repr(text) in str(err.value)
