@@ -86,7 +86,8 @@ def relabel_for_fewest_moves(current: CurrentPlacement, plan: Plan) -> Plan:
         shared = np.zeros((len(names), len(names)), dtype=np.int64)
         for model, a in plan.assignments.items():
             now = current.get(model)
-            if now is not None and now[0] in index:
+            # Only a model planned on a server of this kind and running on one can stay put.
+            if now is not None and now[0] in index and a.server in index:
                 shared[index[a.server], index[now[0]]] += 1
         rows, cols = linear_sum_assignment(shared, maximize=True)
         rename.update({names[i]: names[j] for i, j in zip(rows.tolist(), cols.tolist(), strict=True)})

@@ -104,3 +104,15 @@ def test_a_stored_plan_round_trips_and_still_relabels() -> None:
     assert fewest_moves(current, loaded)[1] == []
     with pytest.raises(ValueError, match="not a stored plan"):
         Plan.from_dict({"servers": []})
+
+
+def test_a_model_planned_on_a_server_of_another_kind_is_a_move() -> None:
+    # p runs on the 1-GPU server; the plan puts it on the 2-GPU one. Relabelling swaps servers only
+    # within a kind, so nothing can keep p in place (it used to fail with a KeyError).
+    servers = [ServerSpec("small", 1, 80 * GIB), ServerSpec("big", 2, 80 * GIB)]
+    models = [ModelProfile("p", "producer", 2, lendable_bytes=20 * GIB)]
+    plan = get_placer("cp-sat").place(models, servers)
+    assert plan.server_of("p") == "big"
+    relabelled, moves = fewest_moves({"p": ("small", (0,))}, plan)
+    assert relabelled.server_of("p") == "big"
+    assert [(m.kind, m.model, m.from_server, m.to_server) for m in moves] == [("move", "p", "small", "big")]
