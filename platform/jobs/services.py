@@ -7,6 +7,7 @@ is cancelled, nothing the worker does afterwards changes its status, progress or
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import traceback
@@ -154,6 +155,13 @@ def execute_job(job_id: int, *, retrying: bool = False) -> JobStatus | None:
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"[:ERROR_TEXT_LIMIT]
         return _finish(job_id, status=JobStatus.FAILED, error=text, progress=ctx.latest)
+    try:
+        # Strict JSON, as the API renders it: NaN, infinities or objects would fail the write (and
+        # leave the job running until it is swept as lost) or be stored and break every read.
+        json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        error = f"The job finished but its result cannot be stored as JSON: {exc}"
+        return _finish(job_id, status=JobStatus.FAILED, error=error, progress=ctx.latest)
     return _finish(job_id, status=JobStatus.SUCCEEDED, progress=1.0, result=result)
 
 

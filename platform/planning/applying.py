@@ -13,7 +13,9 @@ re-reads its desired list periodically.
 
 Applying is idempotent: when the deployments already match the plan nothing changes. A plan
 computed against deployments that have changed since (another apply, an operator's edit) is
-refused as stale.
+refused as stale, and so is one whose hosts, GPUs or models are gone. Applies take every host's
+row lock first (the lock deployment writes take, in host order), so two applies run one after
+the other and the second sees the first's deployments; either every change is made or none.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from deployments import services as deployments
 from deployments.models import Deployment, DesiredState
 from django.db import transaction
 from django.utils import timezone
-from inventory.models import Device, Host
+from inventory.models import Device, DeviceKind, Host
 from jobs.models import Job, JobStatus
 from registry.models import ServedModel
 
@@ -64,9 +66,11 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
 
     Raises:
         PlanNotApplicable: not a succeeded place job with a plan.
-        PlanConflict: the deployments changed since the plan was computed, or refuse a change.
+        PlanConflict: the deployments changed since the plan was computed, a model, host or GPU
+            of the plan is gone, or the deployments refuse a change; nothing changed.
     """
     row, plan = _plan_of(job)
+    _lock_hosts()
     planned = set(plan.assignments)
     seen: set[str] = set()
     extras: list[Deployment] = []  # second running deployments of planned models
@@ -86,8 +90,9 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
             "The deployments changed since this plan was computed (another plan was applied or a "
             "deployment was edited); run a new place job."
         )
+    targets = _targets(moves)
     try:
-        _execute(moves, extras)
+        _execute(moves, extras, targets)
     except deployments.PlacementError as exc:
         transaction.set_rollback(True)
         raise PlanConflict(f"The deployments refused the plan: {exc}") from None
@@ -99,7 +104,60 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
     return ApplyOutcome(True, done, f"Applied {len(done)} change(s).")
 
 
-def _execute(moves: list[Any], extras: list[Deployment]) -> None:
+def _lock_hosts() -> None:
+    """Row locks on every host until the transaction ends, taken in one order (no deadlock); a
+    no-op on SQLite, whose write transactions are serialised anyway."""
+    list(Host.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
+
+
+@dataclass
+class _Target:
+    """Where a started or moved model goes, read before anything changes."""
+
+    model: ServedModel
+    host: Host
+    devices: list[Device]
+
+
+def _targets(moves: list[Any]) -> dict[str, _Target]:
+    """model name -> its target, for every move that starts or re-places a model.
+
+    Raises:
+        PlanConflict: a model, host or GPU of the plan no longer exists.
+    """
+    names = {m.model for m in moves if m.kind != "stop"}
+    models = {m.name: m for m in ServedModel.objects.filter(name__in=names)}
+    hosts = {
+        h.name: h for h in Host.objects.filter(name__in={m.to_server for m in moves if m.kind != "stop"})
+    }
+    out: dict[str, _Target] = {}
+    gone: list[str] = []
+    for m in moves:
+        if m.kind == "stop":
+            continue
+        model, host = models.get(m.model), hosts.get(m.to_server)
+        if model is None:
+            gone.append(f"model {m.model!r}")
+            continue
+        if host is None:
+            gone.append(f"host {m.to_server!r}")
+            continue
+        devices = list(
+            Device.objects.filter(host=host, kind=DeviceKind.GPU, index__in=m.to_gpus).order_by("index")
+        )
+        missing = sorted(set(m.to_gpus) - {d.index for d in devices})
+        if missing:
+            gone.append(f"GPU {', '.join(map(str, missing))} of host {host.name!r}")
+            continue
+        out[m.model] = _Target(model, host, devices)
+    if gone:
+        raise PlanConflict(
+            f"The plan refers to what no longer exists: {'; '.join(sorted(set(gone)))}; run a new place job."
+        )
+    return out
+
+
+def _execute(moves: list[Any], extras: list[Deployment], targets: dict[str, _Target]) -> None:
     running: dict[str, Deployment] = {}
     for d in running_deployments():
         running.setdefault(d.model.name, d)
@@ -113,17 +171,19 @@ def _execute(moves: list[Any], extras: list[Deployment]) -> None:
     for m in moves:
         if m.kind == "stop":
             continue
-        host = Host.objects.get(name=m.to_server)
-        devices = list(Device.objects.filter(host=host, index__in=m.to_gpus).order_by("index"))
+        target = targets[m.model]
         if m.kind == "move" and m.from_server == m.to_server:
             deployments.update_deployment(
-                running[m.model], devices=devices, desired_state=DesiredState.RUNNING
+                running[m.model], devices=target.devices, desired_state=DesiredState.RUNNING
             )
             continue
-        model = ServedModel.objects.get(name=m.model)
-        reusable = Deployment.objects.filter(model=model, host=host, desired_state=DesiredState.STOPPED)
+        reusable = Deployment.objects.filter(
+            model=target.model, host=target.host, desired_state=DesiredState.STOPPED
+        )
         existing = reusable.order_by("pk").first()
         if existing is not None:
-            deployments.update_deployment(existing, devices=devices, desired_state=DesiredState.RUNNING)
+            deployments.update_deployment(
+                existing, devices=target.devices, desired_state=DesiredState.RUNNING
+            )
         else:
-            deployments.create_deployment(model, host, devices)
+            deployments.create_deployment(target.model, target.host, target.devices)

@@ -1,26 +1,30 @@
 """The `place` job: Aqua placement of every registered model over every host, as a diff.
 
 Servers are the hosts with GPU devices (simulated hosts count): one `ServerSpec` per host, with its
-GPU count, the smallest GPU's memory, and NVLink when every GPU is a peer of every other. Models are
-all registered models (or the job's `models`), each with its current `ModelProfile`; tensor
-parallelism is the model's ``tensor_parallel_size``. Anything wrong (a model without a profile, a
-profile measured against another SLO than the model's current one, an infeasible instance) fails
-the job with a message naming it, and nothing is stored or applied.
+GPU count, the smallest GPU's memory, and NVLink when every GPU is a peer of every other. GPUs held
+by running deployments of models outside the plan are left out (the plan leaves those models
+alone), so the placer's GPU i of a host is its i-th free GPU; the stored plan names device indices
+and lists each host whole. Models are all registered models (or the job's `models`), each with its
+current `ModelProfile`; tensor parallelism is the model's ``tensor_parallel_size``. Anything wrong
+(a model without a profile, a profile measured against another SLO than the model's current one,
+an infeasible instance) fails the job with a message naming it, and nothing is stored or applied.
 
 The plan is relabelled for the fewest moves against the deployments meant to run now
-(`serving.placement.fewest_moves`) and stored as a `PlacementPlan` with a fingerprint of those
-deployments, so that applying it later can tell whether they changed (planning/applying.py).
+(`serving.placement.relabel_for_fewest_moves`) and stored as a `PlacementPlan` with a fingerprint
+of those deployments, so that applying it later can tell whether they changed (applying.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from deployments.models import Deployment, DesiredState
 from django.db import transaction
-from inventory.models import DeviceKind, Host
+from inventory.models import Device, DeviceKind, Host
 from jobs.models import Job, JobStatus
 from jobs.registry import JobCancelled, JobContext
 from registry.models import ServedModel
@@ -32,25 +36,85 @@ from serving.placement import (
     PlacementCancelled,
     PlacementError,
     PlacerConfig,
+    Plan,
     ServerSpec,
-    fewest_moves,
+    diff,
     get_placer,
+    relabel_for_fewest_moves,
     require_profiles,
 )
 from serving.profiler import ProfilingError, model_profile_from_dict
 
 
-def servers() -> list[ServerSpec]:
-    """One ServerSpec per host with GPU devices, ordered by host name."""
-    out: list[ServerSpec] = []
+def gpus_by_host(held: Mapping[str, set[int]] | None = None) -> dict[str, list[Device]]:
+    """host name -> its GPU devices by index, less the indices `held` lists for it; hosts left
+    without GPUs are omitted. Ordered by host name."""
+    held = held or {}
+    out: dict[str, list[Device]] = {}
     for host in Host.objects.prefetch_related("devices").order_by("name"):
-        gpus = sorted((d for d in host.devices.all() if d.kind == DeviceKind.GPU), key=lambda d: d.index)
-        if not gpus:
-            continue
-        indices = {d.index for d in gpus}
-        nvlink = all(indices - {d.index} <= set(d.nvlink_peers or []) for d in gpus)
-        out.append(ServerSpec(host.name, len(gpus), min(d.memory_total_bytes for d in gpus), nvlink))
+        gpus = sorted(
+            (
+                d
+                for d in host.devices.all()
+                if d.kind == DeviceKind.GPU and d.index not in held.get(host.name, ())
+            ),
+            key=lambda d: d.index,
+        )
+        if gpus:
+            out[host.name] = gpus
     return out
+
+
+def _spec(name: str, gpus: list[Device], num_gpus: int | None = None) -> ServerSpec:
+    indices = {d.index for d in gpus}
+    nvlink = all(indices - {d.index} <= set(d.nvlink_peers or []) for d in gpus)
+    return ServerSpec(name, num_gpus or len(gpus), min(d.memory_total_bytes for d in gpus), nvlink)
+
+
+def servers(held: Mapping[str, set[int]] | None = None) -> list[ServerSpec]:
+    """One ServerSpec per host with GPU devices not in `held`, ordered by host name."""
+    return [_spec(name, gpus) for name, gpus in gpus_by_host(held).items()]
+
+
+def held_gpus(planned: set[str]) -> dict[str, set[int]]:
+    """host name -> indices of the devices that running deployments of models outside `planned`
+    use (a plan of `planned` must leave them alone)."""
+    held: dict[str, set[int]] = {}
+    for d in running_deployments():
+        if d.model.name not in planned:
+            held.setdefault(d.host.name, set()).update(dev.index for dev in d.devices.all())
+    return held
+
+
+def _in_placer_numbers(
+    current: dict[str, tuple[str, list[int]]], indices: Mapping[str, list[int]]
+) -> dict[str, tuple[str, list[int]]]:
+    """`current` with device indices as the placer numbers GPUs (a host's i-th free GPU is its GPU
+    i); a model on a host the placer does not see, or on GPUs it does not, cannot stay put."""
+    out = {}
+    for model, (host, gpus) in current.items():
+        free = indices.get(host)
+        if free is not None and set(gpus) <= set(free):
+            out[model] = (host, [free.index(g) for g in gpus])
+    return out
+
+
+def _to_device_gpus(plan: Plan, indices: Mapping[str, list[int]], whole: Mapping[str, ServerSpec]) -> Plan:
+    """`plan` with the placer's GPU numbers as device indices, and each server as the whole host."""
+
+    def on(server: str, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(sorted(indices[server][g] for g in gpus))
+
+    return replace(
+        plan,
+        assignments={m: replace(a, gpus=on(a.server, a.gpus)) for m, a in plan.assignments.items()},
+        pairings=tuple(
+            replace(p, lender_gpus=on(p.server, p.lender_gpus), borrower_gpus=on(p.server, p.borrower_gpus))
+            for p in plan.pairings
+        ),
+        dram_fallbacks=tuple(replace(f, gpus=on(f.server, f.gpus)) for f in plan.dram_fallbacks),
+        servers=tuple(whole[s.name] for s in plan.servers),
+    )
 
 
 def running_deployments() -> list[Deployment]:
@@ -125,20 +189,30 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if not models:
         raise PlacementError("no registered models to place")
     profiles = profiles_for(models, float(params.get("burst_level", 4.0)))
-    specs = servers()
-    if not specs:
-        raise PlacementError("no hosts with GPU devices to place on")
+    planned = {m.name for m in models}
+    held = held_gpus(planned)
+    free = gpus_by_host(held)
+    if not free:
+        others = " not used by models outside the plan" if held else ""
+        raise PlacementError(f"no hosts with GPU devices{others} to place on")
+    specs = [_spec(name, gpus) for name, gpus in free.items()]
+    # host -> device index of the placer's GPU 0, 1, ...; and each host whole (for the stored plan,
+    # whose GPU numbers are device indices: num_gpus covers the highest)
+    indices = {name: [d.index for d in gpus] for name, gpus in free.items()}
+    whole = {name: _spec(name, gpus, gpus[-1].index + 1) for name, gpus in gpus_by_host().items()}
     config = PlacerConfig(time_limit_s=float(params.get("time_limit_s", 10.0)))
     ctx.progress(0.05)
     before = fingerprint()
-    current = current_placement({m.name for m in models})
+    current = current_placement(planned)
     try:
         plan = get_placer(params.get("solver", "cp-sat"), config).place(
             profiles, specs, progress=progress_fn(ctx, 0.05, 0.95), should_cancel=cancel_fn(ctx)
         )
     except PlacementCancelled:
         raise JobCancelled(job_id_of(ctx)) from None
-    plan, moves = fewest_moves(current, plan)
+    plan = relabel_for_fewest_moves(_in_placer_numbers(current, indices), plan)
+    plan = _to_device_gpus(plan, indices, whole)
+    moves = diff(current, plan)
     result = {"plan": plan.to_dict(), "moves": [m.to_dict() for m in moves], "fingerprint": before}
     store_plan(job_id_of(ctx), result)
     return result

@@ -20,6 +20,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
+from jobs.models import JobStatus
 
 from core.loops import PerLoop
 from gpu_agent.protocol import ProbeReport
@@ -29,14 +30,18 @@ log = logging.getLogger(__name__)
 
 
 def claim_pending(host_ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
-    """Mark the hosts' pending probes sent and return their frames by host, oldest first."""
+    """Mark the hosts' pending probes sent and return their frames by host, oldest first.
+
+    A probe whose job no longer runs (its worker died, or it was cancelled, while the agent was
+    away) is cancelled instead: nobody waits for its answer, and replaying it would load the engine
+    for nothing.
+    """
     frames: dict[int, list[dict[str, Any]]] = {}
-    pending = (
-        ProbeRequest.objects.filter(host_id__in=list(host_ids), status=ProbeStatus.PENDING)
-        .order_by("pk")
-        .values_list("pk", "host_id", "frame")
+    pending = ProbeRequest.objects.filter(host_id__in=list(host_ids), status=ProbeStatus.PENDING)
+    pending.filter(job__isnull=False).exclude(job__status=JobStatus.RUNNING).update(
+        status=ProbeStatus.CANCELLED, error="its job no longer runs", finished_at=timezone.now()
     )
-    for pk, host_id, frame in pending:
+    for pk, host_id, frame in pending.order_by("pk").values_list("pk", "host_id", "frame"):
         claimed = ProbeRequest.objects.filter(pk=pk, status=ProbeStatus.PENDING).update(
             status=ProbeStatus.SENT, sent_at=timezone.now()
         )

@@ -12,7 +12,7 @@ from planning.placing import run_place
 from registry.models import ServedModel
 from rest_framework import serializers
 
-from jobs.kinds.params import StrictParams
+from jobs.kinds.params import MAX_BURST_LEVEL, StrictParams
 from jobs.registry import JobContext, JobKind, register
 
 
@@ -20,7 +20,10 @@ class PlaceParams(StrictParams):
     solver = serializers.ChoiceField(choices=["cp-sat", "greedy"], default="cp-sat")
     time_limit_s = serializers.FloatField(min_value=0.1, max_value=600.0, default=10.0)
     burst_level = serializers.FloatField(
-        min_value=1.0, default=4.0, help_text="the burst level (x max rate) consumers are placed for"
+        min_value=1.0,
+        max_value=MAX_BURST_LEVEL,
+        default=4.0,
+        help_text="the burst level (x max rate) consumers are placed for",
     )
     models = serializers.ListField(
         child=serializers.SlugField(), required=False, help_text="place only these models (default: all)"

@@ -5,14 +5,26 @@ The work is in planning.profiling; this module declares the parameters and regis
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from planning.profiling import run_profile
 from registry.models import ServedModel
 from rest_framework import serializers
 
-from jobs.kinds.params import StrictParams
+from jobs.kinds.params import MAX_BURST_LEVEL, StrictParams
+from jobs.models import ACTIVE_STATUSES, Job
 from jobs.registry import JobContext, JobKind, register
+from serving.costmodel.config import MODEL_CONFIGS
+from serving.costmodel.gpus import GPU_SPECS
+from serving.profiler import ProfilerConfig
+
+# Upper bounds that keep one probe's workload in memory and its run in minutes: a burst replays
+# about rate x level x burst_duration_s requests (serving/profiler WorkloadSpec.burst_requests).
+MAX_RATE = 100_000.0
+MAX_BURST_DURATION_S = 600.0
+RATES = ("min_rate", "initial_rate", "max_rate")
+PROFILER_DEFAULTS = ProfilerConfig()
 
 
 class WorkloadParams(StrictParams):
@@ -21,12 +33,14 @@ class WorkloadParams(StrictParams):
     kind = serializers.ChoiceField(choices=["poisson", "gamma"], default="poisson")
     dataset = serializers.CharField(default="sharegpt", help_text="length distribution (serving/workload)")
     num_requests = serializers.IntegerField(min_value=1, max_value=100_000, default=200)
-    seed = serializers.IntegerField(default=0)
-    burstiness = serializers.FloatField(min_value=0.01, default=0.5, help_text="gamma shape (kind=gamma)")
+    seed = serializers.IntegerField(min_value=0, max_value=2**32 - 1, default=0)
+    burstiness = serializers.FloatField(
+        min_value=0.01, max_value=1000.0, default=0.5, help_text="gamma shape (kind=gamma)"
+    )
     max_context = serializers.IntegerField(
         min_value=2, required=False, help_text="cap on prompt + output tokens (default: the model's)"
     )
-    burst_duration_s = serializers.FloatField(min_value=0.1, default=10.0)
+    burst_duration_s = serializers.FloatField(min_value=0.1, max_value=MAX_BURST_DURATION_S, default=10.0)
 
     def validate_dataset(self, value: str) -> str:
         from serving.workload import get_length_dist
@@ -54,14 +68,17 @@ class ProfileParams(StrictParams):
     probe_timeout_s = serializers.FloatField(min_value=1.0, max_value=3600.0, default=600.0)
     workload = WorkloadParams(required=False)
     initial_rate = serializers.FloatField(
-        min_value=1e-4, required=False, help_text="first rate probed (req/s)"
+        min_value=1e-4, max_value=MAX_RATE, required=False, help_text="first rate probed (req/s)"
     )
-    min_rate = serializers.FloatField(min_value=1e-4, required=False)
-    max_rate = serializers.FloatField(min_value=1e-4, required=False)
+    min_rate = serializers.FloatField(min_value=1e-4, max_value=MAX_RATE, required=False)
+    max_rate = serializers.FloatField(min_value=1e-4, max_value=MAX_RATE, required=False)
     rel_tol = serializers.FloatField(min_value=1e-4, max_value=0.5, required=False)
     max_probes = serializers.IntegerField(min_value=2, max_value=200, required=False)
     burst_levels = serializers.ListField(
-        child=serializers.FloatField(min_value=1.0), required=False, max_length=10, allow_empty=False
+        child=serializers.FloatField(min_value=1.0, max_value=MAX_BURST_LEVEL),
+        required=False,
+        max_length=10,
+        allow_empty=False,
     )
 
     def validate_model(self, value: str) -> str:
@@ -69,20 +86,62 @@ class ProfileParams(StrictParams):
             raise serializers.ValidationError(f"No served model named {value!r}.")
         return value
 
+    def validate_preset_model(self, value: str) -> str:
+        return _one_of(value, MODEL_CONFIGS, "cost-model preset model")
+
+    def validate_preset_gpu(self, value: str) -> str:
+        return _one_of(value, GPU_SPECS, "cost-model preset GPU")
+
+    def validate_policy(self, value: str) -> str:
+        from serving.policies import available_policies
+
+        return _one_of(value, available_policies(), "scheduling policy")
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs.get("backend") != "engine" and "deployment" in attrs:
             raise serializers.ValidationError(
                 {"deployment": ["Only the engine backend probes a deployment."]}
             )
-        lo, init, hi = attrs.get("min_rate"), attrs.get("initial_rate"), attrs.get("max_rate")
-        known = [x for x in (lo, init, hi) if x is not None]
-        if known != sorted(known):
+        # The profiler's defaults fill the rates not given: {"max_rate": 0.5} is below its initial 1.0.
+        rates = {name: attrs.get(name, getattr(PROFILER_DEFAULTS, name)) for name in RATES}
+        if list(rates.values()) != sorted(rates.values()):
+            field = next(name for name in ("initial_rate", *RATES) if name in attrs)
+            shown = ", ".join(f"{name}={value:g}" for name, value in rates.items())
             raise serializers.ValidationError(
-                {"initial_rate": ["Need min_rate <= initial_rate <= max_rate."]}
+                {field: [f"Need min_rate <= initial_rate <= max_rate (with the defaults: {shown})."]}
             )
         if "workload" in attrs:
             attrs["workload"] = dict(attrs["workload"])
+        busy = active_profile_job(attrs["model"])
+        if busy is not None:
+            # Two profiles of one model race for its stored profile, and two engine probes of one
+            # deployment load it at once: each would measure the other's requests too.
+            job_id, status = busy
+            raise serializers.ValidationError(
+                {
+                    "model": [
+                        f"Profile job {job_id} of this model is already {status}; wait for it or cancel it."
+                    ]
+                }
+            )
         return attrs
+
+
+def _one_of(value: str, known: Iterable[str], what: str) -> str:
+    names = sorted(known)
+    if value not in names:
+        raise serializers.ValidationError(f"Unknown {what} {value!r}; known: {', '.join(names)}.")
+    return value
+
+
+def active_profile_job(model: str) -> tuple[int, str] | None:
+    """(id, status) of a queued or running profile job of `model`, if there is one."""
+    return (
+        Job.objects.filter(kind="profile", status__in=ACTIVE_STATUSES, params__model=model)
+        .order_by("pk")
+        .values_list("pk", "status")
+        .first()
+    )
 
 
 def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
