@@ -31,7 +31,6 @@ from config.routing import (  # noqa: E402
 )
 
 
-
 def _name_every_status() -> None:
     """daphne writes its status lines from Twisted's phrase table, which lacks some statuses we
     send (429: the gateway's quotas; Twisted 26.10), so those went out as "429 Unknown Status".
