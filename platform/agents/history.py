@@ -41,11 +41,16 @@ def device_series(
 
 def engine_series(deployment_id: int, since: datetime, resolution: Resolution) -> list[dict[str, Any]]:
     """A deployment's engine samples since ``since``."""
+    return engines_series([deployment_id], since, resolution)[deployment_id]
+
+
+def engines_series(
+    deployment_ids: list[int], since: datetime, resolution: Resolution
+) -> dict[int, list[dict[str, Any]]]:
+    """deployment pk -> its engine samples since ``since`` (the same queries for any number)."""
     if resolution == "raw":
-        rows = _raw(EngineSample, "deployment_id", [deployment_id], since, ENGINE_RAW_FIELDS)
-    else:
-        rows = _minutes(EngineSample, EngineMinute, "deployment_id", [deployment_id], since, ENGINE_SPEC)
-    return rows[deployment_id]
+        return _raw(EngineSample, "deployment_id", deployment_ids, since, ENGINE_RAW_FIELDS)
+    return _minutes(EngineSample, EngineMinute, "deployment_id", deployment_ids, since, ENGINE_SPEC)
 
 
 def _raw(

@@ -72,7 +72,10 @@ class DeviceSample(models.Model):
     paired_with = models.SmallIntegerField(null=True)  # device index on the other side
 
     class Meta:
-        indexes = [models.Index(fields=["device", "ts"], name="agents_devsample_dev_ts")]
+        indexes = [
+            models.Index(fields=["device", "ts"], name="agents_devsample_dev_ts"),  # charts, latest sample
+            models.Index(fields=["ts"], name="agents_devsample_ts"),  # retention: all devices before a cutoff
+        ]
 
 
 class DeviceMinute(models.Model):
@@ -93,6 +96,7 @@ class DeviceMinute(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["device", "minute"], name="agents_devminute_unique")]
+        indexes = [models.Index(fields=["minute"], name="agents_devminute_minute")]  # retention
 
 
 class EngineSample(models.Model):
@@ -114,7 +118,10 @@ class EngineSample(models.Model):
     bytes_offloaded = models.PositiveBigIntegerField(default=0)
 
     class Meta:
-        indexes = [models.Index(fields=["deployment", "ts"], name="agents_engsample_dep_ts")]
+        indexes = [
+            models.Index(fields=["deployment", "ts"], name="agents_engsample_dep_ts"),  # charts
+            models.Index(fields=["ts"], name="agents_engsample_ts"),  # retention
+        ]
 
 
 class EngineMinute(models.Model):
@@ -144,3 +151,4 @@ class EngineMinute(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["deployment", "minute"], name="agents_engminute_unique")
         ]
+        indexes = [models.Index(fields=["minute"], name="agents_engminute_minute")]  # retention

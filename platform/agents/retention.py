@@ -4,7 +4,9 @@
 boundary, so a minute is always folded whole) into ``DeviceMinute`` / ``EngineMinute`` rows,
 deletes those raw rows, and deletes minute rows older than the history window. A sample that
 arrives late for a minute already folded (an agent flushing its buffer after a reconnect) is
-merged into the existing minute row, weighted by sample counts.
+merged into the existing minute row, weighted by sample counts. The same sweep prunes the chat
+gateway's per-request latency samples (``gateway.services.prune_request_samples``), the other
+table that grows with traffic.
 
 It runs every ``TELEMETRY_DOWNSAMPLE_INTERVAL_S`` in the ASGI process's sweeper (agents/sweeper.py) and
 as the Celery task ``agents.downsample_telemetry`` (beat schedule in settings) where beat runs.
@@ -26,6 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from gateway.services import prune_request_samples
 
 from agents.models import DeviceMinute, DeviceSample, EngineMinute, EngineSample
 
@@ -138,6 +141,7 @@ class RetentionReport:
     engine_minutes: int
     raw_deleted: int
     minutes_deleted: int
+    request_samples_deleted: int = 0  # the gateway's, past their retention
 
 
 def raw_cutoff(now: datetime) -> datetime:
@@ -146,7 +150,8 @@ def raw_cutoff(now: datetime) -> datetime:
 
 
 def downsample_and_prune(now: datetime | None = None) -> RetentionReport:
-    """Fold raw samples past the raw window into minutes; drop minutes past the history window."""
+    """Fold raw samples past the raw window into minutes; drop minutes past the history window and
+    the gateway's request samples past theirs."""
     now = now or timezone.now()
     cutoff = raw_cutoff(now)
     with transaction.atomic():
@@ -155,8 +160,9 @@ def downsample_and_prune(now: datetime | None = None) -> RetentionReport:
         history_start = now - timedelta(seconds=settings.TELEMETRY_HISTORY_RETENTION_S)
         old_dev, _ = DeviceMinute.objects.filter(minute__lt=history_start).delete()
         old_eng, _ = EngineMinute.objects.filter(minute__lt=history_start).delete()
-    report = RetentionReport(dev_n, eng_n, dev_del + eng_del, old_dev + old_eng)
-    if report.raw_deleted or report.minutes_deleted:
+    requests = prune_request_samples(now)  # unrelated rows: not inside the telemetry transaction
+    report = RetentionReport(dev_n, eng_n, dev_del + eng_del, old_dev + old_eng, requests)
+    if report.raw_deleted or report.minutes_deleted or report.request_samples_deleted:
         log.info("Telemetry retention: %s", report)
     return report
 
@@ -170,7 +176,8 @@ def _downsample(
 
     def rows() -> Iterable[dict[str, Any]]:
         nonlocal max_pk
-        for row in old.order_by(key_field, "ts", "pk").values(*sources).iterator(2000):
+        # In time order (fold's LAST needs it per key): read along the ts index, no sort.
+        for row in old.order_by("ts", "pk").values(*sources).iterator(2000):
             max_pk = max(max_pk, row["pk"])
             yield row
 

@@ -156,14 +156,14 @@ def model_history(model: ServedModel) -> dict[int, list[dict[str, Any]]]:
     """deployment pk -> its points over the last ``HISTORY_WINDOW`` (raw, or per-minute further back)."""
     since = timezone.now() - HISTORY_WINDOW
     resolution = history.choose_resolution("auto", since, timezone.now())
+    deployments = list(Deployment.objects.filter(model=model).order_by("pk").values_list("pk", flat=True))
     out = {}
-    for dep in Deployment.objects.filter(model=model).order_by("pk"):
-        samples = history.engine_series(dep.pk, since, resolution)
+    for pk, samples in history.engines_series(deployments, since, resolution).items():
         points, prev = [], None
         for s in samples:
             points.append(_point({**s, "ttft_count": s.get("ttft_count", 0)}, prev))
             prev = s["ts"]
-        out[dep.pk] = points
+        out[pk] = points
     return out
 
 

@@ -3,7 +3,7 @@ per-request latency samples that feed each model's SLO metrics.
 
 Counters are updated with ``F()`` expressions (one UPDATE, atomic on SQLite and PostgreSQL); a
 missing row is created under its unique constraint and a lost creation race becomes an update
-(see gateway/usage.py).
+(see ``record_usage`` in gateway/services.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,16 @@ from registry.models import ServedModel
 
 
 class Usage(models.Model):
-    """Tokens and requests of one key on one model within one period (a UTC day)."""
+    """Tokens and requests of one key on one model within one period (a UTC day).
 
-    key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="usage")
-    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="usage")
+    Billing history: never pruned. It outlives a key's revocation, and its key cannot be deleted
+    (revoke the key, deactivate the user instead). A model can be deleted: its rows keep the
+    model's name in ``model_name`` and lose the link.
+    """
+
+    key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="usage")
+    model = models.ForeignKey(ServedModel, on_delete=models.SET_NULL, null=True, related_name="usage")
+    model_name = models.CharField(max_length=100, help_text="the model's name when it was used")
     period_start = models.DateTimeField(help_text="start of the UTC day the counts belong to")
     requests = models.PositiveBigIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
@@ -35,7 +41,7 @@ class Usage(models.Model):
         return self.prompt_tokens + self.completion_tokens
 
     def __str__(self) -> str:
-        return f"usage of key {self.key_id} on {self.model_id} from {self.period_start:%Y-%m-%d}"
+        return f"usage of key {self.key_id} on {self.model_name} from {self.period_start:%Y-%m-%d}"
 
 
 class RateWindow(models.Model):
@@ -57,6 +63,7 @@ class RequestSample(models.Model):
 
     ``ttft_s`` runs from the request's arrival at the gateway to the first generated token;
     ``tbt_*`` are over the gaps between successive token chunks of a streamed response.
+    Kept for ``REQUEST_SAMPLE_RETENTION`` (gateway/services.py), pruned with the telemetry.
     """
 
     model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="+")
@@ -71,4 +78,7 @@ class RequestSample(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
 
     class Meta:
-        indexes = [models.Index(fields=["model", "ts"], name="gateway_sample_model_ts")]
+        indexes = [
+            models.Index(fields=["model", "ts"], name="gateway_sample_model_ts"),  # latency charts
+            models.Index(fields=["ts"], name="gateway_sample_ts"),  # retention
+        ]

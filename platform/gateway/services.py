@@ -6,6 +6,8 @@
   and PostgreSQL) and the request's latency sample.
 - ``served_models`` for /v1/models, ``served_model`` for /v1/models/{model}, and
   ``latency_summary`` for the dashboard's SLO charts.
+- ``prune_request_samples``: drops latency samples past ``REQUEST_SAMPLE_RETENTION`` (run with the
+  telemetry retention, agents/retention.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from gateway.errors import model_not_found, unauthorized, unavailable
 from gateway.models import RequestSample, Usage
 from gateway.quota import RateLimits, check_token_quota, day_start, rate_limits, take_request
 from gateway.routing import Target
+
+# One RequestSample per proxied request (thousands a minute); the latency API reads at most a
+# week back (its ``window_s``), so older samples are never read.
+REQUEST_SAMPLE_RETENTION = timedelta(days=7)
 
 
 @dataclass(frozen=True)
@@ -109,9 +115,16 @@ def admit(key: ApiKey, model_name: str, now: datetime | None = None) -> Admissio
 
 
 def record_usage(
-    key_id: int, model_id: int, prompt_tokens: int, completion_tokens: int, now: datetime | None = None
+    key_id: int,
+    model_id: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+    now: datetime | None = None,
+    *,
+    model_name: str | None = None,
 ) -> None:
-    """Add one request and its tokens to the key's usage of ``model_id`` for the current day."""
+    """Add one request and its tokens to the key's usage of ``model_id`` (named ``model_name``,
+    read from the registry if not given) for the current day."""
     period = day_start(now or timezone.now())
     rows = Usage.objects.filter(key_id=key_id, model_id=model_id, period_start=period)
     increments = {
@@ -123,9 +136,12 @@ def record_usage(
         return
     try:
         with transaction.atomic():
+            if model_name is None:
+                model_name = ServedModel.objects.filter(pk=model_id).values_list("name", flat=True).get()
             Usage.objects.create(
                 key_id=key_id,
                 model_id=model_id,
+                model_name=model_name,
                 period_start=period,
                 requests=1,
                 prompt_tokens=prompt_tokens,
@@ -138,7 +154,14 @@ def record_usage(
 def finish(admission: Admission, outcome: Outcome) -> None:
     """Record a proxied request's usage and latency sample."""
     now = timezone.now()
-    record_usage(admission.key_id, admission.model_id, outcome.prompt_tokens, outcome.completion_tokens, now)
+    record_usage(
+        admission.key_id,
+        admission.model_id,
+        outcome.prompt_tokens,
+        outcome.completion_tokens,
+        now,
+        model_name=admission.model_name,
+    )
     RequestSample.objects.create(
         model_id=admission.model_id,
         deployment_id=outcome.deployment_id,
@@ -151,6 +174,13 @@ def finish(admission: Admission, outcome: Outcome) -> None:
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,
     )
+
+
+def prune_request_samples(now: datetime | None = None) -> int:
+    """Delete request samples older than ``REQUEST_SAMPLE_RETENTION``; returns how many."""
+    cutoff = (now or timezone.now()) - REQUEST_SAMPLE_RETENTION
+    deleted, _ = RequestSample.objects.filter(ts__lt=cutoff).delete()
+    return deleted
 
 
 def _served() -> QuerySet[ServedModel]:

@@ -52,17 +52,13 @@ class UsageView(APIView):
 
     def get(self, request: Request) -> Response:
         keys = api_keys_visible_to(request.user)
-        rows = (
-            Usage.objects.filter(key__in=keys)
-            .select_related("key", "model")
-            .order_by("-period_start", "key_id")
-        )
+        rows = Usage.objects.filter(key__in=keys).select_related("key").order_by("-period_start", "key_id")
         return Response(
             [
                 {
                     "key": u.key_id,
                     "key_name": u.key.name,
-                    "model": u.model.name,
+                    "model": u.model_name,
                     "period_start": u.period_start,
                     "requests": u.requests,
                     "prompt_tokens": u.prompt_tokens,
