@@ -16,9 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_agent.backoff import Backoff
 from gpu_agent.protocol import AquaRole
 
 log = logging.getLogger(__name__)
@@ -80,11 +83,25 @@ def device_states(stats: dict[str, Any], engine_devices: dict[str, int]) -> dict
 
 
 class AquaHost:
-    """Starts the coordinator server in-process if `serving.aqua.coordinator` is importable."""
+    """Starts the coordinator server in-process if `serving.aqua.coordinator` is importable, and
+    starts it again should it end.
 
-    def __init__(self, socket_path: str) -> None:
+    The coordinator serves on its own thread. Were that thread to end, or its socket file be
+    removed, engines could no longer reach it, and every engine started later would be given a
+    socket nothing listens on. So each `stats()` (every telemetry tick) checks the socket, and when
+    it is gone the coordinator is stopped and started afresh (with backoff between failed starts).
+    Stopping it ends every session: producers and consumers see their connection close
+    (CoordinatorUnavailable), which tells them their leases and allocations are gone, and they fall
+    back. The new coordinator starts empty.
+    """
+
+    def __init__(self, socket_path: str, backoff: Backoff | None = None) -> None:
         self.requested_socket = socket_path
         self._server: Any = None
+        self._wanted = False  # start() was called and stop() was not
+        self._backoff = backoff or Backoff(base_s=1.0, cap_s=60.0)
+        self._next_try = 0.0  # monotonic time of the next restart attempt
+        self.restarts = 0
 
     @property
     def socket_path(self) -> str | None:
@@ -98,9 +115,10 @@ class AquaHost:
         except ImportError as exc:
             log.warning("Aqua coordinator not available (%s); engines run without memory lending.", exc)
             return False
-        os.makedirs(os.path.dirname(self.requested_socket) or ".", exist_ok=True)
+        self._wanted = True
         server = CoordinatorServer(self.requested_socket)
         try:
+            os.makedirs(os.path.dirname(self.requested_socket) or ".", exist_ok=True)
             server.start()
         except (OSError, RuntimeError) as exc:
             log.error("Aqua coordinator failed to start on %s: %s", self.requested_socket, exc)
@@ -109,8 +127,29 @@ class AquaHost:
         log.info("Aqua coordinator listening on %s.", self.requested_socket)
         return True
 
+    def _keep_up(self) -> None:
+        """Start the coordinator again if its socket is gone (see the class docstring)."""
+        if not self._wanted or (self._server is not None and _is_socket(self.requested_socket)):
+            return
+        now = time.monotonic()
+        if now < self._next_try:
+            return
+        if self._server is not None:
+            log.error(
+                "Aqua coordinator socket %s is gone; restarting the coordinator (its sessions end).",
+                self.requested_socket,
+            )
+            self._server.stop()  # closes the sessions it still has: their clients are told
+            self._server = None
+        self.restarts += 1
+        if self.start():
+            self._backoff.reset()
+        else:
+            self._next_try = now + self._backoff.next_delay()
+
     def stats(self) -> dict[str, Any] | None:
         """The coordinator's stats snapshot, taken atomically on its loop; None if not running."""
+        self._keep_up()
         if self._server is None:
             return None
         try:
@@ -125,6 +164,14 @@ class AquaHost:
         return device_states(stats, engine_devices) if stats is not None else {}
 
     def stop(self) -> None:
+        self._wanted = False
         if self._server is not None:
             self._server.stop()
             self._server = None
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from gpu_agent.backoff import Backoff
 from gpu_agent.engines.command import safe_name
 from gpu_agent.engines.logs import tail_lines
+from gpu_agent.engines.ports import PortAllocator
 from gpu_agent.engines.supervisor import EngineSupervisor, Launcher
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, EngineSample
 
@@ -22,7 +23,9 @@ class EngineManager:
 
     `apply()` takes the complete desired list: new deployments start, missing ones stop, and a
     deployment whose spec changed is stopped and started again. A deployment naming a device this
-    host does not have is reported failed at once and never started.
+    host does not have is reported failed at once and never started. Once `close()` (agent
+    shutdown) has begun, `apply()` starts nothing: a desired list that arrives while the engines
+    stop would otherwise start an engine that nothing stops.
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class EngineManager:
         health_timeout_s: float = 600.0,
         grace_s: float = 10.0,
         scrape_interval_s: float = 1.0,
+        ports: PortAllocator | None = None,
     ) -> None:
         self._launcher = launcher
         self.log_dir = log_dir
@@ -48,30 +52,38 @@ class EngineManager:
         self._engines: dict[str, EngineSupervisor] = {}  # deployment id -> supervisor
         self._rejected: dict[str, DeploymentStatus] = {}  # deployment id -> its failed status
         self._lock = asyncio.Lock()
+        self._closed = False
+        self.ports = ports or PortAllocator()  # shared: no two engines get one port
 
     def log_path(self, deployment_id: str) -> str:
         return os.path.join(self.log_dir, f"{safe_name(deployment_id)}.log")
 
     async def apply(self, desired: list[DeploymentSpec]) -> None:
-        """Converge to `desired` (the complete list for this host)."""
+        """Converge to `desired` (the complete list for this host); ignored once closing."""
         async with self._lock:
-            wanted = {d.id: d for d in desired}
-            gone = [sup for dep_id, sup in self._engines.items() if wanted.get(dep_id) != sup.spec]
-            for sup in gone:
-                del self._engines[sup.spec.id]
-            await asyncio.gather(*(sup.stop() for sup in gone))
-            for dep_id in [d for d in self._rejected if d not in wanted]:
-                del self._rejected[dep_id]
-            for dep_id in sorted(wanted):
-                spec = wanted[dep_id]
-                if dep_id in self._engines:
-                    continue
-                missing = [d for d in spec.devices if d not in self._devices]
-                if missing:
-                    self._reject(spec, missing)
-                    continue
-                self._rejected.pop(dep_id, None)
-                self._start(spec)
+            if self._closed:
+                log.info("Agent stopping: ignoring a desired list of %d deployment(s).", len(desired))
+                return
+            await self._converge(desired)
+
+    async def _converge(self, desired: list[DeploymentSpec]) -> None:
+        wanted = {d.id: d for d in desired}
+        gone = [sup for dep_id, sup in self._engines.items() if wanted.get(dep_id) != sup.spec]
+        for sup in gone:
+            del self._engines[sup.spec.id]
+        await asyncio.gather(*(sup.stop() for sup in gone))
+        for dep_id in [d for d in self._rejected if d not in wanted]:
+            del self._rejected[dep_id]
+        for dep_id in sorted(wanted):
+            spec = wanted[dep_id]
+            if dep_id in self._engines:
+                continue
+            missing = [d for d in spec.devices if d not in self._devices]
+            if missing:
+                self._reject(spec, missing)
+                continue
+            self._rejected.pop(dep_id, None)
+            self._start(spec)
 
     def _reject(self, spec: DeploymentSpec, missing: list[int]) -> None:
         have = ", ".join(str(d) for d in sorted(self._devices))
@@ -96,6 +108,7 @@ class EngineManager:
             health_timeout_s=self._health_timeout_s,
             grace_s=self._grace_s,
             scrape_interval_s=self._scrape_s,
+            ports=self.ports,
         )
         self._engines[spec.id] = sup
         log.info("Starting deployment %s (%s on devices %s).", spec.id, spec.model.name, spec.devices)
@@ -134,5 +147,7 @@ class EngineManager:
         return {d: sup.spec for d, sup in self._engines.items()}
 
     async def close(self) -> None:
-        """Stop every engine (agent shutdown)."""
-        await self.apply([])
+        """Stop every engine (agent shutdown); later `apply()` calls start nothing."""
+        self._closed = True
+        async with self._lock:
+            await self._converge([])

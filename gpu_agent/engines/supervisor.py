@@ -4,6 +4,9 @@ Life of a deployment:
     starting --/health 200--> running --process exits--> failed --backoff--> starting ...
     starting --exits or health timeout--> failed (error = the engine's last log lines) --backoff--> ...
     any --stop()--> stopped (SIGTERM to the process group, SIGKILL after `grace_s`)
+Every run ends with its whole process group: workers the engine left behind when it died are ended
+(engines/process_group.py) before the failure is reported and before a new engine starts, so that
+no orphan keeps the devices' memory. The run's port (engines/ports.py) is held until then.
 A `restart()` (operator command) terminates the process and starts it again at once, counted in
 `restarts` like a crash restart but without the backoff. Every state change is reported through
 `on_status`. While running, /metrics is scraped every `scrape_interval_s`.
@@ -27,8 +30,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from gpu_agent.backoff import Backoff
 from gpu_agent.engines.command import EngineConfigError, LaunchSpec
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
 from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, parse_metrics, summarize
+from gpu_agent.engines.ports import PortAllocator
+from gpu_agent.engines.process_group import end_group
 from gpu_agent.protocol import (
     DeploymentSpec,
     DeploymentState,
@@ -54,13 +57,6 @@ ERROR_LINES = 30
 ERROR_TAIL_BYTES = 16 * 2**10  # of log lines in a failed status's `error`
 # Execs the engine so that it gets SIGTERM if the agent dies (see exec_guard.py).
 EXEC_GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_guard.py")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the engine binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class EngineSupervisor:
@@ -81,6 +77,7 @@ class EngineSupervisor:
         simulated: bool = False,
         log_max_bytes: int = LOG_MAX_BYTES,
         log_backups: int = LOG_BACKUPS,
+        ports: PortAllocator | None = None,
     ) -> None:
         """
         Args:
@@ -96,6 +93,8 @@ class EngineSupervisor:
             simulated: Reported in statuses.
             log_max_bytes: At an engine start, a log file this big is rotated to `<log>.1`.
             log_backups: Rotated files kept.
+            ports: Where engine ports come from; shared by a host's supervisors, so that no two
+                engines are given one port.
         """
         self.spec = spec
         self._launcher = launcher
@@ -109,6 +108,7 @@ class EngineSupervisor:
         self._simulated = simulated
         self._log_max_bytes = log_max_bytes
         self._log_backups = log_backups
+        self._ports = ports or PortAllocator()
         self.state: DeploymentState = "starting"
         self.restarts = 0
         self.port: int | None = None
@@ -127,7 +127,6 @@ class EngineSupervisor:
 
     def start(self) -> None:
         """Start supervising (returns at once)."""
-        os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
         self._task = asyncio.create_task(self._run(), name=f"engine-{self.spec.id}")
 
     async def stop(self) -> None:
@@ -184,7 +183,6 @@ class EngineSupervisor:
             except Exception as exc:  # report it: a dead supervisor would leave `starting` for ever
                 log.exception("Launching deployment %s failed", self.spec.id)
                 error = f"engine could not be launched: {type(exc).__name__}: {exc}"
-                await self._terminate()  # had it started, a retry must not run a second one
             if self._stopping.is_set():
                 return
             if self._restart_requested:
@@ -213,8 +211,21 @@ class EngineSupervisor:
                 self.restarts += 1
 
     async def _run_once(self) -> str:
-        """Start the engine and supervise it until it exits; returns the error to report."""
-        port = free_port()
+        """Start the engine and supervise it until it exits; returns the error to report.
+
+        Whatever happens, it returns (or raises) only once the engine's whole process group is
+        gone: a retry must not run beside what is left of this run, nor reuse its port before.
+        """
+        port = self._ports.acquire()
+        try:
+            return await self._launch_and_watch(port)
+        finally:
+            await self._terminate()
+            self._proc = None  # its pid may be reused: never signal that group again
+            self._ports.release(port)
+
+    async def _launch_and_watch(self, port: int) -> str:
+        os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
         launch = self._launcher(self.spec, port)
         self._offload_stats = launch.offload_stats
         if launch.offload_stats is not None:
@@ -330,22 +341,11 @@ class EngineSupervisor:
         return value if isinstance(value, int) and value >= 0 else 0
 
     async def _terminate(self) -> None:
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=self._grace_s)
-        except TimeoutError:
-            log.warning("Engine %s ignored SIGTERM for %.0f s; killing it.", self.spec.id, self._grace_s)
-            _signal_group(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        """End the engine's process group (SIGTERM, SIGKILL after the grace period), also what is
+        left of it when the leader has already exited."""
+        if self._proc is not None:
+            await end_group(self._proc, self._grace_s, self.spec.id)
 
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

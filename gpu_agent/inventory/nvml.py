@@ -105,29 +105,44 @@ class NvmlInventory(Inventory):
             )
             for i, h in enumerate(self._handles)
         ]
+        self._unreadable: set[int] = set()  # indices of GPUs whose last sample failed
 
     def describe(self) -> list[DeviceInfo]:
         return list(self._devices)
 
     def sample(self) -> list[DeviceSample]:
-        nvml = self._nvml
+        """Each GPU now. A GPU NVML cannot read (it fell off the bus: GPU_IS_LOST, UNKNOWN) is
+        reported with no memory, utilisation, temperature or power and logged once at ERROR; the
+        other GPUs report as usual, and the lost one again when NVML reads it again."""
         out = []
         for i, h in enumerate(self._handles):
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            util = _maybe(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
-            temp = _maybe(nvml, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
-            milliwatts = _maybe(nvml, nvml.nvmlDeviceGetPowerUsage, h)
-            out.append(
-                DeviceSample(
-                    index=i,
-                    memory_used_bytes=int(mem.used),
-                    memory_free_bytes=int(mem.free),
-                    utilization_pct=None if util is None else float(min(100, util.gpu)),
-                    temperature_c=None if temp is None else float(temp),
-                    power_w=None if milliwatts is None else milliwatts / 1000.0,
-                )
-            )
+            try:
+                out.append(self._sample(i, h))
+            except self._nvml.NVMLError as exc:
+                if i not in self._unreadable:
+                    self._unreadable.add(i)
+                    log.error("GPU %d (%s) cannot be read: %s", i, self._devices[i].uuid, exc)
+                out.append(DeviceSample(index=i, memory_used_bytes=0, memory_free_bytes=0))
+            else:
+                if i in self._unreadable:
+                    self._unreadable.discard(i)
+                    log.warning("GPU %d (%s) can be read again.", i, self._devices[i].uuid)
         return out
+
+    def _sample(self, i: int, h: Any) -> DeviceSample:
+        nvml = self._nvml
+        mem = nvml.nvmlDeviceGetMemoryInfo(h)
+        util = _maybe(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
+        temp = _maybe(nvml, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
+        milliwatts = _maybe(nvml, nvml.nvmlDeviceGetPowerUsage, h)
+        return DeviceSample(
+            index=i,
+            memory_used_bytes=int(mem.used),
+            memory_free_bytes=int(mem.free),
+            utilization_pct=None if util is None else float(min(100, util.gpu)),
+            temperature_c=None if temp is None else float(temp),
+            power_w=None if milliwatts is None else milliwatts / 1000.0,
+        )
 
     def close(self) -> None:
         try:

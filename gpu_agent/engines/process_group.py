@@ -1,0 +1,87 @@
+"""Ending an engine's process group: its leader and every process it spawned.
+
+An engine runs in its own session, so its process group id is the leader's pid. vLLM spawns
+workers (tensor-parallel ranks, the engine core) into that group, and they may outlive the leader:
+the leader dies of SIGKILL or the OOM killer, or exits on SIGTERM before a worker that is stuck in
+CUDA does. A worker left behind holds its GPU memory, and the next engine on those devices fails
+for lack of it. So the group is ended as a whole, also when the leader has already gone.
+
+Zombies do not count as members: a container whose init does not reap orphans would otherwise keep
+a group "alive" for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05  # how often a group is checked while it ends
+KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the members to go
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process that is not a zombie is in process group `pgid`."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: ask the kernel (zombies then count)
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+        except OSError:  # it exited meanwhile
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+async def _wait_gone(pgid: int, deadline: float) -> bool:
+    while group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+    return True
+
+
+async def end_group(leader: asyncio.subprocess.Process, grace_s: float, name: str) -> None:
+    """SIGTERM the leader's group, SIGKILL it after `grace_s`; return once no member is left.
+
+    Call it while `leader` is the asyncio handle of the group's leader, also after the leader
+    exited: the members it left are ended the same way.
+    """
+    pgid = leader.pid
+    if leader.returncode is not None and not group_alive(pgid):
+        return
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(leader.wait(), timeout=grace_s)
+    if leader.returncode is not None and await _wait_gone(pgid, deadline):
+        return
+    log.warning("Engine %s ignored SIGTERM for %.0f s; killing its process group.", name, grace_s)
+    signal_group(pgid, signal.SIGKILL)
+    await leader.wait()
+    if not await _wait_gone(pgid, time.monotonic() + KILL_WAIT_S):
+        log.error("Engine %s: processes of group %d are left after SIGKILL.", name, pgid)
