@@ -207,11 +207,15 @@ class ModelConsumer(LiveConsumer):
 
     def _read_new(self) -> dict[int, list[dict[str, Any]]]:
         deps = list(Deployment.objects.filter(model=self.model).order_by("pk").values_list("pk", flat=True))
+        # First read: only the recent past (the page drew the history from the same samples).
+        start = timezone.now() - snapshots.HISTORY_WINDOW
+        after = {pk: self._after.get(pk, start) for pk in deps}
+        read = snapshots.engine_points(after, {pk: pk in self._after for pk in deps})
         out = {}
-        for pk in deps:
-            # First read: only the recent past (the page drew the history from the same samples).
-            after = self._after.get(pk, timezone.now() - snapshots.HISTORY_WINDOW)
-            out[pk], self._after[pk] = snapshots.engine_points(pk, after)
+        for pk, (points, newest) in read.items():
+            out[pk] = points
+            if points or pk in self._after:
+                self._after[pk] = newest
         return out
 
     async def tick(self) -> None:

@@ -7,6 +7,7 @@ same functions render the first page load, so the page and the socket never disa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -136,20 +137,29 @@ def _point(sample: dict[str, Any], previous_ts: datetime | None) -> dict[str, An
     }
 
 
-def engine_points(deployment_id: int, after: datetime) -> tuple[list[dict[str, Any]], datetime]:
-    """Raw engine samples newer than ``after`` as chart points, and the newest sample time seen."""
-    rows = list(
-        EngineSample.objects.filter(deployment_id=deployment_id, ts__gt=after)
-        .order_by("ts", "pk")
-        .values(*history.ENGINE_RAW_FIELDS)
+def engine_points(
+    after: Mapping[int, datetime], seen: Mapping[int, bool]
+) -> dict[int, tuple[list[dict[str, Any]], datetime]]:
+    """deployment pk -> (its raw engine samples newer than ``after[pk]`` as chart points, the newest
+    sample time seen), in one query for any number of deployments. ``seen[pk]``: ``after[pk]`` is the
+    time of a sample already read, the window before the first new one."""
+    if not after:
+        return {}
+    rows = (
+        EngineSample.objects.filter(deployment_id__in=list(after), ts__gt=min(after.values()))
+        .order_by("deployment_id", "ts", "pk")
+        .values("deployment_id", *history.ENGINE_RAW_FIELDS)
     )
-    previous = EngineSample.objects.filter(deployment_id=deployment_id, ts__lte=after).order_by("-ts").first()
-    prev_ts = previous.ts if previous is not None else None
-    points = []
+    points: dict[int, list[dict[str, Any]]] = {pk: [] for pk in after}
+    newest = dict(after)
+    previous = {pk: (after[pk] if seen.get(pk) else None) for pk in after}
     for row in rows:
-        points.append(_point(row, prev_ts))
-        prev_ts = row["ts"]
-    return points, (rows[-1]["ts"] if rows else after)
+        pk = row.pop("deployment_id")
+        if row["ts"] <= after[pk]:
+            continue
+        points[pk].append(_point(row, previous[pk]))
+        previous[pk] = newest[pk] = row["ts"]
+    return {pk: (points[pk], newest[pk]) for pk in after}
 
 
 def model_history(model: ServedModel) -> dict[int, list[dict[str, Any]]]:

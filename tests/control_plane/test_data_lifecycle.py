@@ -192,7 +192,7 @@ def test_dashboard_and_gateway_read_no_growing_table_whole(
     def read() -> None:
         snapshots.overview()
         snapshots.model_history(model)
-        snapshots.engine_points(telemetry.deployment.pk, since)
+        snapshots.engine_points({telemetry.deployment.pk: since}, {})
         for resolution in ("raw", "minute"):
             history.device_series(devices, since, resolution)
             history.engine_series(telemetry.deployment.pk, since, resolution)

@@ -182,3 +182,25 @@ def test_it_admits_and_finishes_a_gateway_request_in_a_fixed_number_of_queries(
     assert large == small
     with django_assert_max_num_queries(8):  # steady state: usage and rate-window rows exist
         request()
+
+
+def test_the_model_socket_reads_new_points_without_a_query_per_deployment(alice: User, fleet: Fleet) -> None:
+    from dashboard.consumers import ModelConsumer
+
+    model = fleet.models[0]
+    socket = ModelConsumer()
+    socket.model, socket._after = model, {}
+
+    def read() -> dict[int, list[dict[str, Any]]]:
+        return socket._read_new()
+
+    small, large = counts_small_and_large(fleet, alice, read)
+    assert large == small, f"{small} queries for 2 hosts, {large} for 20"
+    assert large <= 2
+    # It still reads every deployment's samples, each once: a new sample is the only new point.
+    deployment = Deployment.objects.filter(model=model).order_by("pk").last()
+    assert deployment is not None
+    EngineSample.objects.create(deployment=deployment, ts=timezone.now(), state="running", ttft_count=4)
+    new = read()
+    assert {pk: len(points) for pk, points in new.items() if points} == {deployment.pk: 1}
+    assert new[deployment.pk][0]["rate"] is not None  # the window since its previous sample
