@@ -24,7 +24,7 @@ from typing import Any
 
 from gpu_agent import __version__
 from gpu_agent.backoff import Backoff, seed_for
-from gpu_agent.engines.logs import LOG_TAIL_BYTES, cap_lines
+from gpu_agent.engines.logs import LOG_TAIL_BYTES, cap_lines, unreadable_note
 from gpu_agent.host import Host
 from gpu_agent.link import AgentLink
 from gpu_agent.protocol import (
@@ -215,7 +215,11 @@ class Agent:
             if await self.host.restart(cmd.deployment_id):
                 return
         else:
-            lines = self.host.tail(cmd.deployment_id, cmd.lines)
+            try:
+                lines = self.host.tail(cmd.deployment_id, cmd.lines)
+            except Exception as exc:  # answer anyway: the dashboard's log view waits for one
+                log.exception("Reading the log of deployment %s failed", cmd.deployment_id)
+                lines = [unreadable_note(exc)]
             if lines is not None:
                 # Bounded: the control plane drops a message over 1 MiB, and the agent's link with it.
                 lines = cap_lines(lines, LOG_TAIL_BYTES)

@@ -24,7 +24,9 @@ NOTE_BYTES = 200  # reserved by cap_lines() for its note on left-out lines
 
 
 def tail_lines(path: str, n: int, block: int = 8192, max_read: int = TAIL_READ_BYTES) -> list[str]:
-    """The last `n` lines of the file at `path` (without newlines); [] if it does not exist.
+    """The last `n` lines of the file at `path` (without newlines); [] if it does not exist, and
+    one line that says why when it cannot be read (no permission, a directory, an I/O error): the
+    callers send lines on (a `log_tail` answer, a failed status), and an answer must still go.
 
     Reads backwards in blocks, so a large log costs only what the tail needs, and never more than
     `max_read` bytes: a log of a few huge lines (progress bars, dumped tensors) must not be read
@@ -33,20 +35,27 @@ def tail_lines(path: str, n: int, block: int = 8192, max_read: int = TAIL_READ_B
     if n <= 0:
         return []
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            pos = f.tell()
+            data = b""
+            while pos > 0 and data.count(b"\n") <= n and len(data) < max_read:
+                step = min(block, pos, max_read - len(data))
+                pos -= step
+                f.seek(pos)
+                data = f.read(step) + data
     except FileNotFoundError:
         return []
-    with f:
-        f.seek(0, os.SEEK_END)
-        pos = f.tell()
-        data = b""
-        while pos > 0 and data.count(b"\n") <= n and len(data) < max_read:
-            step = min(block, pos, max_read - len(data))
-            pos -= step
-            f.seek(pos)
-            data = f.read(step) + data
+    except OSError as exc:
+        return [unreadable_note(exc)]
     lines = data.decode("utf-8", errors="replace").splitlines()
     return lines[-n:]
+
+
+def unreadable_note(exc: BaseException) -> str:
+    """The line that stands for a log `exc` kept from being read."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+    return f"[cannot read the log: {reason}]"
 
 
 def cap_lines(lines: list[str], max_bytes: int, max_line_chars: int = MAX_LINE_CHARS) -> list[str]:

@@ -6,7 +6,8 @@ Life of a deployment:
     any --stop()--> stopped (SIGTERM to the process group, SIGKILL after `grace_s`)
 Every run ends with its whole process group: workers the engine left behind when it died are ended
 (engines/process_group.py) before the failure is reported and before a new engine starts, so that
-no orphan keeps the devices' memory. The run's port (engines/ports.py) is held until then.
+no orphan keeps the devices' memory. The run's port (engines/ports.py) is held until then; a
+status carries it only while the engine is starting or running.
 A `restart()` (operator command) terminates the process and starts it again at once, counted in
 `restarts` like a crash restart but without the backoff. Every state change is reported through
 `on_status`. While running, /metrics is scraped every `scrape_interval_s`.
@@ -148,13 +149,16 @@ class EngineSupervisor:
         return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
 
     def status(self) -> DeploymentStatus:
+        """The deployment now. The port only while a live engine is starting or running: a
+        failed or stopped engine has no URL, and its port may soon be another engine's."""
+        up = self.state in ("starting", "running") and self.pid is not None
         return DeploymentStatus(
             deployment_id=self.spec.id,
             state=self.state,
             ts=time.time(),
             error=self.error,
             restarts=self.restarts,
-            port=self.port,
+            port=self.port if up else None,
             simulated=self._simulated,
         )
 
@@ -222,6 +226,7 @@ class EngineSupervisor:
         finally:
             await self._terminate()
             self._proc = None  # its pid may be reused: never signal that group again
+            self.port = None
             self._ports.release(port)
 
     async def _launch_and_watch(self, port: int) -> str:

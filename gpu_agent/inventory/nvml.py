@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import Any, NamedTuple, TypeVar
 
 from gpu_agent.inventory.base import Inventory
 from gpu_agent.protocol import DeviceInfo, DeviceSample
@@ -35,15 +36,15 @@ def normalize_bus_id(bus_id: str | bytes) -> str:
 
 
 def nvlink_peers(nvml: Any, handles: list[Any], bus_ids: list[str]) -> list[list[int]]:
-    """For each local GPU, the sorted indices of the local GPUs it reaches over NVLink.
+    """For each of the given GPUs, the sorted positions of the given GPUs it reaches over NVLink.
 
     Args:
         nvml: The pynvml module (initialised).
-        handles: Device handles, by index.
-        bus_ids: Normalised PCI bus ids, by index.
+        handles: Device handles of the local GPUs to consider.
+        bus_ids: Their normalised PCI bus ids, in the same order.
 
     Returns:
-        peers[i] = sorted indices j != i; the relation is symmetric.
+        peers[i] = sorted positions j != i in `handles`; the relation is symmetric.
     """
     index_by_bus = {bus: i for i, bus in enumerate(bus_ids)}
     peers: list[set[int]] = [set() for _ in handles]
@@ -82,40 +83,61 @@ def _maybe(nvml: Any, fn: Callable[..., T], *args: Any) -> T | None:
         return None
 
 
+class _Gpu(NamedTuple):
+    handle: Any
+    bus_id: str  # normalised
+    info: DeviceInfo
+
+
 class NvmlInventory(Inventory):
-    """Every GPU NVML sees, indexed as NVML (and CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID) orders them."""
+    """Every GPU NVML sees, indexed as NVML (and CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID) orders them.
+
+    A GPU NVML cannot read when the inventory is made (it fell off the bus before the agent
+    started) is logged at ERROR and left out for the life of the agent: there is no UUID or memory
+    size to register it with. The others keep their NVML indices, which deployments name them by.
+    """
 
     kind = "nvml"
 
     def __init__(self, nvml: Any) -> None:
         """Args: nvml: the pynvml module, already initialised with nvmlInit()."""
         self._nvml = nvml
-        count = nvml.nvmlDeviceGetCount()
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        bus_ids = [normalize_bus_id(nvml.nvmlDeviceGetPciInfo(h).busId) for h in self._handles]
-        peers = nvlink_peers(nvml, self._handles, bus_ids)
-        self._devices = [
-            DeviceInfo(
+        gpus = [g for i in range(nvml.nvmlDeviceGetCount()) if (g := self._read(i)) is not None]
+        peers = nvlink_peers(nvml, [g.handle for g in gpus], [g.bus_id for g in gpus])  # positions
+        self._handles = {g.info.index: g.handle for g in gpus}  # NVML index -> handle
+        self._devices = {
+            g.info.index: replace(g.info, nvlink_peers=[gpus[j].info.index for j in p])
+            for g, p in zip(gpus, peers, strict=True)
+        }
+        self._unreadable: set[int] = set()  # indices of GPUs whose last sample failed
+
+    def _read(self, i: int) -> _Gpu | None:
+        """GPU i as NVML describes it (no peers yet); None, logged, if NVML cannot read it."""
+        nvml = self._nvml
+        try:
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            bus_id = normalize_bus_id(nvml.nvmlDeviceGetPciInfo(h).busId)
+            info = DeviceInfo(
                 index=i,
                 uuid=_text(nvml.nvmlDeviceGetUUID(h)),
                 name=_text(nvml.nvmlDeviceGetName(h)),
                 kind="gpu",
                 memory_total_bytes=int(nvml.nvmlDeviceGetMemoryInfo(h).total),
-                nvlink_peers=peers[i],
             )
-            for i, h in enumerate(self._handles)
-        ]
-        self._unreadable: set[int] = set()  # indices of GPUs whose last sample failed
+        except nvml.NVMLError as exc:
+            log.error("GPU %d cannot be read (%s); it is left out until the agent restarts.", i, exc)
+            return None
+        return _Gpu(h, bus_id, info)
 
     def describe(self) -> list[DeviceInfo]:
-        return list(self._devices)
+        return list(self._devices.values())
 
     def sample(self) -> list[DeviceSample]:
         """Each GPU now. A GPU NVML cannot read (it fell off the bus: GPU_IS_LOST, UNKNOWN) is
         reported with no memory, utilisation, temperature or power and logged once at ERROR; the
         other GPUs report as usual, and the lost one again when NVML reads it again."""
         out = []
-        for i, h in enumerate(self._handles):
+        for i, h in self._handles.items():
             try:
                 out.append(self._sample(i, h))
             except self._nvml.NVMLError as exc:

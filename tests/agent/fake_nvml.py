@@ -24,6 +24,8 @@ class FakeGpu:
     milliwatts: int = 250_000
     # link index -> (remote bus id, remote device type); missing NVLink support when None
     links: list[tuple[str, int]] | None = field(default_factory=list)
+    # NVML call name -> the error code it raises for this GPU (15: GPU_IS_LOST, 999: UNKNOWN)
+    errors: dict[str, int] = field(default_factory=dict)
 
 
 class FakeNvml:
@@ -51,30 +53,43 @@ class FakeNvml:
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
+    def _query(self, call: str, h: FakeGpu) -> None:
+        """Raise the error `h` is set to raise from `call`, if any."""
+        if call in h.errors:
+            raise NVMLError(h.errors[call])
+
     def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGpu:
+        self._query("nvmlDeviceGetHandleByIndex", self.gpus[i])
         return self.gpus[i]
 
     def nvmlDeviceGetPciInfo(self, h: FakeGpu) -> Any:
+        self._query("nvmlDeviceGetPciInfo", h)
         return SimpleNamespace(busId=h.bus_id)
 
     def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
+        self._query("nvmlDeviceGetUUID", h)
         return f"GPU-{h.bus_id}"
 
     def nvmlDeviceGetName(self, h: FakeGpu) -> bytes:
+        self._query("nvmlDeviceGetName", h)
         return h.name.encode()
 
     def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
+        self._query("nvmlDeviceGetMemoryInfo", h)
         return SimpleNamespace(total=h.total, used=h.used, free=h.total - h.used)
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
+        self._query("nvmlDeviceGetUtilizationRates", h)
         if h.util is None:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         return SimpleNamespace(gpu=h.util, memory=0)
 
     def nvmlDeviceGetTemperature(self, h: FakeGpu, sensor: int) -> int:
+        self._query("nvmlDeviceGetTemperature", h)
         return h.temp
 
     def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
+        self._query("nvmlDeviceGetPowerUsage", h)
         return h.milliwatts
 
     def _link(self, h: FakeGpu, link: int) -> tuple[str, int]:
@@ -85,11 +100,14 @@ class FakeNvml:
         return h.links[link]
 
     def nvmlDeviceGetNvLinkState(self, h: FakeGpu, link: int) -> int:
+        self._query("nvmlDeviceGetNvLinkState", h)
         bus, _ = self._link(h, link)
         return 0 if bus == "down" else 1
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, h: FakeGpu, link: int) -> Any:
+        self._query("nvmlDeviceGetNvLinkRemotePciInfo", h)
         return SimpleNamespace(busId=self._link(h, link)[0])
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: FakeGpu, link: int) -> int:
+        self._query("nvmlDeviceGetNvLinkRemoteDeviceType", h)
         return self._link(h, link)[1]
