@@ -6,11 +6,22 @@ Django is configured by pytest-django from pyproject.toml (``DJANGO_SETTINGS_MOD
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
+import pytest
 import pytest_asyncio
 from channels.db import database_sync_to_async
+from django.core.cache import cache
 from django.db import connections
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache() -> Iterator[None]:
+    """Every test starts with an empty cache: failed sign-ins (accounts/login_limits.py) and the
+    token endpoint's throttle count there per process, so one test's failures would lock another
+    test's users, depending on the order the tests run in."""
+    cache.clear()
+    yield
 
 
 @pytest_asyncio.fixture

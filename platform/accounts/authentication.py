@@ -1,6 +1,7 @@
 """REST authentication by hashed operator API token: ``Authorization: Token <secret>``.
 
-``Bearer`` is accepted as a synonym. Anonymous requests get 401 with ``WWW-Authenticate: Token``.
+``Bearer`` is accepted as a synonym. Anonymous requests get 401 with ``WWW-Authenticate: Token``, and so
+do expired tokens (API_TOKEN_IDLE_DAYS, API_TOKEN_MAX_AGE_DAYS; see accounts/services.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ KEYWORDS = (b"token", b"bearer")
 
 
 class ApiTokenAuthentication(BaseAuthentication):
-    """Look the token's digest up; reject revoked tokens and inactive users."""
+    """Look the token's digest up; reject revoked and expired tokens and inactive users."""
 
     keyword = "Token"
 
@@ -35,7 +36,9 @@ class ApiTokenAuthentication(BaseAuthentication):
             raise exceptions.AuthenticationFailed("Invalid token header: non-ASCII characters.") from None
         token = authenticate_api_token(secret)
         if token is None:
-            raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+            raise exceptions.AuthenticationFailed(
+                "Invalid, revoked or expired token; POST /api/v1/auth/token/ issues a new one."
+            )
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

@@ -132,6 +132,14 @@ AUTH_PASSWORD_VALIDATORS = [
 if TESTING:
     # Test users are created per test; the production hasher's work factor would dominate the run.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Failed sign-ins (accounts/login_limits.py), on the sign-in page, the admin's and the token endpoint:
+# a username with LOGIN_FAILURES_PER_USERNAME failures, or a client address with
+# LOGIN_FAILURES_PER_ADDRESS, within LOGIN_FAILURE_WINDOW_S of its first is refused until the window
+# ends. Counted in the default cache, the local-memory one: per process.
+AUTHENTICATION_BACKENDS = ["accounts.backends.RateLimitedModelBackend"]
+LOGIN_FAILURES_PER_USERNAME = env_int("LOGIN_FAILURES_PER_USERNAME", 5, minimum=1)
+LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 20, minimum=1)
+LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 900, minimum=1)
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/api/docs/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -247,6 +255,7 @@ CELERY_BEAT_SCHEDULE = {
     "jobs-lost": {"task": "jobs.fail_lost_jobs", "schedule": 30.0},
     "agents-liveness": {"task": "agents.sweep_liveness", "schedule": 5.0},
     "agents-retention": {"task": "agents.downsample_telemetry", "schedule": TELEMETRY_DOWNSAMPLE_INTERVAL_S},
+    "accounts-expired-tokens": {"task": "accounts.prune_api_tokens", "schedule": 3600.0},
 }
 
 # Default quotas of a new end-user API key (an admin may change them per key).
@@ -254,6 +263,14 @@ API_KEY_DEFAULT_REQUESTS_PER_MINUTE = env_int("API_KEY_DEFAULT_REQUESTS_PER_MINU
 API_KEY_DEFAULT_TOKENS_PER_DAY = env_int("API_KEY_DEFAULT_TOKENS_PER_DAY", 1_000_000, minimum=1)
 # Quotas are per key: without a cap on live keys a user could multiply them by creating keys.
 API_KEYS_PER_USER = env_int("API_KEYS_PER_USER", 10, minimum=1)
+
+# Operator API tokens (POST /api/v1/auth/token/): one unused for API_TOKEN_IDLE_DAYS or issued over
+# API_TOKEN_MAX_AGE_DAYS ago is refused (401) and deleted by the beat task accounts.prune_api_tokens.
+# Issuing one beyond API_TOKENS_PER_USER live tokens deletes the user's least recently used.
+# Agent tokens (inventory) do not expire.
+API_TOKEN_IDLE_DAYS = env_int("API_TOKEN_IDLE_DAYS", 30, minimum=1)
+API_TOKEN_MAX_AGE_DAYS = env_int("API_TOKEN_MAX_AGE_DAYS", 90, minimum=1)
+API_TOKENS_PER_USER = env_int("API_TOKENS_PER_USER", 10, minimum=1)
 
 # Chat gateway (/v1, platform/gateway): upstream connect timeout, the longest an engine may stay
 # silent mid-response, and the Retry-After sent when no replica of a model is healthy.

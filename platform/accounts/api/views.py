@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import Throttled
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -25,6 +26,7 @@ from accounts.api.serializers import (
     TokenRequestSerializer,
     TokenResponseSerializer,
 )
+from accounts.login_limits import SignInLocked
 from accounts.models import ApiKey
 from accounts.roles import role_of
 from core.permissions import HasRole
@@ -34,8 +36,20 @@ class LoginThrottle(AnonRateThrottle):
     rate = "20/min"
 
 
+class SignInThrottled(Throttled):
+    """A locked sign-in: a 429 with the lock's message, and its end as Retry-After."""
+
+    def __init__(self, locked: SignInLocked) -> None:
+        super().__init__(detail=locked.message)
+        self.wait = locked.retry_after_s
+
+
 class TokenView(APIView):
-    """``POST /api/v1/auth/token/``: exchange username + password for an API token (shown once)."""
+    """``POST /api/v1/auth/token/``: exchange username + password for an API token (shown once).
+
+    Beyond the per-address throttle, failed sign-ins are limited per username and address like the
+    sign-in page's (accounts/login_limits.py): a locked one is a 429 with Retry-After.
+    """
 
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
@@ -46,7 +60,10 @@ class TokenView(APIView):
         serializer = TokenRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        user = authenticate(request, username=data["username"], password=data["password"])
+        try:
+            user = authenticate(request, username=data["username"], password=data["password"])
+        except SignInLocked as locked:
+            raise SignInThrottled(locked) from None
         if user is None or role_of(user) is None:
             raise ValidationError({"non_field_errors": ["Invalid username or password."]})
         issued = services.issue_api_token(user, data["name"])

@@ -6,7 +6,8 @@ in JSON with a status that says what went wrong.
 * A body over DATA_UPLOAD_MAX_MEMORY_SIZE: Django raises RequestDataTooBig when the body is read,
   and its handler answers an empty HTML 400. Here it is a 413 naming the limit.
 * Deleting a row that protected foreign keys still point at (a model with deployments, say):
-  ProtectedError, a 500. Here it is a 409 naming what still refers to it.
+  ProtectedError, a 500. Here it is a 409 naming what still refers to it (the first
+  NAMED_PER_KIND rows of each kind and a count of the rest).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from django.db.models import ProtectedError
 from rest_framework import parsers, status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
 
 
 class JSONParser(parsers.JSONParser):
@@ -42,19 +42,31 @@ class Conflict(APIException):
     default_code = "conflict"
 
 
+# Rows named per kind in a 409: rows referring to one (a key's usage, say) can number thousands.
+NAMED_PER_KIND = 10
+
+
 def _still_used(exc: ProtectedError) -> str:
-    objects = list(exc.protected_objects)
-    kinds: dict[str, list[str]] = {}
-    for obj in objects:
+    kinds: dict[str, list[str]] = {}  # verbose_name_plural -> primary keys
+    for obj in exc.protected_objects:
         kinds.setdefault(str(obj._meta.verbose_name_plural), []).append(str(obj.pk))
-    used = "; ".join(
-        f"{name} {', '.join(sorted(pks, key=lambda p: (len(p), p)))}" for name, pks in kinds.items()
-    )
+    used = "; ".join(f"{name} {_first_few(pks)}" for name, pks in kinds.items())
     return f"Cannot delete: still referred to by {used}. Delete those first."
+
+
+def _first_few(pks: list[str]) -> str:
+    """The lowest NAMED_PER_KIND keys (numeric keys in numeric order) and how many more there are."""
+    ordered = sorted(pks, key=lambda p: (len(p), p))
+    named = ", ".join(ordered[:NAMED_PER_KIND])
+    rest = len(ordered) - NAMED_PER_KIND
+    return f"{named} and {rest} more" if rest > 0 else named
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF's handler, after mapping the exceptions above onto API errors."""
+    # Imported here: rest_framework.views loads DEFAULT_PARSER_CLASSES, which names this module.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         exc = PayloadTooLarge(f"Request body is larger than {limit} bytes.")

@@ -1,0 +1,116 @@
+"""Failed sign-ins are limited per username and per client address, on every sign-in path."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from accounts.models import ApiToken, User
+from django.core.cache import cache
+from django.test import Client, override_settings
+from rest_framework.test import APIClient
+
+pytestmark = pytest.mark.django_db
+
+BOB_PASSWORD = "bob-pw-9f2k"
+LOCKED = "Too many failed sign-ins"
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache() -> Iterator[None]:
+    """The counters live in the cache, which outlives a test."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@dataclass
+class Attempt:
+    status_code: int
+    page: str
+    signed_in: bool
+
+    @property
+    def locked(self) -> bool:
+        return LOCKED in self.page
+
+
+def sign_in(
+    username: str, password: str, address: str = "10.0.0.1", path: str = "/accounts/login/"
+) -> Attempt:
+    """POST the sign-in form from ``address``; whether a session came of it."""
+    client = Client(REMOTE_ADDR=address)
+    response = client.post(path, {"username": username, "password": password})
+    return Attempt(response.status_code, response.content.decode(), "_auth_user_id" in client.session)
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME=3, LOGIN_FAILURES_PER_ADDRESS=100)
+def test_it_locks_a_username_after_too_many_failures_even_with_the_right_password(
+    bob: User, charlie: User, caplog: pytest.LogCaptureFixture
+) -> None:
+    for attempt in range(3):
+        failed = sign_in("bob", "guess", address=f"10.0.0.{attempt}")
+        assert failed.status_code == 200 and not failed.signed_in and not failed.locked
+
+    with caplog.at_level(logging.WARNING, logger="accounts"):
+        refused = sign_in("bob", BOB_PASSWORD, address="10.0.0.9")
+    assert refused.status_code == 200  # the form again, with the error
+    assert refused.locked and not refused.signed_in
+    assert any(r.levelno == logging.WARNING and "'bob'" in r.getMessage() for r in caplog.records)
+
+    # The username is locked, not everyone: charlie signs in from the same address.
+    assert sign_in("charlie", "charlie-pw-9f2k", address="10.0.0.9").signed_in
+    # Another spelling of the username does not open a second budget.
+    assert sign_in("BOB", "guess").locked
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME=100, LOGIN_FAILURES_PER_ADDRESS=3)
+def test_it_locks_an_address_that_guesses_across_usernames(bob: User) -> None:
+    for name in ("root", "admin", "operator"):
+        assert not sign_in(name, "guess", address="203.0.113.7").signed_in
+
+    refused = sign_in("bob", BOB_PASSWORD, address="203.0.113.7")
+    assert refused.locked and not refused.signed_in
+    assert sign_in("bob", BOB_PASSWORD, address="203.0.113.8").signed_in
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME=3, LOGIN_FAILURES_PER_ADDRESS=100)
+def test_the_admin_login_and_the_token_endpoint_share_the_limit(bob: User) -> None:
+    User.objects.filter(pk=bob.pk).update(is_staff=True)
+    for _ in range(3):
+        assert not sign_in("bob", "guess", path="/admin/login/").signed_in
+
+    admin = sign_in("bob", BOB_PASSWORD, path="/admin/login/")
+    assert admin.status_code == 200
+    assert admin.locked and not admin.signed_in
+
+    api = APIClient(REMOTE_ADDR="10.0.0.5")
+    response = api.post("/api/v1/auth/token/", {"username": "bob", "password": BOB_PASSWORD}, format="json")
+    assert response.status_code == 429
+    assert LOCKED in response.json()["detail"]
+    assert 0 < int(response["Retry-After"]) <= 900
+    assert not ApiToken.objects.exists()
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME=3, LOGIN_FAILURE_WINDOW_S=60)
+def test_the_lock_ends_with_the_window(bob: User, monkeypatch: pytest.MonkeyPatch) -> None:
+    for _ in range(3):
+        sign_in("bob", "guess")
+    assert sign_in("bob", BOB_PASSWORD).locked
+
+    later = time.time() + 61
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert sign_in("bob", BOB_PASSWORD).signed_in
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME=3)
+def test_a_successful_sign_in_clears_the_usernames_failures(bob: User) -> None:
+    for _ in range(2):
+        sign_in("bob", "guess")
+    assert sign_in("bob", BOB_PASSWORD).signed_in
+    for _ in range(2):
+        sign_in("bob", "guess")
+    assert sign_in("bob", BOB_PASSWORD).signed_in
