@@ -24,11 +24,50 @@ class WindowSerializer(serializers.Serializer[dict[str, float]]):
     window_s = serializers.FloatField(min_value=1, max_value=7 * 86400, default=600)
 
 
+class LatencySummarySerializer(serializers.Serializer[dict[str, object]]):
+    requests = serializers.IntegerField()
+    ttft_p50_s = serializers.FloatField(allow_null=True)
+    ttft_p99_s = serializers.FloatField(allow_null=True)
+    tbt_p50_s = serializers.FloatField(allow_null=True)
+    tbt_p99_s = serializers.FloatField(allow_null=True)
+    ttft_slo_s = serializers.FloatField()
+    tbt_slo_s = serializers.FloatField()
+
+
+class RequestPointSerializer(serializers.Serializer[dict[str, object]]):
+    ts = serializers.DateTimeField()
+    deployment_id = serializers.IntegerField(allow_null=True)
+    outcome = serializers.CharField()
+    stream = serializers.BooleanField()
+    ttft_s = serializers.FloatField(allow_null=True)
+    tbt_mean_s = serializers.FloatField(allow_null=True)
+    tbt_max_s = serializers.FloatField(allow_null=True)
+
+
+class ModelLatencySerializer(serializers.Serializer[dict[str, object]]):
+    model = serializers.CharField()
+    summary = LatencySummarySerializer()
+    requests = RequestPointSerializer(many=True)
+
+
+class UsageRowSerializer(serializers.Serializer[dict[str, object]]):
+    key = serializers.IntegerField()
+    key_name = serializers.CharField()
+    model = serializers.CharField(help_text="the model's name when it was used")
+    period_start = serializers.DateTimeField()
+    requests = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+
+
 class ModelLatencyView(APIView):
     """``GET /api/v1/gateway/latency/<model>/``: TTFT/TBT per request through the gateway, with P50/P99
     over ``window_s`` seconds and the model's SLO targets (the newest ``MAX_POINTS`` requests)."""
 
-    @extend_schema(parameters=[OpenApiParameter("window_s", float, description="default 600")])
+    @extend_schema(
+        parameters=[OpenApiParameter("window_s", float, description="default 600")],
+        responses=ModelLatencySerializer,
+    )
     def get(self, request: Request, name: str) -> Response:
         model = get_object_or_404(ServedModel, name=name)
         query = WindowSerializer(data=request.query_params)
@@ -50,6 +89,7 @@ class ModelLatencyView(APIView):
 class UsageView(APIView):
     """``GET /api/v1/gateway/usage/``: per key, model and UTC day (own keys; admins see all)."""
 
+    @extend_schema(responses=UsageRowSerializer(many=True))
     def get(self, request: Request) -> Response:
         keys = api_keys_visible_to(request.user)
         rows = Usage.objects.filter(key__in=keys).select_related("key").order_by("-period_start", "key_id")
