@@ -30,6 +30,7 @@ from django.utils import timezone
 from inventory.models import AgentToken, Device, DeviceKind, Host
 from inventory.services import agent_token_is_live, live_agent_token, mark_seen
 
+from agents import reconcile
 from agents.models import AgentLink, Replica
 from gpu_agent.protocol import (
     CLOSE_SUPERSEDED,
@@ -110,6 +111,7 @@ def register(
 
     Devices the agent no longer reports are deleted unless a deployment still uses them (then they
     are kept, so the operator sees the deployment fail instead of silently losing its devices).
+    Observed states the restarted agent will not report are settled (`reconcile.registered`).
     The returned ``connected_at`` makes the calling connection the host's current one.
 
     Raises:
@@ -125,6 +127,8 @@ def register(
         raise RegistrationRefused("the host token was revoked", CLOSE_TOKEN_REFUSED)
     Host.objects.filter(pk=host.pk).update(address=frame.address, simulated=frame.simulated)
     reported = {d.index for d in frame.devices}
+    Device.objects.filter(host=host, deployments__isnull=True).exclude(index__in=reported).delete()
+    _free_moved_uuids(host, frame)
     for info in frame.devices:
         Device.objects.update_or_create(
             host=host,
@@ -137,12 +141,12 @@ def register(
                 "nvlink_peers": sorted(info.nvlink_peers),
             },
         )
-    Device.objects.filter(host=host, deployments__isnull=True).exclude(index__in=reported).delete()
     AgentLink.objects.update_or_create(
         host=host,
         defaults={"connected": True, "agent_version": frame.agent_version, "connected_at": now},
     )
     mark_seen(host, now)
+    reconcile.registered(host.pk)
     devices = dict(Device.objects.filter(host=host).values_list("index", "pk"))
     return LinkedHost(
         host_id=host.pk,
@@ -153,6 +157,18 @@ def register(
         deployment_ids=set(Deployment.objects.filter(host=host).values_list("pk", flat=True)),
         connected_at=now,
     )
+
+
+def _free_moved_uuids(host: Host, frame: Register) -> None:
+    """Give a placeholder uuid to the host's devices whose uuid the frame reports at another index
+    (a GPU left and the driver renumbered the rest, or two swapped places): uuids are unique, and
+    the upsert by index that follows must not collide with them. A device reported at its index
+    gets its uuid back there; one kept only for its deployments keeps the placeholder."""
+    index_of = {d.uuid: d.index for d in frame.devices}
+    moved = Device.objects.filter(host=host, uuid__in=index_of).values_list("pk", "index", "uuid")
+    for pk, index, uuid in moved:
+        if index_of[uuid] != index:
+            Device.objects.filter(pk=pk).update(uuid=f"gone:{pk}:{uuid}"[:64])
 
 
 def heartbeat(host_id: int, now: datetime | None = None) -> None:
@@ -204,12 +220,28 @@ def replica_url(address: str, port: int | None) -> str:
 def report_status(linked: LinkedHost, frame: DeploymentStatus) -> Replica:
     """Record a `deployment_status`: the deployment's observed state and its replica.
 
+    The newest status (by its ``ts``, the agent's clock) stands: one older than the stored one
+    (sent before it, delivered after it: by another connection of the host, or held back during a
+    reconnect) changes nothing. The same status again (the agent re-sends every status after
+    `register`) is recorded again.
+
     Raises:
-        UnknownDeployment: the id is not a deployment of this host.
+        UnknownDeployment: the id is not a deployment of this host (or no longer exists).
     """
     deployment = _host_deployment(linked, frame.deployment_id)
-    state = ObservedState(frame.state)
-    report_observed_state(deployment, state, frame.error or "")
+    reported_at = datetime.fromtimestamp(frame.ts, UTC)
+    replica = Replica.objects.filter(deployment=deployment).first()
+    if replica is not None and reported_at < replica.reported_at:
+        log.info(
+            "Ignored a %s status of deployment %s from %s: the %s status stored is newer (%s).",
+            frame.state,
+            deployment.pk,
+            reported_at.isoformat(),
+            replica.state,
+            replica.reported_at.isoformat(),
+        )
+        return replica
+    report_observed_state(deployment, ObservedState(frame.state), frame.error or "")
     running = frame.state == "running"
     replica, _ = Replica.objects.update_or_create(
         deployment=deployment,
@@ -220,7 +252,7 @@ def report_status(linked: LinkedHost, frame: DeploymentStatus) -> Replica:
             "port": frame.port,
             "base_url": replica_url(linked.address, frame.port) if running else "",
             "simulated": frame.simulated,
-            "reported_at": datetime.fromtimestamp(frame.ts, UTC),
+            "reported_at": reported_at,
         },
     )
     return replica
@@ -244,7 +276,9 @@ def _host_deployment(linked: LinkedHost, wire_id: str) -> Deployment:
     pk = wire_pk(wire_id)
     if pk is None:
         raise UnknownDeployment(f"deployment id {wire_id[:40]!r} is not one this control plane issued")
-    deployment = Deployment.objects.filter(pk=pk, host_id=linked.host_id).first()
+    # Locked until the status is stored: a deletion or an edit of the deployment waits for it (or
+    # it for them), so a status never writes a replica of a deleted deployment or over an edit.
+    deployment = Deployment.objects.select_for_update().filter(pk=pk, host_id=linked.host_id).first()
     if deployment is None:
         raise UnknownDeployment(f"deployment {wire_id} is not on host {linked.name}")
     return deployment

@@ -1,4 +1,5 @@
-"""The periodic sweep of the ASGI process: host liveness every second, telemetry retention every minute.
+"""The periodic sweep of the ASGI process: host liveness (and the observed state of offline and returning
+hosts' deployments, agents/reconcile.py) every second, telemetry retention every minute.
 
 Why here: `make run` starts no Celery beat, and liveness must advance (online -> stale -> offline)
 even when nothing else happens. The first agent connection of an ASGI process starts one sweeper
@@ -16,8 +17,8 @@ import time
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from inventory.services import refresh_statuses
 
+from agents import reconcile
 from agents.retention import downsample_and_prune
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ async def run_sweeper() -> None:
     next_retention = time.monotonic() + settings.TELEMETRY_DOWNSAMPLE_INTERVAL_S
     while True:
         try:
-            changed = await database_sync_to_async(refresh_statuses)()
+            changed = await database_sync_to_async(reconcile.sweep)()
             if changed:
                 log.info("Liveness sweep: %d host(s) changed status.", changed)
             if time.monotonic() >= next_retention:

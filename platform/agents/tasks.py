@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from celery import shared_task
 from django.db import OperationalError
-from inventory.services import refresh_statuses
 
+from agents import reconcile
 from agents.retention import downsample_and_prune
 
 
@@ -17,8 +17,9 @@ from agents.retention import downsample_and_prune
     ignore_result=True,
 )
 def sweep_liveness() -> int:
-    """Recompute every host's online/stale/offline status; returns how many changed."""
-    return refresh_statuses()
+    """Recompute every host's online/stale/offline status, and the observed state of offline and
+    returning hosts' deployments; returns how many hosts changed status."""
+    return reconcile.sweep()
 
 
 @shared_task(

@@ -1,7 +1,9 @@
 """Deployments: a served model on some devices of one host, desired vs observed state.
 
 Operators (or the placer) set ``desired_state``; the host's agent reports ``observed_state`` as
-it converges. The two differ while a change is in flight or when the agent failed.
+it converges. The two differ while a change is in flight or when the agent failed. The control
+plane sets it where no report can come: ``unknown`` while the host is offline, ``pending`` while a
+device change waits for the agent, ``stopped`` for what the agent has no engine of.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ class ObservedState(models.TextChoices):
     STOPPING = "stopping", "stopping"
     STOPPED = "stopped", "stopped"
     FAILED = "failed", "failed"
+    UNKNOWN = "unknown", "unknown (the host is offline)"
+
+
+# Observed states that claim an engine is up (or coming up) on the host.
+ENGINE_UP = (ObservedState.STARTING, ObservedState.RUNNING)
 
 
 class Deployment(models.Model):
@@ -37,6 +44,12 @@ class Deployment(models.Model):
     )
     observed_message = models.TextField(blank=True)
     observed_at = models.DateTimeField(null=True, blank=True)
+    # Set when the devices change while an engine runs: until the agent reports restarting it, a
+    # `running` is the old engine's. {"devices": [index, ...], "state": ..., "message": ...}: the
+    # old engine's devices and its last observed state, restored if the edit is undone in time.
+    restart_from = models.JSONField(
+        null=True, blank=True, help_text="the engine the agent runs while a device change awaits its restart"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 from inventory.models import Device, Host
 from registry.models import ServedModel
 
-from deployments.models import Deployment, DesiredState, ObservedState
+from deployments.models import ENGINE_UP, Deployment, DesiredState, ObservedState
 
 
 class PlacementError(ValueError):
@@ -52,13 +52,19 @@ def _lock_host(host_id: int) -> None:
     Host.objects.select_for_update().filter(pk=host_id).first()
 
 
+# What the agent link writes; an edit re-reads these instead of writing back a stale copy.
+_OBSERVED_FIELDS = ("observed_state", "observed_message", "observed_at", "restart_from")
+
+
 @transaction.atomic
 def create_deployment(
     model: ServedModel, host: Host, devices: Sequence[Device], desired_state: str = DesiredState.RUNNING
 ) -> Deployment:
     _lock_host(host.pk)
     check_placement(model, host, devices)
-    deployment = Deployment.objects.create(model=model, host=host, desired_state=desired_state)
+    deployment = Deployment(model=model, host=host, desired_state=desired_state)
+    _settle_stop(deployment)  # created stopped: the agent never runs it, so it never reports it
+    deployment.save()
     deployment.devices.set(devices)
     return deployment
 
@@ -70,23 +76,87 @@ def update_deployment(
     devices: Sequence[Device] | None = None,
     desired_state: str | None = None,
 ) -> Deployment:
-    """Change the devices and/or desired state; the model and host of a deployment are fixed."""
+    """Change the devices and/or desired state; the model and host of a deployment are fixed.
+
+    Only these fields are written: the observed ones of ``deployment`` may be older than what the
+    agent reported since it was loaded, and are re-read under the row lock first."""
     _lock_host(deployment.host_id)
+    Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+    deployment.refresh_from_db(fields=[*_OBSERVED_FIELDS])
     if desired_state is not None:
         deployment.desired_state = desired_state
+    fields = ["desired_state", "updated_at"]
     if devices is not None or deployment.desired_state == DesiredState.RUNNING:
         chosen = list(devices) if devices is not None else list(deployment.devices.order_by("index"))
         check_placement(deployment.model, deployment.host, chosen, exclude=deployment)
         if devices is not None:
+            before = sorted(deployment.devices.values_list("index", flat=True))
             deployment.devices.set(chosen)
-    deployment.save()
+            fields += _await_restart(deployment, before, sorted(d.index for d in chosen))
+    fields += _settle_stop(deployment)
+    deployment.save(update_fields=sorted(set(fields)))
     return deployment
 
 
-def report_observed_state(deployment: Deployment, state: ObservedState, message: str = "") -> Deployment:
-    """Record what the agent sees (called from the agent link)."""
-    Deployment.objects.filter(pk=deployment.pk).update(
-        observed_state=state, observed_message=message, observed_at=timezone.now()
+def _await_restart(deployment: Deployment, before: list[int], after: list[int]) -> list[str]:
+    """The devices changed from ``before`` to ``after``: the agent will stop the engine and start
+    one on the new devices (it restarts an engine only when its spec changed). Until it reports
+    doing so, the engine it runs is the old one, whatever it says. Returns the fields changed."""
+    pending = deployment.restart_from
+    if before == after:
+        return []
+    if pending is not None:
+        if pending["devices"] != after:
+            return []  # still the same old engine to wait for
+        # Undone before the agent acted: it keeps the old engine and will report nothing new.
+        deployment.observed_state, deployment.observed_message = pending["state"], pending["message"]
+        deployment.restart_from = None
+        return [*_OBSERVED_FIELDS]
+    if deployment.observed_state not in (*ENGINE_UP, ObservedState.UNKNOWN):
+        return []  # no engine up: whatever the agent reports next is about the new devices
+    deployment.restart_from = {
+        "devices": before,
+        "state": deployment.observed_state,
+        "message": deployment.observed_message,
+    }
+    deployment.observed_state = ObservedState.PENDING
+    deployment.observed_message = (
+        f"devices changed from {before} to {after}; waiting for the agent to restart"
     )
+    deployment.observed_at = timezone.now()
+    return [*_OBSERVED_FIELDS]
+
+
+def _settle_stop(deployment: Deployment) -> list[str]:
+    """A deployment meant to stop whose agent has no engine of it (it never reported one, or it
+    refused it) is stopped now: the agent has nothing to stop, so no report will come. One that
+    failed while running is stopped by the agent, which reports it. Returns the fields changed."""
+    if (
+        deployment.desired_state != DesiredState.STOPPED
+        or deployment.observed_state not in (ObservedState.PENDING, ObservedState.FAILED)
+        or deployment.restart_from is not None
+    ):
+        return []
+    deployment.observed_state, deployment.observed_message = ObservedState.STOPPED, ""
+    deployment.observed_at = timezone.now()
+    return ["observed_state", "observed_message", "observed_at"]
+
+
+def report_observed_state(deployment: Deployment, state: ObservedState, message: str = "") -> Deployment:
+    """Record what the agent reports (called from the agent link with ``deployment`` read under a
+    row lock). While a device change awaits the engine's restart, a `running` is the old engine's:
+    it is kept as the state to restore, not shown; any other report ends the wait."""
+    pending = deployment.restart_from
+    changes: dict[str, object]
+    if pending is not None and state == ObservedState.RUNNING:
+        changes = {"restart_from": {**pending, "state": state, "message": message}}
+    else:
+        changes = {
+            "observed_state": state,
+            "observed_message": message,
+            "observed_at": timezone.now(),
+            "restart_from": None,
+        }
+    Deployment.objects.filter(pk=deployment.pk).update(**changes)
     deployment.refresh_from_db()
     return deployment
