@@ -9,17 +9,26 @@ a CUDA IPC buffer on GPU I. Events go to stdout as JSON lines, flushed:
     {"event": "leased", "producer_id", "region_id", "device", "nbytes", "handle"}
     {"event": "reclaiming", "region_id"}
     {"event": "reclaimed", "region_id", "clean": true|false, "seconds"}
+    {"event": "withdrawn", "region_id"}    (the coordinator went away; "leased" follows once
+                                            a new one answers)
 
 SIGUSR1 (or --reclaim-after) starts the reclaim: request it, poll until every consumer allocation
 is freed, unlease, release the memory, exit 0. SIGTERM/SIGINT do the same. If consumers do not
 give the region back within --reclaim-timeout the agent exits 3 anyway; its disconnect withdraws
-the region (consumers see it in pending_reclaims with withdrawn=True).
+the region (consumers see it in pending_reclaims with withdrawn=True). A reclaim while nothing is
+lent (the coordinator is gone) exits 0 at once; one whose coordinator goes away midway exits 3.
+
+If the coordinator goes away (the host agent restarts it: every session ends, the new coordinator
+starts empty), the lease is gone with it. The agent releases that memory and leases FRESH memory
+once a new coordinator answers (one connection attempt per backoff period): a consumer that has
+not yet noticed the restart may still have the old memory mapped, so it is never lent again.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -28,15 +37,31 @@ import threading
 import time
 from typing import Any
 
-from serving.aqua.coordinator import AquaClient
+from serving.aqua.coordinator import AquaClient, CoordinatorError, CoordinatorUnavailable
+from serving.aqua.coordinator.session import CoordinatorSession
 from serving.aqua.memory.base import Region
 from serving.aqua.memory.shm import ShmRegion
 
+log = logging.getLogger(__name__)
+KEEP_INTERVAL_S = 0.1  # how often the lender process checks that its lease still stands
+
 
 class LenderAgent:
-    """Lend `nbytes` of `device` memory through the coordinator at `socket_path`."""
+    """Lend `nbytes` of `device` memory through the coordinator at `socket_path`.
 
-    def __init__(self, socket_path: str, device: str, nbytes: int, producer_id: str | None = None) -> None:
+    The first session is opened at once (CoordinatorUnavailable if no coordinator answers within
+    `connect_timeout` seconds); later ones by `keep_lent`.
+    """
+
+    def __init__(
+        self,
+        socket_path: str,
+        device: str,
+        nbytes: int,
+        producer_id: str | None = None,
+        *,
+        connect_timeout: float = 10.0,
+    ) -> None:
         if nbytes <= 0:
             raise ValueError(f"{nbytes=} must be positive")
         if re.fullmatch(r"cpu\d*|cuda:\d+", device) is None:
@@ -44,42 +69,94 @@ class LenderAgent:
         self.device = device
         self.nbytes = nbytes
         self.producer_id = producer_id or f"producer-{os.getpid()}"
-        self.client = AquaClient(socket_path, name=self.producer_id)
+        self._session = CoordinatorSession(
+            socket_path, name=self.producer_id, connect_timeout=connect_timeout
+        )
         self.region: Region | None = None
         self.region_id: str | None = None
+        self._lease_client: AquaClient | None = None  # the session that holds the lease
+
+    @property
+    def client(self) -> AquaClient | None:
+        """The current coordinator client."""
+        return self._session.client
 
     def lend(self) -> str:
-        """Create the memory and lease it; returns the region id."""
+        """Create fresh memory and lease it; returns the region id."""
         if self.region_id is not None:
             raise RuntimeError(f"already lending region {self.region_id}")
+        client = self._session.current()
+        if client is None:
+            raise CoordinatorUnavailable(f"no coordinator session at {self._session.socket_path}")
         try:
-            self.region = _create_region(self.device, self.nbytes)
+            region = _create_region(self.device, self.nbytes)
         except OSError as exc:
             raise RuntimeError(f"cannot create a {self.nbytes}-byte region on {self.device}: {exc}") from exc
-        self.region_id = self.client.lease(self.producer_id, self.device, self.nbytes, self.region.handle())
-        return self.region_id
+        try:
+            region_id = client.lease(self.producer_id, self.device, self.nbytes, region.handle())
+        except BaseException:
+            region.close()
+            raise
+        self.region, self.region_id, self._lease_client = region, region_id, client
+        return region_id
+
+    def keep_lent(self) -> bool:
+        """Lend again if the coordinator went away; returns whether a region is leased now.
+
+        Called periodically. While the lease's session is up it costs no round trip. Once that
+        session has ended (the coordinator withdrew the lease), the memory is released (never
+        lent again: see the module doc) and, when a new session opens, fresh memory is leased.
+        """
+        if self.region_id is not None:
+            if self._lease_client is not None and self._lease_client.connected():
+                return True
+            self._withdrawn()
+        if self._session.ensure() is None:
+            return False
+        try:
+            self.lend()
+        except (CoordinatorError, RuntimeError) as exc:
+            log.warning("aqua: %s could not lend again: %s", self.producer_id, exc)
+            return False
+        return True
 
     def reclaim(self, timeout: float, poll_interval: float = 0.01) -> bool:
         """Reclaim the region: wait for its consumer to free it, unlease, release the memory.
 
-        Returns True if the consumer gave it back within `timeout`; False otherwise, in which case
-        the region stays leased (and is withdrawn when this agent's connection closes).
+        Returns True if the consumer gave it back within `timeout` (or nothing was lent); False
+        otherwise, in which case the region stays leased (and is withdrawn when this agent's
+        connection closes), or was withdrawn already because the coordinator went away.
         """
         if self.region_id is None:
+            self._release_memory()
             return True
-        self.client.request_reclaim(self.region_id)
-        if not self.client.wait_reclaimed(self.region_id, timeout, poll_interval):
+        client = self._lease_client
+        try:
+            if client is None or not client.connected():
+                raise CoordinatorUnavailable("the lease's session has ended")
+            client.request_reclaim(self.region_id)
+            if not client.wait_reclaimed(self.region_id, timeout, poll_interval):
+                return False
+            client.unlease(self.region_id)
+        except CoordinatorUnavailable:
+            self._withdrawn()
             return False
-        self.client.unlease(self.region_id)
-        self.region_id = None
-        if self.region is not None:
-            self.region.close()
-            self.region = None
+        self.region_id = self._lease_client = None
+        self._release_memory()
         return True
 
     def close(self) -> None:
         """Disconnect (withdrawing anything still leased) and release the memory."""
-        self.client.close()
+        self._session.close()
+        self._release_memory()
+
+    def _withdrawn(self) -> None:
+        """The lease's session ended: the coordinator withdrew the region; release its memory."""
+        log.warning("aqua: %s lost its coordinator; region %s withdrawn", self.producer_id, self.region_id)
+        self.region_id = self._lease_client = None
+        self._release_memory()
+
+    def _release_memory(self) -> None:
         if self.region is not None:
             self.region.close()
             self.region = None
@@ -128,26 +205,48 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: go.set())
     try:
         agent = LenderAgent(args.socket, args.device, args.nbytes, args.producer_id)
-        region_id = agent.lend()
+        agent.lend()
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    assert agent.region is not None
-    _emit(
-        "leased",
-        producer_id=agent.producer_id,
-        region_id=region_id,
-        device=args.device,
-        nbytes=args.nbytes,
-        handle=agent.region.handle(),
-    )
-    go.wait(args.reclaim_after)
-    _emit("reclaiming", region_id=region_id)
+    _emit_leased(agent)
+    deadline = None if args.reclaim_after is None else time.monotonic() + args.reclaim_after
+    while True:
+        wait = KEEP_INTERVAL_S if deadline is None else min(KEEP_INTERVAL_S, deadline - time.monotonic())
+        if wait <= 0 or go.wait(wait):
+            break
+        _keep_lent(agent)
+    _emit("reclaiming", region_id=agent.region_id)
     start = time.monotonic()
+    region_id = agent.region_id
     clean = agent.reclaim(args.reclaim_timeout)
     _emit("reclaimed", region_id=region_id, clean=clean, seconds=round(time.monotonic() - start, 4))
     agent.close()
     return 0 if clean else 3
+
+
+def _emit_leased(agent: LenderAgent) -> None:
+    assert agent.region is not None
+    _emit(
+        "leased",
+        producer_id=agent.producer_id,
+        region_id=agent.region_id,
+        device=agent.device,
+        nbytes=agent.nbytes,
+        handle=agent.region.handle(),
+    )
+
+
+def _keep_lent(agent: LenderAgent) -> None:
+    """`agent.keep_lent()`, reporting a withdrawn lease and a new one as events."""
+    region, region_id = agent.region, agent.region_id
+    agent.keep_lent()
+    if agent.region is region:  # region ids restart at r1 with a new coordinator: compare memory
+        return
+    if region_id is not None:
+        _emit("withdrawn", region_id=region_id)
+    if agent.region is not None:
+        _emit_leased(agent)
 
 
 if __name__ == "__main__":

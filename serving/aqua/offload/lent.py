@@ -9,15 +9,25 @@ Protocol (aqua-lib, consumer side):
     a request (the producer waits for it), so noticing it within the interval is enough;
   * `poll()`, every engine step, makes no round trip: it only checks that the session's connection
     is still open (`AquaClient.connected`). A session that has ended has had its allocation freed,
-    so the stored keys are dropped at once, unread (the requests recompute);
+    so the stored keys are dropped at once, unread (the requests recompute). `reserve` and `get`
+    make the same check before handing out a view of the region, so a load in a step whose poll
+    came before the session ended does not read it either;
   * when the last key is discarded the region is detached and the allocation freed, which lets the
     producer's reclaim finish. After that nothing is read from the region: `get` returns None.
 The watcher also frees an allocation that is being reclaimed while holding no key, so an idle
 engine does not keep a producer waiting.
+
+The coordinator may go away and a fresh, empty one start on the same socket (the host agent
+restarts it). The ended session's allocation is gone with it: it is never freed on, nor mixed with,
+a later session. The watcher opens a new session (`CoordinatorSession`: one connection attempt per
+backoff period, off the engine's step), and once a producer lends to the new coordinator `reserve`
+allocates from it again; until then the engine uses the next tier (DRAM). Reserve, get, poll and
+discard never wait for a connection: while the coordinator is down they answer at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -28,6 +38,7 @@ from serving.aqua.offload.store import KVStore
 if TYPE_CHECKING:
     import torch
 
+    from serving.aqua.coordinator.client import AquaClient
     from serving.aqua.coordinator.records import Allocation
     from serving.aqua.memory.base import Region
 
@@ -50,14 +61,17 @@ class LentRegionStore(KVStore):
     tier = "lent"
 
     def __init__(self, socket_path: str, consumer_id: str, nbytes: int, retry_seconds: float = 1.0) -> None:
-        from serving.aqua.coordinator import AquaClient
+        from serving.aqua.coordinator.session import CoordinatorSession
 
         self.consumer_id = consumer_id
         self.nbytes = nbytes
         self.retry_seconds = retry_seconds
-        self.client = AquaClient(socket_path, name=f"{consumer_id}/kv-offload")
+        self._session = CoordinatorSession(socket_path, name=f"{consumer_id}/kv-offload")
+        if self._session.ensure() is None:  # e.g. the agent is restarting its coordinator
+            logger.warning("aqua: no coordinator at %s yet; offloading to the next tier", socket_path)
         self._lock = threading.RLock()
         self._alloc: Allocation | None = None
+        self._alloc_client: AquaClient | None = None  # the session that made _alloc (and owns it)
         self._region: Region | None = None
         self._base: torch.Tensor | None = None
         self._entries: dict[str, tuple[int, int]] = {}  # key -> (offset, nbytes) in the allocation
@@ -65,20 +79,34 @@ class LentRegionStore(KVStore):
         self._next_try = 0.0
         self.allocations = 0
         self.releases = 0
+        self.sessions_lost = 0
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="aqua-lent-watch", daemon=True)
         self._watcher.start()
 
+    @property
+    def client(self) -> AquaClient:
+        """The current coordinator client (its session may have ended)."""
+        client = self._session.client
+        if client is None:
+            from serving.aqua.coordinator.errors import CoordinatorUnavailable
+
+            raise CoordinatorUnavailable(f"no coordinator session at {self._session.socket_path} yet")
+        return client
+
     # -- allocation lifecycle -----------------------------------------------------------------------
     def _ensure_allocation(self) -> bool:
         if self._alloc is not None:
-            return not self._reclaiming
+            return not self._reclaiming and self._session_up()
         now = time.monotonic()
         if now < self._next_try:
             return False
+        client = self._session.current()  # the watcher reconnects; the step never waits for it
+        if client is None:
+            return False
         self._next_try = now + self.retry_seconds
         try:
-            alloc = self.client.allocate(self.consumer_id, self.nbytes)
+            alloc = client.allocate(self.consumer_id, self.nbytes)
         except Exception as exc:  # coordinator gone: DRAM fallback
             logger.warning("aqua: coordinator allocate failed: %s", exc)
             return False
@@ -90,36 +118,48 @@ class LentRegionStore(KVStore):
             region = open_region(alloc.handle)
         except Exception as exc:
             logger.warning("aqua: cannot attach lent region %s: %s", alloc.region_id, exc)
-            self.client.free(alloc.alloc_id, self.consumer_id)
+            with contextlib.suppress(Exception):
+                client.free(alloc.alloc_id, self.consumer_id)
             return False
-        self._alloc, self._region = alloc, region
+        self._alloc, self._alloc_client, self._region = alloc, client, region
         self._base = region.tensor(alloc.offset, alloc.nbytes)
         self._reclaiming = False
         self.allocations += 1
         logger.info("aqua: allocated %d B of lent region %s", alloc.nbytes, alloc.region_id)
         return True
 
+    def _session_up(self) -> bool:
+        """Whether the session that made the allocation is still up; if not, drop what it held."""
+        client = self._alloc_client
+        if client is not None and client.connected():
+            return True
+        self._session_lost("the coordinator closed our session")
+        return False
+
     def _release(self) -> None:
         """Detach and free the allocation (no key may be held)."""
-        alloc, region = self._alloc, self._region
+        alloc, client, region = self._alloc, self._alloc_client, self._region
         self._entries.clear()
-        self._alloc, self._region, self._base = None, None, None
+        self._alloc, self._alloc_client, self._region, self._base = None, None, None, None
         self._reclaiming = False
         if region is not None:
             region.close()
         if alloc is not None:
-            try:
-                self.client.free(alloc.alloc_id, self.consumer_id)
-            except Exception as exc:
-                logger.warning("aqua: free of %s failed: %s", alloc.alloc_id, exc)
+            # Only on the session that made it: an ended session's allocation died with it, and
+            # its id may name another allocation on a new coordinator.
+            if client is not None and client.connected():
+                try:
+                    client.free(alloc.alloc_id, self.consumer_id)
+                except Exception as exc:
+                    logger.warning("aqua: free of %s failed: %s", alloc.alloc_id, exc)
             self.releases += 1
             logger.info("aqua: gave back lent region %s", alloc.region_id)
 
     def _check_reclaim(self) -> None:
-        if self._alloc is None:
+        if self._alloc is None or self._alloc_client is None:
             return
         try:
-            pending = self.client.pending_reclaims(self.consumer_id)
+            pending = self._alloc_client.pending_reclaims(self.consumer_id)
         except Exception as exc:
             self._session_lost(f"pending_reclaims failed ({exc})")
             return
@@ -129,7 +169,8 @@ class LentRegionStore(KVStore):
     def _session_lost(self, why: str) -> None:
         """Our session is over, and with it the allocation: the coordinator has freed it and may
         already have given the bytes to another consumer. Nothing stored there can be trusted, so
-        nothing is evacuated: the requests recompute (get() now misses)."""
+        nothing is evacuated: the requests recompute (get() now misses). The region is detached
+        at once; the allocation is not freed (it died with the session)."""
         assert self._alloc is not None
         logger.warning(
             "aqua: %s; dropping %d stored request(s) of lent region %s",
@@ -137,17 +178,20 @@ class LentRegionStore(KVStore):
             len(self._entries),
             self._alloc.region_id,
         )
+        self.sessions_lost += 1
         self._entries.clear()
         self._reclaiming = True
+        self._release()
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_INTERVAL_S):
+            self._session.ensure()  # reopen an ended session (with backoff); outside the lock
             with self._lock:
                 if self._alloc is None:
                     continue
                 if not self._reclaiming:
                     self._check_reclaim()
-                if self._reclaiming and not self._entries:
+                if self._alloc is not None and self._reclaiming and not self._entries:
                     self._release()
 
     # -- KVStore --------------------------------------------------------------------------------------
@@ -174,7 +218,7 @@ class LentRegionStore(KVStore):
     def get(self, key: str) -> torch.Tensor | None:
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or self._base is None:
+            if entry is None or self._base is None or not self._session_up():
                 return None
             off, n = entry
             return self._base[off : off + n]
@@ -190,8 +234,8 @@ class LentRegionStore(KVStore):
 
     def poll(self) -> list[str]:
         with self._lock:
-            if self._alloc is not None and self._entries and not self.client.connected():
-                self._session_lost("the coordinator closed our session")
+            if self._alloc is not None and not self._session_up():
+                return []
             if not self._reclaiming:
                 return []
             if not self._entries:
@@ -201,6 +245,7 @@ class LentRegionStore(KVStore):
 
     def close(self) -> None:
         self._stop.set()
+        self._watcher.join(timeout=5.0)
         with self._lock:
             self._release()
-        self.client.close()
+        self._session.close()
