@@ -107,10 +107,10 @@ class DecodeLaneSim:
                 n_running += 1
                 ctx_total += rec.prompt_tokens + have
             if not n_running:
-                nxt = min(
-                    landing[0][0] if landing else float("inf"),
-                    queue[0].ready if queue and slots > 0 else float("inf"),
-                )
+                # Idle until a pull lands or the next request is ready. A ready request left in
+                # the queue is waiting for blocks that in-flight pulls hold: only a landing helps.
+                head = queue[0].ready if queue and slots > 0 else float("inf")
+                nxt = min(landing[0][0] if landing else float("inf"), head if head > now else float("inf"))
                 if nxt == float("inf"):
                     raise RuntimeError("decode lane stalled: requests wait but nothing can run or land")
                 now = max(now, nxt)

@@ -15,12 +15,16 @@ preemption threw that KV away, so service never decreases.
     new arrival) may instead preempt any request that has had its first token and has run
     `first_slice_iters` iterations (default 1): the equivalent of Linux CFS's wakeup preemption,
     where a woken task whose vruntime trails the running one's preempts it without waiting for the
-    end of its slice (Documentation/scheduler/sched-design-CFS.rst). No request loses its slot
-    before its first token, so this never delays a TTFT, and it bounds a burst's TTFT by one
-    iteration per wave of `max_running` new requests instead of a full slice per wave; victims
+    end of its slice (Documentation/scheduler/sched-design-CFS.rst). This bounds a burst's TTFT by
+    one iteration per wave of `max_running` new requests instead of a full slice per wave; victims
     rejoin the queue as served requests, so the slice and the gap still keep served requests from
     thrashing among themselves. Most served victims go first; rotations are planned only when
     they let the waiting request in.
+    No request is rotated out before its first token, whichever request waits: a rotation never
+    delays a TTFT, and it never lowers a victim's service. (With recompute preemption a prompt
+    rotated out mid-prefill would lose its progress and come back with service 0, i.e. as a new
+    arrival entitled to wakeup preemption: two long prompts, or a long prompt and a resumed request,
+    could then evict each other forever without either finishing its prefill.)
   * prefill_token_cap: prefill chunks may use the budget left after one token for every decode,
     so prefills never starve decodes.
 
@@ -53,7 +57,9 @@ class AquaFairPolicy(SchedulingPolicy):
 
     Args:
         slice_iters: Iterations a request runs after admission before it may be rotated out.
-        min_service_gap: Minimum service lead (tokens) of a victim over the request it yields to.
+        min_service_gap: Minimum service lead (tokens) of a victim over the request it yields to;
+            at least 1, else two requests with equal service could take turns rotating each other
+            out, and with recompute preemption neither would ever get back to a new token.
         first_slice_iters: The slice when the waiting request has had no service yet (a new
             arrival); at most `slice_iters`.
     """
@@ -61,8 +67,8 @@ class AquaFairPolicy(SchedulingPolicy):
     def __init__(self, slice_iters: int = 4, min_service_gap: int = 16, first_slice_iters: int = 1) -> None:
         if slice_iters <= 0:
             raise ValueError(f"{slice_iters=} must be positive")
-        if min_service_gap < 0:
-            raise ValueError(f"{min_service_gap=} must be >= 0")
+        if min_service_gap < 1:
+            raise ValueError(f"{min_service_gap=} must be >= 1")
         if not 0 < first_slice_iters <= slice_iters:
             raise ValueError(f"{first_slice_iters=} must be in [1, {slice_iters=}]")
         self.slice_iters = slice_iters
@@ -108,14 +114,14 @@ class AquaFairPolicy(SchedulingPolicy):
                 continue
             taken = {id(v) for v in victims}
             new_arrival = service(w) == 0
-            if new_arrival:  # wakeup preemption: any victim that has had its first token
-                pool = [
-                    r
-                    for r in by_service
-                    if id(r) not in taken and r.num_output_tokens > 0 and ran(r) >= self.first_slice_iters
-                ]
-            else:
-                pool = [r for r in by_service if id(r) not in taken and ran(r) >= self.slice_iters]
+            # Wakeup preemption (a new arrival) after the first slice, else after the full slice;
+            # either way only requests past their first token (see the module docstring).
+            slice_iters = self.first_slice_iters if new_arrival else self.slice_iters
+            pool = [
+                r
+                for r in by_service
+                if id(r) not in taken and r.num_output_tokens > 0 and ran(r) >= slice_iters
+            ]
             candidates = iter(pool)
             planned: list[R] = []
             gained_blocks = 0
