@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from serving.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from serving.atomic_file import write_text_atomic
 from serving.costmodel.config import MODEL_CONFIGS
 from serving.costmodel.gpus import GPU_SPECS
@@ -39,57 +40,24 @@ from serving.workload.request import Request
 GIB = 1 << 30
 
 
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
-        if not value > 0 or (isinstance(value, float) and math.isinf(value)):
-            raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
-        return value
-
-    return parse
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid int") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
-
-
 def _path(text: str) -> Path:
     if not text.strip():  # Path("") would silently mean the current directory
         raise argparse.ArgumentTypeError(f"{text!r} is not a path")
     return Path(text)
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 and finite")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m serving.sim", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="llama-3-8b", choices=sorted(MODEL_CONFIGS))
     p.add_argument("--gpu", default="h100", choices=sorted(GPU_SPECS))
-    p.add_argument("--tp", type=_positive(int), default=1, help="tensor-parallel degree (GPUs per engine)")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (GPUs per engine)")
     p.add_argument("--policy", default="fcfs", choices=available_policies())
     p.add_argument("--workload", default="poisson", choices=WORKLOAD_KINDS)
-    p.add_argument("--rate", type=_positive(float), default=None, help="requests/s (burst: base rate)")
-    p.add_argument("--duration", type=_positive(float), default=300.0, help="arrival window (s)")
+    p.add_argument("--rate", type=positive_float, default=None, help="requests/s (burst: base rate)")
+    p.add_argument("--duration", type=positive_float, default=300.0, help="arrival window (s)")
     p.add_argument("--dataset", default="sharegpt", choices=available_length_dists())
     p.add_argument("--trace", type=_path, default=None, help="CSV trace for --workload trace")
-    p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument(
         "--predict", default="none", choices=("none", "oracle"),
         help="response-length predictions for the policy: none, or each request's true length",
@@ -97,19 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=_path, help="output directory (created if missing)")
     g = p.add_argument_group("engine")
     g.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES)
-    g.add_argument("--max-num-batched-tokens", type=_positive(int), default=2048)
-    g.add_argument("--max-num-seqs", type=_positive(int), default=256)
-    g.add_argument("--block-size", type=_positive(int), default=16)
-    g.add_argument("--kv-blocks", type=_positive(int), default=None, help="KV capacity in blocks (overrides)")
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=2048)
+    g.add_argument("--max-num-seqs", type=positive_int, default=256)
+    g.add_argument("--block-size", type=positive_int, default=16)
+    g.add_argument("--kv-blocks", type=positive_int, default=None, help="KV capacity in blocks (overrides)")
     g.add_argument(
-        "--gpu-memory-utilization", type=_positive(float), default=0.9,
+        "--gpu-memory-utilization", type=positive_float, default=0.9,
         help="fraction of GPU memory for weights + KV, as vLLM's flag (default 0.9)",
     )  # fmt: skip
-    g.add_argument("--peer-memory-gib", type=_non_negative_float, default=0.0, help="lent GiB (offload_peer)")
-    g.add_argument("--reclaim-at", type=_non_negative_float, default=None, help="time (s) of a reclaim")
+    g.add_argument("--peer-memory-gib", type=non_negative_float, default=0.0, help="lent GiB (offload_peer)")
+    g.add_argument("--reclaim-at", type=non_negative_float, default=None, help="time (s) of a reclaim")
     s = p.add_argument_group("SLO")
-    s.add_argument("--ttft-slo-ms", type=_positive(float), default=1000.0, help="TTFT target (default 1000)")
-    s.add_argument("--tbt-slo-ms", type=_positive(float), default=100.0, help="TPOT target (default 100)")
+    s.add_argument("--ttft-slo-ms", type=positive_float, default=1000.0, help="TTFT target (default 1000)")
+    s.add_argument("--tbt-slo-ms", type=positive_float, default=100.0, help="TPOT target (default 100)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
