@@ -14,8 +14,9 @@ from accounts.models import User
 
 
 class RateLimitedModelBackend(ModelBackend):
-    """Username + password against the user table, refused while the username or the client's
-    address has too many recent failures (accounts/login_limits.py).
+    """Username + password against the user table, refused while the username from the client's
+    address, the address, or the username from anywhere has too many recent failures
+    (accounts/login_limits.py).
 
     Raises:
         SignInLocked: from ``authenticate()``, before the password is checked.
@@ -37,7 +38,7 @@ class RateLimitedModelBackend(ModelBackend):
         if user is None:
             login_limits.record_failure(request, username)
         else:
-            login_limits.clear_username(username)
+            login_limits.record_success(request, username)
         return user
 
     async def aauthenticate(

@@ -4,7 +4,8 @@ Local default (nothing to configure): SQLite under var/, Celery on kombu's files
 var/broker, Channels' in-memory layer, a SECRET_KEY generated once into var/. Production switches:
 
 - ``DATABASE_URL``  PostgreSQL (or any dj-database-url URL) instead of SQLite.
-- ``REDIS_URL``     Celery broker + result backend and the channels_redis layer.
+- ``REDIS_URL``     Celery broker + result backend, the channels_redis layer, and (on the next
+  database index, or ``CACHE_URL``) the cache that counts failed sign-ins across processes.
 - ``SECRET_KEY``    required to be stable across hosts; ``DEBUG``, ``ALLOWED_HOSTS``,
   ``CSRF_TRUSTED_ORIGINS`` and the rest are read below with typed helpers.
 """
@@ -15,6 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -133,11 +135,14 @@ if TESTING:
     # Test users are created per test; the production hasher's work factor would dominate the run.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Failed sign-ins (accounts/login_limits.py), on the sign-in page, the admin's and the token endpoint:
-# a username with LOGIN_FAILURES_PER_USERNAME failures, or a client address with
-# LOGIN_FAILURES_PER_ADDRESS, within LOGIN_FAILURE_WINDOW_S of its first is refused until the window
-# ends. Counted in the default cache, the local-memory one: per process.
+# a username from one client address with LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS failures, an
+# address with LOGIN_FAILURES_PER_ADDRESS (across usernames), or a username with
+# LOGIN_FAILURES_PER_USERNAME (from every address: high, or anyone could lock its owner out), within
+# LOGIN_FAILURE_WINDOW_S of its first is refused until the window ends. Counted in the default cache
+# (CACHES below); `manage.py clear_login_limits` forgets counts.
 AUTHENTICATION_BACKENDS = ["accounts.backends.RateLimitedModelBackend"]
-LOGIN_FAILURES_PER_USERNAME = env_int("LOGIN_FAILURES_PER_USERNAME", 5, minimum=1)
+LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS = env_int("LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS", 5, minimum=1)
+LOGIN_FAILURES_PER_USERNAME = env_int("LOGIN_FAILURES_PER_USERNAME", 100, minimum=1)
 LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 20, minimum=1)
 LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 900, minimum=1)
 LOGIN_URL = "/accounts/login/"
@@ -228,6 +233,56 @@ else:
     CELERY_RESULT_BACKEND = None
     CELERY_TASK_IGNORE_RESULT = True
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+# --- Cache ------------------------------------------------------------------------------------
+# The default cache holds the failed sign-in counts (accounts/login_limits.py) and the token
+# endpoint's throttle. With REDIS_URL (or CACHE_URL) it is Redis, one count for every web process
+# and worker. It gets a Redis database of its own: CACHE_URL, by default REDIS_URL with the database
+# index + 1 (redis://h:6379/0 -> redis://h:6379/1), because clearing the cache (the test suite does,
+# before every test) flushes its whole database, and the channel layer and Celery keep theirs in
+# REDIS_URL's. Without either: the local-memory cache, one per process (`make run`), so N processes
+# allow N times the sign-in limits and a restart forgets them.
+def _redis_db(name: str, url: str) -> int:
+    """The database index in a Redis URL (``?db=N`` before the ``/N`` path, as redis-py reads it)."""
+    parts = urlsplit(url)
+    path = "" if parts.scheme == "unix" else parts.path.strip("/")
+    value = parse_qs(parts.query).get("db", [path])[-1] or "0"
+    if not value.isdigit():
+        raise ImproperlyConfigured(f"{name}={url!r}: database index {value!r} is not a number")
+    return int(value)
+
+
+def _with_redis_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"]
+    if parts.scheme == "unix":  # urlunsplit() would drop the "//" of an empty host
+        return f"unix://{parts.netloc}{parts.path}?{urlencode([*query, ('db', str(db))])}"
+    return urlunsplit(parts._replace(path=f"/{db}", query=urlencode(query)))
+
+
+CACHE_URL = env_url("CACHE_URL", ("redis", "rediss", "unix"))
+if REDIS_URL:
+    _redis_db_index = _redis_db("REDIS_URL", REDIS_URL)
+    if not CACHE_URL:
+        if _redis_db_index >= 15:  # Redis has databases 0-15 unless configured with more
+            raise ImproperlyConfigured(
+                f"{REDIS_URL=} uses database {_redis_db_index}, the cache's would be past Redis's"
+                " default 0-15: set CACHE_URL to a database of the cache's own"
+            )
+        CACHE_URL = _with_redis_db(REDIS_URL, _redis_db_index + 1)
+    elif _with_redis_db(CACHE_URL, _redis_db("CACHE_URL", CACHE_URL)) == _with_redis_db(
+        REDIS_URL, _redis_db_index
+    ):
+        raise ImproperlyConfigured(
+            f"{CACHE_URL=} is REDIS_URL's database: clearing the cache would flush Celery's and the "
+            "channel layer's keys"
+        )
+CACHES: dict[str, dict[str, Any]]
+if CACHE_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # How long a host may stay silent before it counts as stale, then offline (seconds). Agents send a
 # heartbeat every second: stale = two missed heartbeats (plus half a second of jitter).

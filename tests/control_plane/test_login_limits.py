@@ -1,4 +1,5 @@
-"""Failed sign-ins are limited per username and per client address, on every sign-in path."""
+"""Failed sign-ins are limited per username and address, per address and per username, on every
+sign-in path."""
 
 from __future__ import annotations
 
@@ -47,8 +48,31 @@ def sign_in(
     return Attempt(response.status_code, response.content.decode(), "_auth_user_id" in client.session)
 
 
-@override_settings(LOGIN_FAILURES_PER_USERNAME=3, LOGIN_FAILURES_PER_ADDRESS=100)
-def test_it_locks_a_username_after_too_many_failures_even_with_the_right_password(
+def test_it_locks_a_username_only_from_the_address_that_guessed(
+    bob: User, charlie: User, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the default limits: knowing bob's username is not enough to lock bob out."""
+    for _ in range(5):
+        failed = sign_in("bob", "guess", address="198.51.100.4")
+        assert failed.status_code == 200 and not failed.signed_in and not failed.locked
+
+    with caplog.at_level(logging.WARNING, logger="accounts"):
+        refused = sign_in("bob", BOB_PASSWORD, address="198.51.100.4")
+    assert refused.status_code == 200  # the form again, with the error
+    assert refused.locked and not refused.signed_in
+    assert "for this username from this address" in refused.page
+    assert any(r.levelno == logging.WARNING and "'bob'" in r.getMessage() for r in caplog.records)
+    assert sign_in("BOB", "guess", address="198.51.100.4").locked  # another spelling, the same count
+
+    # Bob, from anywhere else, and charlie, from the same address, sign in.
+    assert sign_in("bob", BOB_PASSWORD, address="10.0.0.9").signed_in
+    assert sign_in("charlie", "charlie-pw-9f2k", address="198.51.100.4").signed_in
+
+
+@override_settings(
+    LOGIN_FAILURES_PER_USERNAME=3, LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=100, LOGIN_FAILURES_PER_ADDRESS=100
+)
+def test_it_locks_a_username_guessed_at_from_many_addresses_even_with_the_right_password(
     bob: User, charlie: User, caplog: pytest.LogCaptureFixture
 ) -> None:
     for attempt in range(3):
@@ -77,7 +101,7 @@ def test_it_locks_an_address_that_guesses_across_usernames(bob: User) -> None:
     assert sign_in("bob", BOB_PASSWORD, address="203.0.113.8").signed_in
 
 
-@override_settings(LOGIN_FAILURES_PER_USERNAME=3, LOGIN_FAILURES_PER_ADDRESS=100)
+@override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=3)
 def test_the_admin_login_and_the_token_endpoint_share_the_limit(bob: User) -> None:
     User.objects.filter(pk=bob.pk).update(is_staff=True)
     for _ in range(3):
@@ -87,15 +111,18 @@ def test_the_admin_login_and_the_token_endpoint_share_the_limit(bob: User) -> No
     assert admin.status_code == 200
     assert admin.locked and not admin.signed_in
 
-    api = APIClient(REMOTE_ADDR="10.0.0.5")
-    response = api.post("/api/v1/auth/token/", {"username": "bob", "password": BOB_PASSWORD}, format="json")
+    credentials = {"username": "bob", "password": BOB_PASSWORD}
+    response = APIClient(REMOTE_ADDR="10.0.0.1").post("/api/v1/auth/token/", credentials, format="json")
     assert response.status_code == 429
     assert LOCKED in response.json()["detail"]
     assert 0 < int(response["Retry-After"]) <= 900
     assert not ApiToken.objects.exists()
 
+    response = APIClient(REMOTE_ADDR="10.0.0.5").post("/api/v1/auth/token/", credentials, format="json")
+    assert response.status_code == 201
 
-@override_settings(LOGIN_FAILURES_PER_USERNAME=3, LOGIN_FAILURE_WINDOW_S=60)
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=3, LOGIN_FAILURE_WINDOW_S=60)
 def test_the_lock_ends_with_the_window(bob: User, monkeypatch: pytest.MonkeyPatch) -> None:
     for _ in range(3):
         sign_in("bob", "guess")
@@ -106,11 +133,21 @@ def test_the_lock_ends_with_the_window(bob: User, monkeypatch: pytest.MonkeyPatc
     assert sign_in("bob", BOB_PASSWORD).signed_in
 
 
-@override_settings(LOGIN_FAILURES_PER_USERNAME=3)
-def test_a_successful_sign_in_clears_the_usernames_failures(bob: User) -> None:
+@override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=3)
+def test_a_successful_sign_in_clears_the_failures_of_its_username_from_its_address(bob: User) -> None:
     for _ in range(2):
         sign_in("bob", "guess")
     assert sign_in("bob", BOB_PASSWORD).signed_in
     for _ in range(2):
         sign_in("bob", "guess")
     assert sign_in("bob", BOB_PASSWORD).signed_in
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME=3, LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=100)
+def test_a_successful_sign_in_leaves_the_usernames_own_count(bob: User) -> None:
+    """Else each sign-in of the owner would give a guesser spread over addresses a fresh budget."""
+    for address in ("10.0.1.1", "10.0.1.2"):
+        sign_in("bob", "guess", address=address)
+    assert sign_in("bob", BOB_PASSWORD, address="10.0.0.1").signed_in
+    sign_in("bob", "guess", address="10.0.1.3")
+    assert sign_in("bob", BOB_PASSWORD, address="10.0.0.1").locked

@@ -47,8 +47,9 @@ class SignInThrottled(Throttled):
 class TokenView(APIView):
     """``POST /api/v1/auth/token/``: exchange username + password for an API token (shown once).
 
-    Beyond the per-address throttle, failed sign-ins are limited per username and address like the
-    sign-in page's (accounts/login_limits.py): a locked one is a 429 with Retry-After.
+    Beyond the per-address throttle, failed sign-ins are limited like the sign-in page's (per username
+    and address, per address, per username: accounts/login_limits.py): a locked one is a 429 with
+    Retry-After.
     """
 
     authentication_classes: list[type] = []
