@@ -1,9 +1,9 @@
-"""What the gateway records: usage per key, model and period; request counts per rate window; and
+"""What the gateway records: usage per key, model and period; each key's rate-limit state; and
 per-request latency samples that feed each model's SLO metrics.
 
-Counters are updated with ``F()`` expressions (one UPDATE, atomic on SQLite and PostgreSQL); a
-missing row is created under its unique constraint and a lost creation race becomes an update
-(see ``record_usage`` in gateway/services.py).
+Counters and rate-limit states are updated with ``F()`` expressions (one UPDATE, atomic on SQLite
+and PostgreSQL); a missing row is created under its unique constraint and a lost creation race
+becomes an update (see ``record_usage`` in gateway/services.py).
 """
 
 from __future__ import annotations
@@ -44,18 +44,15 @@ class Usage(models.Model):
         return f"usage of key {self.key_id} on {self.model_name} from {self.period_start:%Y-%m-%d}"
 
 
-class RateWindow(models.Model):
-    """Requests a key started within one calendar minute (the sliding-window rate limiter's
-    counters: the current and the previous minute are kept)."""
+class RateLimitState(models.Model):
+    """A key's requests-per-minute state: one row per key, created on its first request (the
+    generic cell rate algorithm in gateway/quota.py), deleted with the key."""
 
-    key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
-    window_start = models.DateTimeField()
-    count = models.PositiveIntegerField(default=0)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["key", "window_start"], name="gateway_ratewindow_unique")
-        ]
+    key = models.OneToOneField(ApiKey, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    tat_ns = models.BigIntegerField(
+        help_text="theoretical arrival time: from then on the key has its full burst again "
+        "(nanoseconds since the Unix epoch)"
+    )
 
 
 class RequestSample(models.Model):

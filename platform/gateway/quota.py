@@ -1,35 +1,44 @@
 """Per-key limits, kept in the database so that every ASGI process shares them.
 
-- Requests per minute: a sliding window, estimated from one-minute counters per key
-  (``RateWindow``, incremented with one atomic UPDATE): the current minute's count plus the
-  previous minute's, weighted by the part of the sliding minute that still overlaps it. Unlike a
-  fixed window, a burst at the end of one minute is still counted at the start of the next, so a
-  key cannot get twice its rate across a window edge. A request over the limit is not counted and
-  gets 429 with Retry-After: the seconds until the same request would be admitted.
+- Requests per minute: the generic cell rate algorithm (GCRA) on one ``RateLimitState`` row per
+  key, its theoretical arrival time (TAT). For a limit of ``rpm``, each admitted request moves the
+  TAT to ``max(TAT, now) + T`` with ``T = 60/rpm`` seconds, and a request is admitted while the TAT
+  is at most ``(rpm - 1) * T`` ahead of now: a rested key may send ``rpm`` requests at once, then
+  one every ``T`` seconds, and has its full burst again at most a minute after its last request.
+  One conditional UPDATE tests and moves the TAT, so concurrent processes together admit exactly
+  what one would. The limit is exact where the old per-minute counters' estimate was not: every
+  request that a log of the past 60 s would admit (fewer than ``rpm`` in it) is admitted, and
+  within any ``s`` seconds a key gets fewer than ``rpm + s / T`` requests (so at most
+  ``2 * rpm - 1`` within one minute: a burst, then the refill). A request over the limit is not
+  counted and gets 429 with Retry-After: the seconds until the same request would be admitted.
+  Times are whole nanoseconds, ``T`` rounded down: a key gains at most a microsecond per thousand
+  requests.
 - Tokens per day: the key's ``Usage`` rows of the current UTC day. A request is refused once the
   day's total reached the quota; the request that crosses it is served in full (its size is only
   known when it ends), so a key can overshoot by one response.
 
 An admitted request's response carries OpenAI's rate-limit headers (``RateLimits.headers``):
-``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``. Remaining requests are what the sliding
-minute still admits after this one; requests reset when both counted minutes have passed, tokens
-at the next UTC midnight. Resets are durations like ``59s`` or ``1m30s``.
+``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``. Remaining requests are how many more
+the key could send right now; requests reset when its full burst is available again, tokens at
+the next UTC midnight. Resets are durations like ``59s`` or ``1m30s``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from accounts.models import ApiKey
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import BigIntegerField, F, QuerySet, Sum, Value
+from django.db.models.functions import Greatest
 
 from gateway.errors import rate_limited
-from gateway.models import RateWindow, Usage
+from gateway.models import RateLimitState, Usage
 
-MINUTE = timedelta(minutes=1)
+NS_PER_S = 1_000_000_000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def day_start(now: datetime) -> datetime:
@@ -105,44 +114,39 @@ def rate_limits(
 
 
 def take_request(key: ApiKey, now: datetime) -> tuple[int, float]:
-    """Count one request in the key's sliding minute, or raise 429 if that would exceed the limit.
+    """Admit and count one request of the key, or raise 429 if it is over the per-minute limit.
 
-    Returns how many more requests the sliding minute admits now, and the seconds until it
-    counts none of the requests made so far.
+    Returns how many more requests the key could send right now, and the seconds until its full
+    burst is available again.
     """
-    window = now.replace(second=0, microsecond=0)
-    previous = window - MINUTE
-    rows = RateWindow.objects.filter(key=key, window_start=window)
-    if not rows.update(count=F("count") + 1):
+    if now.tzinfo is None:
+        raise ValueError(f"{now=} must be timezone-aware")
+    limit = key.requests_per_minute
+    interval = 60 * NS_PER_S // limit
+    tolerance = (limit - 1) * interval
+    at = (now - EPOCH) // timedelta(microseconds=1) * 1000
+    state = RateLimitState.objects.filter(key=key)
+    admitted = _advance(state, at, interval, tolerance)
+    if not admitted and not state.exists():  # the key's first request
         try:
             with transaction.atomic():
-                RateWindow.objects.create(key=key, window_start=window, count=1)
-            RateWindow.objects.filter(key=key, window_start__lt=previous).delete()  # no longer needed
+                RateLimitState.objects.create(key=key, tat_ns=at + interval)
+            admitted = True
         except IntegrityError:  # another request created it first
-            rows.update(count=F("count") + 1)
-    counts = dict(
-        RateWindow.objects.filter(key=key, window_start__in=(previous, window)).values_list(
-            "window_start", "count"
-        )
-    )
-    current, before = counts.get(window, 0), counts.get(previous, 0)
-    elapsed = (now - window) / MINUTE
-    limit = key.requests_per_minute
-    if before * (1.0 - elapsed) + current > limit + 1e-9:  # (float noise at exact boundaries)
-        rows.update(count=F("count") - 1)
+            admitted = _advance(state, at, interval, tolerance)
+    tat = state.values_list("tat_ns", flat=True).get()
+    if not admitted:
         raise rate_limited(
             f"Rate limit exceeded: {limit} requests per minute.",
-            max(1, math.ceil(_seconds_until_admitted(before, current - 1, limit, elapsed))),
+            math.ceil((tat - tolerance - at) / NS_PER_S),
             "rate_limit_exceeded",
         )
-    remaining = max(0, math.floor(limit - (before * (1.0 - elapsed) + current) + 1e-9))
-    return remaining, (2.0 - elapsed) * 60.0  # the current minute stops counting a minute after it ends
+    remaining = max(0, (at + tolerance - tat) // interval + 1)
+    return remaining, max(0, tat - at) / NS_PER_S
 
 
-def _seconds_until_admitted(before: int, current: int, limit: int, elapsed: float) -> float:
-    """When one more request fits: ``before`` and ``current`` count the previous and current
-    minutes without it, ``elapsed`` is the fraction of the current minute gone."""
-    if current + 1 <= limit:  # later in this minute, as the previous minute's weight fades
-        return max(0.0, 1.0 - (limit - current - 1) / before - elapsed) * 60.0
-    # Only in the next minute, once this minute's weight (now the previous one) has faded enough.
-    return (1.0 - elapsed) * 60.0 + max(0.0, 1.0 - (limit - 1) / current) * 60.0
+def _advance(state: QuerySet[RateLimitState], at: int, interval: int, tolerance: int) -> bool:
+    """Count a request at ``at`` (ns) if the key's TAT admits it: one UPDATE that tests and moves
+    the TAT, atomic on SQLite and PostgreSQL."""
+    tat = Greatest(F("tat_ns"), Value(at, output_field=BigIntegerField())) + interval
+    return state.filter(tat_ns__lte=at + tolerance).update(tat_ns=tat) == 1

@@ -24,7 +24,7 @@ from django.db.models import ProtectedError
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from gateway.models import RateWindow, RequestSample, Usage
+from gateway.models import RateLimitState, RequestSample, Usage
 from gateway.quota import check_token_quota, take_request
 from gateway.services import REQUEST_SAMPLE_RETENTION, latency_summary, record_usage
 from inventory.models import AgentToken, Device, Host
@@ -347,17 +347,19 @@ def test_the_admin_refuses_to_delete_a_user_whose_keys_have_usage(bob: User, mod
     assert Usage.objects.count() == 1
 
 
-def test_deleting_a_user_without_usage_removes_their_tokens_keys_and_rate_windows(bob: User) -> None:
+def test_deleting_a_user_without_usage_removes_their_tokens_keys_and_rate_limit_states(bob: User) -> None:
     issue_api_token(bob, "cli")
     key = create_api_key(bob, "laptop").record
-    take_request(key, timezone.now())
+    for _ in range(3):
+        take_request(key, timezone.now())
+    assert RateLimitState.objects.filter(key=key).count() == 1  # one row per key, however busy
     job = Job.objects.create(kind="noop", created_by=bob)
 
     bob.delete()
 
     assert not ApiToken.objects.exists()
     assert not ApiKey.objects.exists()
-    assert not RateWindow.objects.exists()
+    assert not RateLimitState.objects.exists()
     job.refresh_from_db()
     assert job.created_by is None  # the job's record stays
 
@@ -398,3 +400,29 @@ def test_the_migration_names_existing_usage_rows_after_their_model() -> None:
 
     usage = Usage.objects.get()
     assert (usage.model_name, usage.requests) == ("old-llm", 3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_replaces_the_rate_counters_with_one_state_row_per_key() -> None:
+    from django.db.migrations.executor import MigrationExecutor
+
+    counters = [("gateway", "0003_usage_outlives_keys_and_models")]
+    state = [("gateway", "0004_ratelimitstate_replaces_ratewindow")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(counters)
+    old = executor.loader.project_state(counters).apps
+    user = old.get_model("accounts", "User").objects.create(username="carol")
+    key = old.get_model("accounts", "ApiKey").objects.create(
+        owner=user, name="k", prefix="sk-x", digest="d" * 64, requests_per_minute=1, tokens_per_day=1
+    )
+    old.get_model("gateway", "RateWindow").objects.create(key=key, window_start=timezone.now(), count=1)
+
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(state)
+
+    assert "gateway_ratewindow" not in connection.introspection.table_names()
+    take_request(ApiKey.objects.get(pk=key.pk), timezone.now())  # the key starts with its full burst
+    assert RateLimitState.objects.get().key_id == key.pk
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())  # back to the latest state for other tests

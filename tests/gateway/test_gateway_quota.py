@@ -2,58 +2,127 @@
 
 from __future__ import annotations
 
+import re
+import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from accounts.models import ApiKey
 from accounts.services import create_api_key
+from django.db import connection
 from gateway.errors import GatewayError
-from gateway.models import RateWindow, Usage
+from gateway.models import RateLimitState, Usage
 from gateway.quota import check_token_quota, duration, take_request
 from gateway.services import admit, record_usage
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 NOW = datetime(2026, 3, 4, 10, 20, 45, tzinfo=UTC)
 
 
-def test_it_refuses_the_request_over_the_per_minute_limit_with_retry_after(
+def taken_at(key: ApiKey, at: datetime) -> bool:
+    """Whether the key's request at ``at`` is admitted."""
+    try:
+        take_request(key, at)
+    except GatewayError as refused:
+        assert refused.status == 429 and refused.code == "rate_limit_exceeded"
+        return False
+    return True
+
+
+def retry_after(key: ApiKey, at: datetime) -> int | None:
+    with pytest.raises(GatewayError) as caught:
+        take_request(key, at)
+    return caught.value.retry_after_s
+
+
+def test_it_admits_one_request_a_minute_at_one_rpm(gateway_data: dict[str, Any]) -> None:
+    key = create_api_key(gateway_data["user"], "trial", requests_per_minute=1).record
+    assert taken_at(key, NOW)
+    assert retry_after(key, NOW + timedelta(seconds=1)) == 59
+    assert retry_after(key, NOW + timedelta(seconds=59, microseconds=999_999)) == 1
+    # A minute after the first, not one and a half or two (the old per-minute counters' estimate).
+    assert taken_at(key, NOW + timedelta(seconds=60))
+    assert not taken_at(key, NOW + timedelta(seconds=119))
+    assert taken_at(key, NOW + timedelta(seconds=120))
+    assert taken_at(key, NOW + timedelta(minutes=10))
+
+
+def test_it_admits_a_burst_of_the_limit_and_refuses_the_next_with_retry_after(
     gateway_data: dict[str, Any],
 ) -> None:
-    key = create_api_key(gateway_data["user"], "rpm", requests_per_minute=3).record
-    for _ in range(3):
-        take_request(key, NOW)
-    with pytest.raises(GatewayError) as caught:
-        take_request(key, NOW + timedelta(seconds=5))  # 10:20:50
-    assert caught.value.status == 429 and caught.value.code == "rate_limit_exceeded"
-    # Not before 10:21:20: 10 s left in this minute, then until this minute's 3 weigh at most 2.
-    assert caught.value.retry_after_s == 30
-    assert RateWindow.objects.get(key=key).count == 3, "a refused request is not counted"
-    with pytest.raises(GatewayError):
-        take_request(key, NOW + timedelta(seconds=5 + 29))
-    take_request(key, NOW + timedelta(seconds=5 + 30))  # admitted once Retry-After has passed
-    take_request(key, NOW + timedelta(minutes=3))
-    assert RateWindow.objects.filter(key=key).count() == 1, "windows older than the previous are deleted"
+    key = create_api_key(gateway_data["user"], "rpm", requests_per_minute=3).record  # one per 20 s
+    assert [taken_at(key, NOW) for _ in range(3)] == [True, True, True]
+    tat = RateLimitState.objects.get(key=key).tat_ns
+    # The next fits once the first of the burst is 20 s old: at 10:21:05.
+    assert retry_after(key, NOW + timedelta(seconds=5)) == 15
+    assert RateLimitState.objects.get(key=key).tat_ns == tat, "a refused request is not counted"
+    assert not taken_at(key, NOW + timedelta(seconds=19, microseconds=999_999))
+    assert taken_at(key, NOW + timedelta(seconds=20))  # admitted once Retry-After has passed
+    assert retry_after(key, NOW + timedelta(seconds=20)) == 20
+    # A minute after its last request the key has its full burst again, and no more.
+    rested = NOW + timedelta(seconds=80)
+    assert [taken_at(key, rested) for _ in range(4)] == [True, True, True, False]
+    assert RateLimitState.objects.filter(key=key).count() == 1, "one row per key"
 
 
-def test_a_burst_at_a_minute_edge_still_counts_in_the_next_minute(gateway_data: dict[str, Any]) -> None:
-    key = create_api_key(gateway_data["user"], "edge", requests_per_minute=10).record
+def test_it_refuses_a_time_without_a_timezone(gateway_data: dict[str, Any]) -> None:
+    naive = NOW.replace(tzinfo=None)
+    with pytest.raises(ValueError, match=re.escape(f"now={naive!r} must be timezone-aware")):
+        take_request(gateway_data["key"], naive)
+    assert not RateLimitState.objects.exists()
+
+
+def test_a_burst_at_a_minute_edge_is_not_renewed_in_the_next_minute(gateway_data: dict[str, Any]) -> None:
+    key = create_api_key(gateway_data["user"], "edge", requests_per_minute=10).record  # one per 6 s
     edge = NOW.replace(second=59)
     for _ in range(10):
         take_request(key, edge)
     # A fixed window would admit 10 more at 10:21:01: twice the rate within two seconds.
-    admitted = 0
-    for _ in range(10):
-        try:
-            take_request(key, edge + timedelta(seconds=2))
-            admitted += 1
-        except GatewayError as refused:
-            assert refused.retry_after_s is not None and refused.retry_after_s > 0
-    assert admitted == 0
-    # Half a minute on, half of the previous minute's 10 still counts: 5 more fit.
-    half = edge + timedelta(seconds=31)  # 10:21:30
-    for _ in range(5):
-        take_request(key, half)
-    with pytest.raises(GatewayError):
-        take_request(key, half)
+    assert retry_after(key, edge + timedelta(seconds=2)) == 4
+    # 31 s on, the burst has refilled by 5 (one per 6 s).
+    half = edge + timedelta(seconds=31)
+    assert [taken_at(key, half) for _ in range(6)] == [True] * 5 + [False]
+
+
+@settings(
+    max_examples=40,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    rpm=st.integers(1, 6),
+    gaps_ms=st.lists(
+        st.one_of(st.sampled_from([0, 0, 1, 10_000, 12_000, 20_000, 30_000, 60_000]), st.integers(0, 90_000)),
+        max_size=40,
+    ),
+)
+def test_it_admits_exactly_at_the_configured_rate(
+    gateway_data: dict[str, Any], rpm: int, gaps_ms: list[int]
+) -> None:
+    key = create_api_key(
+        gateway_data["user"], f"random-{uuid.uuid4().hex[:8]}", requests_per_minute=rpm
+    ).record
+    interval_ms = 60_000 // rpm  # exact for rpm 1..6
+    admitted: list[int] = []  # ms since NOW
+    at = 0
+    for gap in gaps_ms:
+        at += gap
+        in_last_minute = sum(1 for t in admitted if t > at - 60_000)
+        if taken_at(key, NOW + timedelta(milliseconds=at)):
+            admitted.append(at)
+        else:
+            # Never stricter than an exact limiter: one that keeps the past minute's requests.
+            assert in_last_minute >= rpm, f"refused at {at} ms with {in_last_minute} in the last minute"
+    # Never faster than configured: a burst of rpm, then one per interval. So n requests span at
+    # least (n - rpm) intervals; within one minute at most 2 * rpm - 1.
+    for i, first in enumerate(admitted):
+        for j in range(i + rpm, len(admitted)):
+            assert admitted[j] - first >= (j - i + 1 - rpm) * interval_ms, (admitted, i, j)
+        assert sum(1 for t in admitted if first <= t < first + 60_000) <= 2 * rpm - 1
 
 
 def test_it_refuses_requests_once_the_days_tokens_are_used(gateway_data: dict[str, Any]) -> None:
@@ -92,7 +161,7 @@ def test_admission_checks_the_quota_before_taking_a_request(gateway_data: dict[s
     with pytest.raises(GatewayError) as caught:
         admit(issued.record, "tiny", NOW)
     assert caught.value.code == "tokens_quota_exceeded"
-    assert not RateWindow.objects.filter(key=issued.record).exists()
+    assert not RateLimitState.objects.filter(key=issued.record).exists()
 
 
 def test_admission_lists_healthy_replicas_only(gateway_data: dict[str, Any]) -> None:
@@ -104,13 +173,16 @@ def test_admission_lists_healthy_replicas_only(gateway_data: dict[str, Any]) -> 
     assert admission.model_name == "tiny"
 
 
-def test_taking_a_request_tells_how_many_more_the_minute_admits_and_when_it_resets(
+def test_taking_a_request_tells_how_many_more_it_admits_now_and_when_the_burst_is_back(
     gateway_data: dict[str, Any],
 ) -> None:
-    key = create_api_key(gateway_data["user"], "rpm", requests_per_minute=3).record
-    taken = [take_request(key, NOW) for _ in range(3)]  # 45 s into the minute
-    assert [remaining for remaining, _ in taken] == [2, 1, 0]
-    assert taken[0][1] == pytest.approx(75.0)  # this minute stops counting at 10:22:00
+    key = create_api_key(gateway_data["user"], "rpm", requests_per_minute=3).record  # one per 20 s
+    assert [take_request(key, NOW) for _ in range(3)] == [(2, 20.0), (1, 40.0), (0, 60.0)]
+    # 30 s on, one request's worth (and a half) has come back.
+    assert take_request(key, NOW + timedelta(seconds=30)) == (0, 50.0)
+    assert take_request(key, NOW + timedelta(seconds=70)) == (1, 30.0)
+    assert take_request(key, NOW + timedelta(seconds=70)) == (0, 50.0)
+    assert take_request(key, NOW + timedelta(minutes=5)) == (2, 20.0)
 
 
 def test_durations_read_like_openais() -> None:
@@ -130,6 +202,35 @@ def test_an_admission_carries_the_keys_limits_as_headers(gateway_data: dict[str,
     headers = dict(admit(issued.record, "tiny", NOW).limits.headers())  # type: ignore[union-attr]
     assert headers[b"x-ratelimit-limit-requests"] == b"5"
     assert headers[b"x-ratelimit-remaining-requests"] == b"4"
+    assert headers[b"x-ratelimit-reset-requests"] == b"12s"  # one request's worth at 5 per minute
     assert headers[b"x-ratelimit-limit-tokens"] == b"100"
     assert headers[b"x-ratelimit-remaining-tokens"] == b"60"
     assert headers[b"x-ratelimit-reset-tokens"] == b"13h39m15s"  # to midnight UTC from 10:20:45
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="concurrent writers: the PostgreSQL path")
+def test_concurrent_requests_are_admitted_exactly_up_to_the_limit(gateway_data: dict[str, Any]) -> None:
+    key = create_api_key(gateway_data["user"], "busy", requests_per_minute=5).record
+
+    def race(at: datetime, callers: int = 16) -> int:
+        start = threading.Barrier(callers)
+        outcomes: list[bool] = []
+
+        def call() -> None:
+            try:
+                start.wait(timeout=10)
+                outcomes.append(taken_at(key, at))
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=call) for _ in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(outcomes) == callers
+        return outcomes.count(True)
+
+    assert race(NOW) == 5  # all of them the key's first request: one creates its row
+    assert race(NOW + timedelta(seconds=30)) == 2  # two refilled, one per 12 s
+    assert race(NOW + timedelta(seconds=90)) == 5  # rested: the full burst
