@@ -31,6 +31,12 @@ class AgentLink(models.Model):
         default=0, help_text="telemetry frames the agent dropped while disconnected (cumulative)"
     )
     frames_rejected = models.PositiveBigIntegerField(default=0, help_text="malformed frames received")
+    # Statuses are ordered by the agent's clock only within one run: a restarted agent's clock may
+    # be behind the one that sent the stored status (stepped back, corrected, another machine).
+    run = models.PositiveBigIntegerField(
+        default=0,
+        help_text="registrations so far: the current connection's agent run (each `register` starts one)",
+    )
 
     def __str__(self) -> str:
         return f"link of {self.host_id}"
@@ -50,7 +56,10 @@ class Replica(models.Model):
     port = models.PositiveIntegerField(null=True, blank=True)
     base_url = models.CharField(max_length=300, blank=True)
     simulated = models.BooleanField(default=False)
-    reported_at = models.DateTimeField()
+    reported_at = models.DateTimeField()  # the status's time, by the agent's clock
+    run = models.PositiveBigIntegerField(
+        default=0, help_text="the agent run (AgentLink.run) that reported it"
+    )
 
     def __str__(self) -> str:
         return f"replica of deployment {self.deployment_id} ({self.state})"

@@ -10,6 +10,10 @@ connection sees a newer time (`session_end`) and is closed, and only the current
 mark the link disconnected (`disconnected`). Channel-layer messages close the older one at once
 within a process; the time check, polled by every connection, reaches other processes too.
 
+Each `register` also starts a new agent *run* (``AgentLink.run``, a counter): the agent re-sends
+every status after `register`, so a run's first status of a deployment is the agent's current word
+whatever its clock says, and a status of an older run is stale (`report_status`).
+
 Wire identifiers: a deployment's id on the wire is ``str(Deployment.pk)``; devices are named by
 their host-local ``index``.
 """
@@ -72,6 +76,7 @@ class LinkedHost:
     dropped: int = 0  # the agent's cumulative dropped-telemetry counter, as last stored
     link_touched_at: float = 0.0  # monotonic time AgentLink.last_telemetry_at was last written
     connected_at: datetime | None = None  # this connection's registration (AgentLink.connected_at)
+    run: int = 0  # this connection's agent run (AgentLink.run): orders its statuses against others'
 
 
 def wire_pk(wire_id: str) -> int | None:
@@ -141,10 +146,12 @@ def register(
                 "nvlink_peers": sorted(info.nvlink_peers),
             },
         )
-    AgentLink.objects.update_or_create(
+    link, _ = AgentLink.objects.update_or_create(
         host=host,
         defaults={"connected": True, "agent_version": frame.agent_version, "connected_at": now},
     )
+    AgentLink.objects.filter(pk=link.pk).update(run=F("run") + 1)  # row-locked until commit
+    run = AgentLink.objects.filter(pk=link.pk).values_list("run", flat=True).get()
     mark_seen(host, now)
     reconcile.registered(host.pk)
     devices = dict(Device.objects.filter(host=host).values_list("index", "pk"))
@@ -156,6 +163,7 @@ def register(
         device_ids=devices,
         deployment_ids=set(Deployment.objects.filter(host=host).values_list("pk", flat=True)),
         connected_at=now,
+        run=run,
     )
 
 
@@ -217,13 +225,16 @@ def replica_url(address: str, port: int | None) -> str:
 
 
 @transaction.atomic
-def report_status(linked: LinkedHost, frame: DeploymentStatus) -> Replica:
-    """Record a `deployment_status`: the deployment's observed state and its replica.
+def report_status(linked: LinkedHost, frame: DeploymentStatus) -> Replica | None:
+    """Record a `deployment_status`: the deployment's observed state and its replica. Returns the
+    replica as stored, or None when the status was ignored.
 
-    The newest status (by its ``ts``, the agent's clock) stands: one older than the stored one
-    (sent before it, delivered after it: by another connection of the host, or held back during a
-    reconnect) changes nothing. The same status again (the agent re-sends every status after
-    `register`) is recorded again.
+    Within one agent run (one registration) the newest status (by its ``ts``, the agent's clock)
+    stands: one older than the stored one (sent before it, delivered after it) changes nothing. A
+    run's first status stands whatever its ``ts``: a restarted agent's clock may be behind the one
+    that sent the stored status. A status of an older run (a connection superseded by a newer
+    registration, still delivering) changes nothing. The same status again (the agent re-sends
+    every status after `register`) is recorded again.
 
     Raises:
         UnknownDeployment: the id is not a deployment of this host (or no longer exists).
@@ -231,16 +242,17 @@ def report_status(linked: LinkedHost, frame: DeploymentStatus) -> Replica:
     deployment = _host_deployment(linked, frame.deployment_id)
     reported_at = datetime.fromtimestamp(frame.ts, UTC)
     replica = Replica.objects.filter(deployment=deployment).first()
-    if replica is not None and reported_at < replica.reported_at:
+    stale = _stale_because(linked, replica, reported_at)
+    if stale:
         log.info(
-            "Ignored a %s status of deployment %s from %s: the %s status stored is newer (%s).",
+            "Ignored a %s status of deployment %s from %s (agent run %s): %s.",
             frame.state,
             deployment.pk,
             reported_at.isoformat(),
-            replica.state,
-            replica.reported_at.isoformat(),
+            linked.run,
+            stale,
         )
-        return replica
+        return None
     report_observed_state(deployment, ObservedState(frame.state), frame.error or "")
     running = frame.state == "running"
     replica, _ = Replica.objects.update_or_create(
@@ -253,9 +265,22 @@ def report_status(linked: LinkedHost, frame: DeploymentStatus) -> Replica:
             "base_url": replica_url(linked.address, frame.port) if running else "",
             "simulated": frame.simulated,
             "reported_at": reported_at,
+            "run": linked.run,
         },
     )
     return replica
+
+
+def _stale_because(linked: LinkedHost, replica: Replica | None, reported_at: datetime) -> str:
+    """Why a status of ``linked``'s run, sent at ``reported_at``, must not replace ``replica`` (the
+    stored one); "" when it stands."""
+    current = AgentLink.objects.filter(host_id=linked.host_id).values_list("run", flat=True).first()
+    newest = max(current or 0, replica.run if replica is not None else 0)
+    if linked.run < newest:
+        return f"agent run {newest} of the host has registered since"
+    if replica is not None and replica.run == linked.run and reported_at < replica.reported_at:
+        return f"the {replica.state} status stored is newer ({replica.reported_at.isoformat()})"
+    return ""
 
 
 def is_host_deployment(linked: LinkedHost, wire_id: str) -> bool:

@@ -3,7 +3,8 @@
 Operators (or the placer) set ``desired_state``; the host's agent reports ``observed_state`` as
 it converges. The two differ while a change is in flight or when the agent failed. The control
 plane sets it where no report can come: ``unknown`` while the host is offline, ``pending`` while a
-device change waits for the agent, ``stopped`` for what the agent has no engine of.
+change of the engine's spec (its devices, its model's settings) waits for the agent, ``stopped`` for
+what the agent has no engine of.
 """
 
 from __future__ import annotations
@@ -44,11 +45,15 @@ class Deployment(models.Model):
     )
     observed_message = models.TextField(blank=True)
     observed_at = models.DateTimeField(null=True, blank=True)
-    # Set when the devices change while an engine runs: until the agent reports restarting it, a
-    # `running` is the old engine's. {"devices": [index, ...], "state": ..., "message": ...}: the
-    # old engine's devices and its last observed state, restored if the edit is undone in time.
+    # Set when the engine's spec changes while it runs (a device edit, an edit of the model's
+    # engine settings): until the agent reports restarting it, a `running` is the old engine's.
+    # {"devices": [index, ...], "model": {setting: value}, "state": ..., "message": ...}: the old
+    # engine's spec (deployments.services._engine_spec) and its last observed state, restored if
+    # the edit is undone in time. Rows from before model edits were guarded lack "model".
     restart_from = models.JSONField(
-        null=True, blank=True, help_text="the engine the agent runs while a device change awaits its restart"
+        null=True,
+        blank=True,
+        help_text="the engine the agent runs while a change of its spec awaits its restart",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

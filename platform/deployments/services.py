@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -55,6 +56,20 @@ def _lock_host(host_id: int) -> None:
 # What the agent link writes; an edit re-reads these instead of writing back a stale copy.
 _OBSERVED_FIELDS = ("observed_state", "observed_message", "observed_at", "restart_from")
 
+# The model's settings in the engine spec the agent runs (agents.services.desired_deployments
+# sends them as its ModelSpec): the agent restarts an engine when any of them changes.
+ENGINE_SETTINGS = ("name", "source", "dtype", "tensor_parallel_size", "max_context_length", "engine_options")
+
+
+def engine_settings(model: ServedModel) -> dict[str, Any]:
+    """``model``'s values of `ENGINE_SETTINGS` (JSON values, as ``restart_from`` keeps them)."""
+    return {name: getattr(model, name) for name in ENGINE_SETTINGS}
+
+
+def _engine_spec(devices: list[int], settings: dict[str, Any]) -> dict[str, Any]:
+    """What the agent runs a deployment's engine with: ``{"devices": [index, ...], "model": {...}}``."""
+    return {"devices": devices, "model": settings}
+
 
 @transaction.atomic
 def create_deployment(
@@ -92,39 +107,77 @@ def update_deployment(
         if devices is not None:
             before = sorted(deployment.devices.values_list("index", flat=True))
             deployment.devices.set(chosen)
-            fields += _await_restart(deployment, before, sorted(d.index for d in chosen))
+            settings = engine_settings(ServedModel.objects.get(pk=deployment.model_id))
+            fields += _await_restart(
+                deployment,
+                _engine_spec(before, settings),
+                _engine_spec(sorted(d.index for d in chosen), settings),
+            )
     fields += _settle_stop(deployment)
     deployment.save(update_fields=sorted(set(fields)))
     return deployment
 
 
-def _await_restart(deployment: Deployment, before: list[int], after: list[int]) -> list[str]:
-    """The devices changed from ``before`` to ``after``: the agent will stop the engine and start
-    one on the new devices (it restarts an engine only when its spec changed). Until it reports
-    doing so, the engine it runs is the old one, whatever it says. Returns the fields changed."""
-    pending = deployment.restart_from
+@transaction.atomic
+def await_model_restart(model: ServedModel, before: dict[str, Any]) -> list[int]:
+    """``model`` was just saved, in this transaction, with its `engine_settings` changed from
+    ``before``: the agents will restart its engines, as on a device edit (see `_await_restart`).
+    A change of other fields (the SLOs) restarts nothing and changes nothing here. Returns the pks
+    of the deployments whose observed state changed."""
+    after = engine_settings(model)
+    if after == before:
+        return []
+    changed = []
+    # Locked like a status report locks its deployment: a report waits for this, or this for it.
+    for deployment in Deployment.objects.select_for_update().filter(model=model).order_by("pk"):
+        devices = sorted(deployment.devices.values_list("index", flat=True))
+        fields = _await_restart(deployment, _engine_spec(devices, before), _engine_spec(devices, after))
+        if fields:
+            Deployment.objects.filter(pk=deployment.pk).update(**{f: getattr(deployment, f) for f in fields})
+            changed.append(deployment.pk)
+    return changed
+
+
+def _await_restart(deployment: Deployment, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The engine spec (`_engine_spec`) changed from ``before`` to ``after``: the agent will stop
+    the engine and start one with the new spec (it restarts an engine only when its spec changed).
+    Until it reports doing so, the engine it runs is the old one, whatever it says. Returns the
+    fields changed."""
     if before == after:
         return []
+    pending = deployment.restart_from
     if pending is not None:
-        if pending["devices"] != after:
-            return []  # still the same old engine to wait for
+        # Kept before model edits were guarded: only a device edit could have set it.
+        old = _engine_spec(pending["devices"], pending.get("model", after["model"]))
+        if old != after:  # still the same old engine to wait for
+            deployment.observed_message = _restart_message(old, after)
+            return ["observed_message"]
         # Undone before the agent acted: it keeps the old engine and will report nothing new.
         deployment.observed_state, deployment.observed_message = pending["state"], pending["message"]
         deployment.restart_from = None
         return [*_OBSERVED_FIELDS]
     if deployment.observed_state not in (*ENGINE_UP, ObservedState.UNKNOWN):
-        return []  # no engine up: whatever the agent reports next is about the new devices
+        return []  # no engine up: whatever the agent reports next is about the new spec
     deployment.restart_from = {
-        "devices": before,
+        **before,
         "state": deployment.observed_state,
         "message": deployment.observed_message,
     }
     deployment.observed_state = ObservedState.PENDING
-    deployment.observed_message = (
-        f"devices changed from {before} to {after}; waiting for the agent to restart"
-    )
+    deployment.observed_message = _restart_message(before, after)
     deployment.observed_at = timezone.now()
     return [*_OBSERVED_FIELDS]
+
+
+def _restart_message(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What changed between the engine the agent runs (``old``) and the one it must run (``new``)."""
+    parts = []
+    if old["devices"] != new["devices"]:
+        parts.append(f"devices changed from {old['devices']} to {new['devices']}")
+    settings = [name for name in ENGINE_SETTINGS if old["model"].get(name) != new["model"].get(name)]
+    if settings:
+        parts.append(f"model settings changed ({', '.join(settings)})")
+    return "; ".join([*parts, "waiting for the agent to restart"])
 
 
 def _settle_stop(deployment: Deployment) -> list[str]:
@@ -144,8 +197,9 @@ def _settle_stop(deployment: Deployment) -> list[str]:
 
 def report_observed_state(deployment: Deployment, state: ObservedState, message: str = "") -> Deployment:
     """Record what the agent reports (called from the agent link with ``deployment`` read under a
-    row lock). While a device change awaits the engine's restart, a `running` is the old engine's:
-    it is kept as the state to restore, not shown; any other report ends the wait."""
+    row lock). While a change of the engine's spec (a device edit, a model edit) awaits the
+    engine's restart, a `running` is the old engine's: it is kept as the state to restore, not
+    shown; any other report ends the wait."""
     pending = deployment.restart_from
     changes: dict[str, object]
     if pending is not None and state == ObservedState.RUNNING:

@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from core.serializers import StrictModelSerializer
 from registry.models import ServedModel
+from registry.services import update_served_model
 from registry.validators import validate_engine_options
 
 
@@ -42,7 +43,7 @@ class ServedModelSerializer(StrictModelSerializer):
 
     def update(self, instance: ServedModel, validated_data: dict[str, Any]) -> ServedModel:
         with _name_race_as_400():
-            return super().update(instance, validated_data)
+            return update_served_model(instance, validated_data)
 
     def validate_tensor_parallel_size(self, value: int) -> int:
         """A running deployment holds exactly the model's TP size in devices: the size may change

@@ -1,0 +1,185 @@
+"""Edits of a served model while its engines run: an edit of what the agent runs an engine with
+makes the agents restart it, so the model's deployments are pending until the agent reports the
+restart (the old engine's `running` is not the new spec's); other edits change nothing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from accounts.models import Role, User
+from accounts.services import issue_api_token
+from agents import services
+from agents.models import Replica
+from deployments.models import Deployment, ObservedState
+from deployments.services import ENGINE_SETTINGS, update_deployment
+from gateway.services import healthy_targets
+from inventory.models import Device
+from registry import services as registry_services
+from registry.models import ServedModel
+from rest_framework.test import APIClient
+
+from .conftest import AgentHost
+from .test_reconcile_audit import deploy, observed, register, status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ENGINE_EDITS = [
+    {"engine_options": {"seed": 1}},
+    {"max_context_length": 512},
+    {"dtype": "bfloat16"},
+    {"source": "/models/tiny-v2"},
+    {"name": "tiny-v2"},
+]
+
+
+@pytest.fixture
+def admin_client(transactional_db: None) -> APIClient:
+    user = User.objects.create_user(username="alice", password="alice-pw-9f2k", role=Role.ADMIN)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {issue_api_token(user, 'test').plaintext}")
+    return client
+
+
+def edit(client: APIClient, model: ServedModel, change: dict[str, Any]) -> None:
+    response = client.patch(f"/api/v1/models/{model.pk}/", change, format="json")
+    assert response.status_code == 200, response.data
+
+
+def running(
+    model: ServedModel, host: AgentHost, *indices: int
+) -> tuple[services.LinkedHost, list[Deployment]]:
+    """Deployments of ``model`` on ``indices``, each reported running by the host's agent."""
+    linked = register(host.host)
+    deployments = [deploy(model, host.host, i) for i in indices]
+    for port, deployment in enumerate(deployments, start=8100):
+        services.report_status(linked, status(deployment, "running", time.time(), port=port))
+    return linked, deployments
+
+
+@pytest.mark.parametrize("change", ENGINE_EDITS, ids=lambda change: next(iter(change)))
+def test_an_edit_of_the_engine_settings_is_not_running_until_the_agent_restarts_the_engines(
+    agent_host: AgentHost, served_model: ServedModel, admin_client: APIClient, change: dict[str, Any]
+) -> None:
+    linked, deployments = running(served_model, agent_host, 0, 1)
+    edit(admin_client, served_model, change)
+    field = next(iter(change))
+    for deployment in deployments:
+        assert observed(deployment) == ObservedState.PENDING
+        assert f"model settings changed ({field})" in deployment.observed_message
+    assert healthy_targets(served_model) == []
+    # The old engines' `running`, re-sent after a reconnect or in flight, is not the new spec's.
+    for deployment in deployments:
+        services.report_status(linked, status(deployment, "running", time.time(), port=8100))
+        assert observed(deployment) == ObservedState.PENDING
+    # The agent stops the old engine and starts the new one.
+    first = deployments[0]
+    for state, port in (("stopped", None), ("starting", 8102), ("running", 8102)):
+        services.report_status(linked, status(first, state, time.time(), port=port))
+        assert observed(first) == state
+    assert Replica.objects.get(deployment=first).base_url == "http://10.0.0.5:8102"
+    assert [t.deployment_id for t in healthy_targets(served_model)] == [first.pk]
+    assert observed(deployments[1]) == ObservedState.PENDING
+
+
+def test_an_edit_of_the_slos_only_leaves_the_engines_running(
+    agent_host: AgentHost, served_model: ServedModel, admin_client: APIClient
+) -> None:
+    _, deployments = running(served_model, agent_host, 0)
+    edit(admin_client, served_model, {"slo_ttft_p99_ms": 250.0, "slo_attainment_pct": 99.0})
+    edit(admin_client, served_model, {"engine_options": {"seed": 0}})  # the same value again
+    assert observed(deployments[0]) == ObservedState.RUNNING
+    assert [t.deployment_id for t in healthy_targets(served_model)] == [deployments[0].pk]
+
+
+def test_a_model_edit_undone_before_the_agent_acted_leaves_the_old_engines_running(
+    agent_host: AgentHost, served_model: ServedModel, admin_client: APIClient
+) -> None:
+    """The agent restarts only an engine whose spec changed: back to the old settings, nothing
+    will report, so the old engine's state must come back."""
+    _, deployments = running(served_model, agent_host, 0, 1)
+    edit(admin_client, served_model, {"engine_options": {"seed": 1}, "max_context_length": 512})
+    edit(admin_client, served_model, {"max_context_length": 256})
+    assert observed(deployments[0]) == ObservedState.PENDING  # engine_options still differ
+    edit(admin_client, served_model, {"engine_options": {"seed": 0}})
+    assert [observed(d) for d in deployments] == [ObservedState.RUNNING] * 2
+    assert [t.deployment_id for t in healthy_targets(served_model)] == [d.pk for d in deployments]
+
+
+def test_a_device_edit_and_a_model_edit_await_one_restart_and_are_undone_together(
+    agent_host: AgentHost, served_model: ServedModel, admin_client: APIClient
+) -> None:
+    _, (deployment,) = running(served_model, agent_host, 0)
+    d0, d1 = Device.objects.filter(host=agent_host.host).order_by("index")
+    update_deployment(deployment, devices=[d1])
+    edit(admin_client, served_model, {"engine_options": {"seed": 1}})
+    update_deployment(deployment, devices=[d0])
+    assert observed(deployment) == ObservedState.PENDING
+    assert deployment.observed_message.startswith("model settings changed (engine_options)")
+    edit(admin_client, served_model, {"engine_options": {"seed": 0}})
+    assert observed(deployment) == ObservedState.RUNNING
+
+
+def test_engine_settings_are_the_model_fields_the_agent_is_sent(
+    agent_host: AgentHost, served_model: ServedModel
+) -> None:
+    """A field that changes the desired spec but is not in ENGINE_SETTINGS would restart engines
+    unguarded; one in it that does not would mark deployments pending that nothing ends."""
+    linked, _ = running(served_model, agent_host, 0)
+    new_values = {
+        "name": "tiny-v2",
+        "source": "/models/tiny-v2",
+        "dtype": "bfloat16",
+        "tensor_parallel_size": 2,
+        "max_context_length": 512,
+        "engine_options": {"seed": 1},
+        "slo_ttft_p99_ms": 250.0,
+        "slo_tbt_p99_ms": 25.0,
+        "slo_attainment_pct": 99.0,
+    }
+    fields = {f.name for f in ServedModel._meta.concrete_fields} - {"id", "created_at", "updated_at"}
+    assert fields == set(new_values), "classify the new field here"
+    spec = services.desired_deployments(linked).deployments[0]
+    for name, value in new_values.items():
+        model = ServedModel.objects.get(pk=served_model.pk)
+        setattr(model, name, value)
+        model.save()
+        assert (services.desired_deployments(linked).deployments[0] != spec) == (name in ENGINE_SETTINGS), (
+            name
+        )
+        ServedModel.objects.filter(pk=served_model.pk).update(**{name: getattr(served_model, name)})
+
+
+def test_an_edit_whose_deployments_cannot_be_marked_is_not_stored(
+    agent_host: AgentHost, served_model: ServedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The edit and the deployments' wait are one transaction: the agent never gets a new spec
+    whose deployments still claim the old engine's `running`."""
+    running(served_model, agent_host, 0)
+
+    def fail(model: ServedModel, before: dict[str, Any]) -> list[int]:
+        raise RuntimeError("database gone")
+
+    monkeypatch.setattr(registry_services, "await_model_restart", fail)
+    with pytest.raises(RuntimeError):
+        registry_services.update_served_model(served_model, {"engine_options": {"seed": 1}})
+    assert ServedModel.objects.get(pk=served_model.pk).engine_options == {"seed": 0}
+
+
+def test_an_edit_in_the_admin_is_guarded_like_one_through_the_api(
+    agent_host: AgentHost, served_model: ServedModel, client: Any
+) -> None:
+    _, deployments = running(served_model, agent_host, 0)
+    admin = User.objects.create_superuser(username="root", password="root-pw-7d1x")
+    client.force_login(admin)
+    url = f"/admin/registry/servedmodel/{served_model.pk}/change/"
+    form = client.get(url).context["adminform"].form
+    data = {name: form[name].value() for name in form.fields}
+    data = {k: ("" if v is None else v) for k, v in data.items()}
+    data["engine_options"] = '{"seed": 3}'
+    response = client.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    served_model.refresh_from_db()
+    assert served_model.engine_options == {"seed": 3}
+    assert observed(deployments[0]) == ObservedState.PENDING
