@@ -23,7 +23,6 @@ from collections.abc import Coroutine
 from typing import Any
 
 from gpu_agent import __version__
-from gpu_agent.backoff import Backoff, seed_for
 from gpu_agent.engines.logs import LOG_TAIL_BYTES, cap_lines, unreadable_note
 from gpu_agent.host import Host
 from gpu_agent.link import AgentLink
@@ -38,6 +37,7 @@ from gpu_agent.protocol import (
     Register,
     Telemetry,
 )
+from serving.backoff import Backoff, seed_for
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,9 @@ role "none".
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import re
 import stat
@@ -21,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_agent.backoff import Backoff
 from gpu_agent.protocol import AquaRole
+from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -84,23 +86,51 @@ def device_states(stats: dict[str, Any], engine_devices: dict[str, int]) -> dict
 
 class AquaHost:
     """Starts the coordinator server in-process if `serving.aqua.coordinator` is importable, and
-    starts it again should it end.
+    starts it again should it end or stop answering.
 
-    The coordinator serves on its own thread. Were that thread to end, or its socket file be
-    removed, engines could no longer reach it, and every engine started later would be given a
-    socket nothing listens on. So each `stats()` (every telemetry tick) checks the socket, and when
-    it is gone the coordinator is stopped and started afresh (with backoff between failed starts).
-    Stopping it ends every session: producers and consumers see their connection close
-    (CoordinatorUnavailable), which tells them their leases and allocations are gone, and they fall
-    back. The new coordinator starts empty.
+    The coordinator serves on its own thread. Were that thread to end, its socket file be removed,
+    or its loop hang (connections accepted, never answered), engines could no longer use it, and
+    every engine started later would be given a socket nothing answers on. So each `stats()` (every
+    telemetry tick, off any engine's path) checks it: a missing socket file restarts it at once;
+    otherwise a liveness probe (connect, `ping`, within `probe_timeout_s`) must answer, and after
+    `probe_failures` failed probes in a row the coordinator is restarted, its stale socket file
+    removed. A restart is logged at ERROR; starts that fail are retried with backoff.
+    Stopping it ends every session (a hung one's connections are shut down from outside its loop):
+    producers and consumers see their connection close (CoordinatorUnavailable), which tells them
+    their leases and allocations are gone, and they fall back. The new coordinator starts empty.
+
+    Args:
+        socket_path: Where the coordinator listens.
+        backoff: Delays between failed starts; default 1 s doubling to 60 s.
+        probe_timeout_s: Seconds a liveness probe waits for each reply.
+        probe_failures: Failed probes in a row after which the coordinator is restarted.
+        stop_timeout_s: Seconds a restart waits for the old coordinator's thread to end.
     """
 
-    def __init__(self, socket_path: str, backoff: Backoff | None = None) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        backoff: Backoff | None = None,
+        *,
+        probe_timeout_s: float = 0.5,
+        probe_failures: int = 3,
+        stop_timeout_s: float = 2.0,
+    ) -> None:
+        if not (probe_timeout_s > 0 and math.isfinite(probe_timeout_s)):  # also refuses nan
+            raise ValueError(f"{probe_timeout_s=} must be positive and finite")
+        if probe_failures < 1:
+            raise ValueError(f"{probe_failures=} must be >= 1")
+        if not (stop_timeout_s >= 0 and math.isfinite(stop_timeout_s)):
+            raise ValueError(f"{stop_timeout_s=} must be >= 0 and finite")
         self.requested_socket = socket_path
+        self.probe_timeout_s = probe_timeout_s
+        self.probe_failures = probe_failures
+        self.stop_timeout_s = stop_timeout_s
         self._server: Any = None
         self._wanted = False  # start() was called and stop() was not
         self._backoff = backoff or Backoff(base_s=1.0, cap_s=60.0)
         self._next_try = 0.0  # monotonic time of the next restart attempt
+        self._failed_probes = 0  # in a row
         self.restarts = 0
 
     @property
@@ -127,30 +157,71 @@ class AquaHost:
         log.info("Aqua coordinator listening on %s.", self.requested_socket)
         return True
 
-    def _keep_up(self) -> None:
-        """Start the coordinator again if its socket is gone (see the class docstring)."""
-        if not self._wanted or (self._server is not None and _is_socket(self.requested_socket)):
-            return
+    def _keep_up(self) -> bool:
+        """Check the coordinator and restart it if it is gone or dead (see the class docstring);
+        whether it is up and answering now."""
+        if not self._wanted:
+            return False
+        if self._server is not None:
+            if _is_socket(self.requested_socket):
+                error = self._probe()
+                if error is None:
+                    self._failed_probes = 0
+                    return True
+                self._failed_probes += 1
+                log.warning(
+                    "Aqua coordinator on %s did not answer a liveness probe (%d/%d): %s",
+                    self.requested_socket,
+                    self._failed_probes,
+                    self.probe_failures,
+                    error,
+                )
+                if self._failed_probes < self.probe_failures:
+                    return False
+                why = f"it failed {self._failed_probes} liveness probes in a row"
+            else:
+                why = "its socket is gone"
+            log.error(
+                "Aqua coordinator on %s: %s; restarting it (its sessions end).", self.requested_socket, why
+            )
+            self._discard_server()
         now = time.monotonic()
         if now < self._next_try:
-            return
-        if self._server is not None:
-            log.error(
-                "Aqua coordinator socket %s is gone; restarting the coordinator (its sessions end).",
-                self.requested_socket,
-            )
-            self._server.stop()  # closes the sessions it still has: their clients are told
-            self._server = None
+            return False
         self.restarts += 1
         if self.start():
             self._backoff.reset()
-        else:
-            self._next_try = now + self._backoff.next_delay()
+            return True
+        self._next_try = now + self._backoff.next_delay()
+        return False
+
+    def _probe(self) -> str | None:
+        """One liveness round trip to the coordinator through its socket; None, or what failed."""
+        from serving.aqua.coordinator import AquaClient, CoordinatorError
+
+        try:
+            with AquaClient(
+                self.requested_socket, name="agent/liveness", timeout=self.probe_timeout_s, connect_timeout=0
+            ) as client:
+                client.ping()
+        except CoordinatorError as exc:  # also CoordinatorUnavailable: refused, closed, timed out
+            return str(exc)
+        return None
+
+    def _discard_server(self) -> None:
+        """Stop the current coordinator and remove its socket file, even if its thread is stuck."""
+        server, self._server = self._server, None
+        self._failed_probes = 0
+        if not server.stop(timeout=self.stop_timeout_s):  # its clients were hung up on
+            log.error("Aqua coordinator on %s is stuck; leaving its thread behind.", self.requested_socket)
+        # Left by a dead coordinator, or still bound by a stuck one (which will not remove ours).
+        if _is_socket(self.requested_socket):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.requested_socket)
 
     def stats(self) -> dict[str, Any] | None:
         """The coordinator's stats snapshot, taken atomically on its loop; None if not running."""
-        self._keep_up()
-        if self._server is None:
+        if not self._keep_up():
             return None
         try:
             result: dict[str, Any] = self._server.call(lambda c: c.stats(), timeout=2.0)

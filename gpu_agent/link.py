@@ -34,8 +34,8 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from gpu_agent.backoff import Backoff
 from gpu_agent.protocol import ErrorFrame, Frame, Heartbeat, ProtocolError, Telemetry, dumps, loads
+from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ import os
 import time
 from collections.abc import Callable
 
-from gpu_agent.backoff import Backoff
 from gpu_agent.engines.command import safe_name
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.ports import PortAllocator
 from gpu_agent.engines.supervisor import EngineSupervisor, Launcher
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, EngineSample
+from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ from collections.abc import Callable
 
 import httpx
 
-from gpu_agent.backoff import Backoff
 from gpu_agent.engines.command import EngineConfigError, LaunchSpec
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
 from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, parse_metrics, summarize
@@ -50,6 +49,7 @@ from gpu_agent.protocol import (
     EngineSample,
     LatencySummary,
 )
+from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

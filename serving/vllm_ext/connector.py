@@ -59,7 +59,14 @@ def build_stores(config: OffloadConfig) -> list[KVStore]:
     if config.coordinator:
         from serving.aqua.offload.lent import LentRegionStore
 
-        stores.append(LentRegionStore(config.coordinator, config.consumer_id, config.lent_bytes))
+        stores.append(
+            LentRegionStore(
+                config.coordinator,
+                config.consumer_id,
+                config.lent_bytes,
+                call_timeout_s=config.coordinator_timeout_s,
+            )
+        )
     if config.dram_bytes > 0:
         stores.append(DramStore(config.dram_bytes))
     return stores

@@ -14,11 +14,11 @@ import pytest
 import pytest_asyncio
 
 from gpu_agent.agent import Agent
-from gpu_agent.backoff import Backoff
 from gpu_agent.engines import LaunchSpec, VllmLauncher
 from gpu_agent.host import LocalHost
 from gpu_agent.inventory import CpuInventory
 from gpu_agent.protocol import Command, DeploymentSpec, DesiredDeployments, DeviceInfo, DeviceSample, dumps
+from serving.backoff import Backoff
 from tests.agent.test_engines import FAKE_ENGINE, fake_launcher, spec
 from tests.agent.ws_server import ControlPlaneStub, wait_for
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from gpu_agent.agent import Agent
-from gpu_agent.backoff import Backoff
 from gpu_agent.engines import logs
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.host import LocalHost
 from gpu_agent.inventory import CpuInventory, NvmlInventory
 from gpu_agent.protocol import Command, DeviceSample, dumps, loads
+from serving.backoff import Backoff
 from tests.agent.fake_nvml import FakeGpu, FakeNvml
 from tests.agent.test_engines import fake_launcher, spec
 from tests.agent.test_runtime_faults_engines import Statuses, manager, pids

@@ -9,9 +9,9 @@ from typing import Literal
 
 import pytest
 
-from gpu_agent.backoff import Backoff
 from gpu_agent.engines import EngineConfigError, EngineManager, LaunchSpec, VllmLauncher
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
+from serving.backoff import Backoff
 from tests.agent.test_engines import fake_launcher, spec
 from tests.agent.ws_server import wait_for
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from gpu_agent.backoff import Backoff
 from gpu_agent.engines import EngineManager, LaunchSpec, VllmLauncher
 from gpu_agent.engines.command import AQUA_SCHEDULER, OFFLOAD_STATS_FILE, REPO_ROOT
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.metrics import Histogram, histogram_quantile, parse_metrics, summarize
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
+from serving.backoff import Backoff
 from tests.agent.ws_server import wait_for
 
 FAKE_ENGINE = str(Path(__file__).with_name("fake_engine.py"))

@@ -13,7 +13,6 @@ import pytest
 import pytest_asyncio
 from websockets.asyncio.client import ClientConnection
 
-from gpu_agent.backoff import Backoff
 from gpu_agent.link import AgentLink, agent_ws_url
 from gpu_agent.protocol import (
     Command,
@@ -25,6 +24,7 @@ from gpu_agent.protocol import (
     Telemetry,
     dumps,
 )
+from serving.backoff import Backoff
 from tests.agent.ws_server import ControlPlaneStub, wait_for
 
 REGISTER = Register("host-a", "127.0.0.1", "test", False, [DeviceInfo(0, "CPU-x", "cpu", "cpu", 2**30)])

@@ -14,10 +14,10 @@ import pytest
 import pytest_asyncio
 
 from gpu_agent.agent import Agent
-from gpu_agent.backoff import Backoff
 from gpu_agent.host import LocalHost
 from gpu_agent.inventory import CpuInventory
 from gpu_agent.protocol import DeploymentStatus, DeviceSample, Frame, Telemetry
+from serving.backoff import Backoff
 from tests.agent.test_engines import fake_launcher
 from tests.agent.test_link import REGISTER, Harness
 from tests.agent.ws_server import ControlPlaneStub, wait_for

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_agent.backoff import Backoff
 from gpu_agent.engines import EngineSupervisor
 from gpu_agent.engines.logs import cap_lines, tail_lines
 from gpu_agent.protocol import Command, DeploymentStatus, dumps
+from serving.backoff import Backoff
 from tests.agent.test_engines import fake_launcher, spec
 from tests.agent.test_link_robustness import make_agent, running_agent, server  # noqa: F401
 from tests.agent.ws_server import ControlPlaneStub, wait_for

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_agent.backoff import Backoff
 from gpu_agent.engines import EngineManager, LaunchSpec
 from gpu_agent.engines.ports import PortAllocator, free_port
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus
+from serving.backoff import Backoff
 from tests.agent.test_engines import FAKE_ENGINE, alive, fake_launcher, spec
 from tests.agent.ws_server import wait_for
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,3 +60,52 @@ def server_process(sock_path: str) -> Iterator[str]:
     yield sock_path
     proc.terminate()
     assert proc.wait(10) == 0
+
+
+@contextlib.contextmanager
+def hung(server: CoordinatorServer) -> Iterator[threading.Event]:
+    """Hang `server`'s event loop (as a coordinator stuck in a call would): its socket still
+    completes connections, nothing is answered. On exit (or `set()` on the yielded event) it runs on."""
+    assert server._loop is not None
+    entered, release = threading.Event(), threading.Event()
+
+    def block() -> None:
+        entered.set()
+        release.wait(60)
+
+    server._loop.call_soon_threadsafe(block)
+    assert entered.wait(5), "the coordinator's loop did not run the blocker"
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+@contextlib.contextmanager
+def silent_listener(path: str) -> Iterator[list[socket.socket]]:
+    """A Unix socket at `path` that accepts connections and never reads or answers; yields the
+    accepted connections."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    listener.settimeout(0.05)
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield accepted
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
+        for conn in accepted:
+            conn.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

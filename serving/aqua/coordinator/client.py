@@ -36,6 +36,8 @@ from serving.aqua.coordinator.errors import (
 from serving.aqua.coordinator.protocol import MAX_FRAME, decode, encode
 from serving.aqua.coordinator.records import Allocation, ReclaimStatus
 
+CONNECT_ATTEMPT_S = 1.0  # the most one connection attempt may take
+
 
 class AquaClient:
     """A connection to the coordinator at `socket_path`.
@@ -189,6 +191,9 @@ def _connect(path: str, timeout: float) -> socket.socket:
     deadline = time.monotonic() + timeout
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Not blocking: a blocking connect to a listener whose backlog is full (a hung server that
+        # accepts nothing) waits for ever; with a timeout it fails at once and is retried here.
+        sock.settimeout(CONNECT_ATTEMPT_S)
         try:
             sock.connect(path)
             return sock

@@ -8,7 +8,7 @@ Seams for the host agent, which runs the server in-process:
     server = CoordinatorServer("/run/aqua.sock")
     server.start()            # background thread; returns once the socket accepts connections
     ... server.coordinator.stats() is NOT thread-safe: use server.call(fn) instead ...
-    server.stop()
+    server.stop()             # False if its loop is hung: the connections are then hung up by force
 or `server.serve_forever()` (blocks; stop() from another thread or a signal ends it), or
 `await server.serve()` inside an existing event loop.
 """
@@ -50,6 +50,7 @@ class CoordinatorServer:
         self._next_session = 1
         self._handlers: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._socket_file: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
         self.sessions: dict[str, dict[str, Any]] = {}  # session -> {"name", "pid"} from hello
 
     # ----------------------------------------------------------------- lifecycle
@@ -59,6 +60,8 @@ class CoordinatorServer:
         self._stopping = asyncio.Event()
         _claim_socket_path(self.socket_path)
         server = await asyncio.start_unix_server(self._handle, path=self.socket_path, limit=MAX_FRAME)
+        st = os.stat(self.socket_path)
+        self._socket_file = (st.st_dev, st.st_ino)
         os.chmod(self.socket_path, self.socket_mode)
         self._ready.set()
         log.info("aqua coordinator listening on %s", self.socket_path)
@@ -72,7 +75,14 @@ class CoordinatorServer:
                     await asyncio.wait(set(self._handlers), timeout=5.0)
         finally:
             server.close()
-            with contextlib.suppress(FileNotFoundError):
+            self._unlink_socket_file()
+
+    def _unlink_socket_file(self) -> None:
+        """Remove our socket file, but not one a newer server bound on the same path meanwhile (a
+        hung server given up on, and replaced, by the host agent may wake up and end much later)."""
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(self.socket_path)
+            if (st.st_dev, st.st_ino) == self._socket_file:
                 os.unlink(self.socket_path)
 
     def serve_forever(self) -> None:
@@ -96,14 +106,39 @@ class CoordinatorServer:
         if self._error is not None:
             raise RuntimeError(f"coordinator failed to start: {self._error}") from self._error
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving (thread-safe, idempotent) and wait for a `start()`ed thread to end."""
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop serving (thread-safe, idempotent) and wait for a `start()`ed thread to end.
+
+        Returns whether it ended within `timeout`. If not, its loop is stuck (it cannot close the
+        connections itself), so every connection is shut down from here: each client sees its
+        session end at once instead of waiting for replies that will never come.
+        """
         loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop may have just closed
                 loop.call_soon_threadsafe(stopping.set)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            return True
+        log.error(
+            "aqua coordinator on %s did not stop within %.1fs; hanging up its clients",
+            self.socket_path,
+            timeout,
+        )
+        self._hang_up()
+        return False
+
+    def _hang_up(self) -> None:
+        """Shut down every connection's socket from outside the (stuck) loop. `shutdown` keeps the
+        descriptors, which the loop still owns: the peers see end-of-file, nothing is closed under
+        the loop."""
+        for writer in list(self._writers):  # one C-level copy: atomic under the GIL
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def call(self, fn: Callable[[Coordinator], T], timeout: float = 10.0) -> T:
         """Run `fn(coordinator)` on the server's loop (atomic with the operations); from another thread."""

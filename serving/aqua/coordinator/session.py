@@ -18,11 +18,13 @@ numbers from 1 again), so they must never be sent on the new session.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
 from serving.aqua.coordinator.client import AquaClient
 from serving.aqua.coordinator.errors import CoordinatorUnavailable
+from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,8 @@ class CoordinatorSession:
         timeout: Seconds to wait for any one reply (as `AquaClient(timeout=...)`).
         connect_timeout: If given, open the first session now, retrying for this many seconds, and
             raise CoordinatorUnavailable if that fails; if None, the first `ensure()` tries once.
-        retry_base_s: Wait after the first failed attempt; it doubles per failure up to `retry_cap_s`.
+        retry_base_s: Wait after the first failed attempt; it doubles per failure up to `retry_cap_s`
+            (no jitter: one engine's few sessions gain nothing from spreading).
         retry_cap_s: Longest wait between attempts.
     """
 
@@ -53,8 +56,11 @@ class CoordinatorSession:
         retry_base_s: float = RETRY_BASE_S,
         retry_cap_s: float = RETRY_CAP_S,
     ) -> None:
-        if retry_base_s <= 0 or retry_cap_s < retry_base_s:
+        if not (timeout > 0 and math.isfinite(timeout)):  # also refuses nan
+            raise ValueError(f"{timeout=} must be positive and finite")
+        if not 0 < retry_base_s <= retry_cap_s:
             raise ValueError(f"{retry_base_s=} must be positive and at most {retry_cap_s=}")
+        self._backoff = Backoff(base_s=retry_base_s, cap_s=retry_cap_s, jitter=False)
         self.socket_path = socket_path
         self.name = name
         self.timeout = timeout
@@ -62,7 +68,6 @@ class CoordinatorSession:
         self.retry_cap_s = retry_cap_s
         self._lock = threading.Lock()  # one connection attempt at a time
         self._client: AquaClient | None = None
-        self._failures = 0  # consecutive failed attempts
         self._next_try = 0.0  # monotonic time before which no attempt is made
         self.sessions_opened = 0
         if connect_timeout is not None:
@@ -102,13 +107,12 @@ class CoordinatorSession:
             try:
                 client = AquaClient(self.socket_path, name=self.name, timeout=self.timeout, connect_timeout=0)
             except CoordinatorUnavailable as exc:
-                delay = min(self.retry_cap_s, self.retry_base_s * 2 ** min(self._failures, 32))
-                self._failures += 1
+                delay = self._backoff.next_delay()
                 self._next_try = now + delay
                 log.debug("aqua: no coordinator session (%s); next attempt in %.2fs", exc, delay)
                 return None
             self._client = client
-            self._failures = 0
+            self._backoff.reset()
             self.sessions_opened += 1
             if self.sessions_opened > 1:
                 log.info("aqua: new coordinator session %s at %s", client.session, self.socket_path)

@@ -23,12 +23,23 @@ a later session. The watcher opens a new session (`CoordinatorSession`: one conn
 backoff period, off the engine's step), and once a producer lends to the new coordinator `reserve`
 allocates from it again; until then the engine uses the next tier (DRAM). Reserve, get, poll and
 discard never wait for a connection: while the coordinator is down they answer at once.
+
+The coordinator may also hang: accept connections and never answer. Every call of this store's
+session (`allocate` and `free` on the engine's step, `pending_reclaims` on the watcher, which the
+step would wait for on the session's connection) gives up after `call_timeout_s` (default
+CALL_TIMEOUT_S, not the client's 30 s), and a call that times out ends the session: the client hangs
+up, and the coordinator, if it ever runs again, frees the session's allocations when it sees that.
+So an `allocate` whose reply never came is treated as made and lost with its session: its memory is
+never handed out, and no id of it is ever sent on the next session. The store falls back to DRAM
+and the watcher reopens a session as after a restart. The watcher never holds the store's lock
+across a round trip, so a step is held up by at most one call's timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -46,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 ALIGN = 256
 WATCH_INTERVAL_S = 0.05  # how often the watcher asks the coordinator for pending reclaims
+CALL_TIMEOUT_S = 1.0  # the longest a coordinator call may hold the engine's step
 
 
 class LentRegionStore(KVStore):
@@ -56,17 +68,31 @@ class LentRegionStore(KVStore):
         consumer_id: This engine's consumer id.
         nbytes: Size of the allocation to request.
         retry_seconds: Minimum time between allocation attempts after a refusal.
+        call_timeout_s: Seconds to wait for any one coordinator reply; a call that times out ends
+            the session (see the module doc).
     """
 
     tier = "lent"
 
-    def __init__(self, socket_path: str, consumer_id: str, nbytes: int, retry_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        consumer_id: str,
+        nbytes: int,
+        retry_seconds: float = 1.0,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
         from serving.aqua.coordinator.session import CoordinatorSession
 
+        if not (call_timeout_s > 0 and math.isfinite(call_timeout_s)):  # also refuses nan
+            raise ValueError(f"{call_timeout_s=} must be positive and finite")
         self.consumer_id = consumer_id
         self.nbytes = nbytes
         self.retry_seconds = retry_seconds
-        self._session = CoordinatorSession(socket_path, name=f"{consumer_id}/kv-offload")
+        self.call_timeout_s = call_timeout_s
+        self._session = CoordinatorSession(
+            socket_path, name=f"{consumer_id}/kv-offload", timeout=call_timeout_s
+        )
         if self._session.ensure() is None:  # e.g. the agent is restarting its coordinator
             logger.warning("aqua: no coordinator at %s yet; offloading to the next tier", socket_path)
         self._lock = threading.RLock()
@@ -107,7 +133,9 @@ class LentRegionStore(KVStore):
         self._next_try = now + self.retry_seconds
         try:
             alloc = client.allocate(self.consumer_id, self.nbytes)
-        except Exception as exc:  # coordinator gone: DRAM fallback
+        except Exception as exc:  # coordinator gone or silent: DRAM fallback
+            # On a timeout the client has hung up: whatever the call may have allocated dies with
+            # the session (the watcher opens a new one), and its id was never learnt here.
             logger.warning("aqua: coordinator allocate failed: %s", exc)
             return False
         if alloc is None:
@@ -156,15 +184,27 @@ class LentRegionStore(KVStore):
             logger.info("aqua: gave back lent region %s", alloc.region_id)
 
     def _check_reclaim(self) -> None:
-        if self._alloc is None or self._alloc_client is None:
-            return
+        """Ask the coordinator whether our allocation is being reclaimed (watcher thread).
+
+        The round trip is made outside the store's lock: the engine's step must not wait on a
+        slow coordinator for more than its own calls' timeout.
+        """
+        with self._lock:
+            alloc, client = self._alloc, self._alloc_client
+            if alloc is None or client is None or self._reclaiming:
+                return
         try:
-            pending = self._alloc_client.pending_reclaims(self.consumer_id)
+            pending = client.pending_reclaims(self.consumer_id)
+            error = None
         except Exception as exc:
-            self._session_lost(f"pending_reclaims failed ({exc})")
-            return
-        if any(a.alloc_id == self._alloc.alloc_id for a in pending):
-            self._reclaiming = True
+            pending, error = [], exc
+        with self._lock:
+            if self._alloc is not alloc:  # released meanwhile (by the step)
+                return
+            if error is not None:
+                self._session_lost(f"pending_reclaims failed ({error})")
+            elif any(a.alloc_id == alloc.alloc_id for a in pending):
+                self._reclaiming = True
 
     def _session_lost(self, why: str) -> None:
         """Our session is over, and with it the allocation: the coordinator has freed it and may
@@ -186,11 +226,8 @@ class LentRegionStore(KVStore):
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_INTERVAL_S):
             self._session.ensure()  # reopen an ended session (with backoff); outside the lock
+            self._check_reclaim()
             with self._lock:
-                if self._alloc is None:
-                    continue
-                if not self._reclaiming:
-                    self._check_reclaim()
                 if self._alloc is not None and self._reclaiming and not self._entries:
                     self._release()
 
