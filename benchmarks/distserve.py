@@ -16,8 +16,10 @@ measured: chunked prefill with decodes first (vLLM V1's scheduler, 2048-token bu
 compares with DeepSpeed-MII's chunked prefill in Sec. 6), at its best tp.
 Disaggregated: both of DistServe's placement searches (high and low node-affinity) over tp, pp and
 instance counts with the phase simulations as oracle; the better placement's unit (its prefill and
-decode instances) is then simulated end to end (prefill -> KV pull over its link -> decode) and its
-joint goodput per GPU measured. Fig. 1's own set-up (single-GPU instances, prefill:decode in the
+decode instances) is then simulated end to end (prefill -> KV pull over its link -> decode; the two
+sides co-simulated, a prefill instance holding each request's KV until its pull lands, so decode
+falling behind fills prefill memory and stalls admissions, DistServe Sec. 4.3) and its joint
+goodput per GPU measured. Fig. 1's own set-up (single-GPU instances, prefill:decode in the
 ratio of their single-GPU goodputs; 2:1 in the paper) is measured too.
 
 Fidelity against the paper's Fig. 1 figures (`fidelity`): the paper measures, on one A100, 5.6 rps

@@ -5,6 +5,8 @@ parallelism:
   prefill goodput  g_p(tp, pp): highest rate at which >= target of requests get TTFT <= ttft_s;
   decode goodput   g_d(tp, pp): highest rate at which >= target of requests get TPOT <= tpot_s,
                    requests arriving with their KV ready and pulled over the placement's KV link.
+A prefill probe has no decode side to wait for, so it frees a request's KV at its first token; the
+end-to-end run (serving/distserve/disagg.py) holds the KV until a decode instance pulls it.
 The lanes of a pipelined instance are identical and get equal shares of its requests, so one lane
 is simulated and its goodput multiplied by pp. Each goodput search is bracketed by the lane's
 capacity bound (prefill: 1 / prefill time of a mean prompt; decode: the largest batch whose step

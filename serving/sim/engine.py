@@ -3,7 +3,7 @@
 `EngineSim.run` loops over iterations (forward passes). At the start of one, at time `now`, timed
 changes (capacity changes, reclaims) and arrivals with time <= now join the engine (ordered by
 (time, kind, id)); arrivals whose whole sequence could never fit the KV cache are rejected. The
-iteration itself is a scheduler step:
+iteration itself is a scheduler step (`EngineSim.step`):
   - `serving.sim.v1.step_v1` (the default, `EngineConfig.scheduler == "v1"`): vLLM V1's chunked
     prefill with decodes first, preemption from the end of the service order, policy rotations
     and prefill caps (serving/sim/v1.py's docstring walks through it);
@@ -140,7 +140,7 @@ class EngineSim:
                 if k:
                     self.stats.fast_forwarded_iterations += k
                     continue
-            progressed, plain_decode = step_v0(self) if self._v0 else step_v1(self)
+            progressed, plain_decode = self.step()
             if not progressed:
                 if next_t == inf and horizon < inf:
                     # Nothing can run before the horizon; a later run() may bring arrivals.
@@ -157,6 +157,18 @@ class EngineSim:
                 self.stats.fast_forwarded_iterations += k
         self.stats.end_time = self.now
         return [r.record for r in sorted(reqs, key=lambda r: r.req_id)]
+
+    def step(self) -> tuple[bool, bool]:
+        """One scheduler step (one iteration, if anything can be scheduled) at `self.now`.
+
+        Called by `run` once per iteration, after timed changes and arrivals due by `now` joined.
+        A driver that interleaves the engine with other simulations calls it directly, having put
+        arrivals in `waiting` and adjusted `kv` itself (serving/distserve/prefill.py).
+
+        Returns:
+            (anything was scheduled, the iteration was a plain decode-only one).
+        """
+        return step_v0(self) if self._v0 else step_v1(self)
 
     def _apply(self, change: TimedChange) -> None:
         if change.kind == KV_GROW:

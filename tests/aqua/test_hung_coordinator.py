@@ -30,14 +30,6 @@ STEP_LIMIT_S = TIMEOUT_S + 0.5  # what one step call may take, with room for a l
 
 
 @pytest.fixture
-def server(sock_path: str) -> Iterator[CoordinatorServer]:
-    srv = CoordinatorServer(sock_path)
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
 def lender(server: CoordinatorServer, sock_path: str) -> Iterator[LenderAgent]:
     agent = LenderAgent(sock_path, "cpu0", NBYTES, producer_id="prod")
     agent.lend()

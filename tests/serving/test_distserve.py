@@ -14,6 +14,7 @@ from serving.distserve import (
     NVLINK3,
     Bisection,
     DisaggDeployment,
+    Handoff,
     Parallelism,
     PhaseOracle,
     PhaseSpec,
@@ -23,6 +24,7 @@ from serving.distserve import (
     run_colocated,
     run_disaggregated,
 )
+from serving.distserve.disagg import run_decode, run_prefill
 from serving.metrics import goodput
 from serving.workload.request import Request
 
@@ -41,6 +43,7 @@ def one_one(link: Link = NVLINK3) -> DisaggDeployment:
 
 
 def test_disaggregated_ttft_is_unaffected_by_decode_load() -> None:
+    # (While decode keeps up: un-pulled KV never fills the prefill instance.)
     light, heavy = poisson(4.0, 150, output=8), poisson(4.0, 150, output=400)
     d_light = [r.ttft for r in run_disaggregated(light, one_one())]
     d_heavy = [r.ttft for r in run_disaggregated(heavy, one_one())]
@@ -62,6 +65,45 @@ def test_kv_transfer_time_appears_between_the_first_and_second_token() -> None:
     assert gap_a - gap_b == pytest.approx(slow.seconds(kv) - fast.seconds(kv))
     # After the transfer, decoding paces the same on both.
     assert np.allclose(np.diff(a.token_times[1:]), np.diff(b.token_times[1:]))
+
+
+def test_while_decode_keeps_up_the_co_simulation_is_the_two_phases_run_apart() -> None:
+    rng = np.random.default_rng(3)
+    t = np.cumsum(rng.exponential(1 / 12.0, 400)).tolist()
+    reqs = [Request(i, x, int(rng.integers(1, 2000)), int(rng.integers(1, 200))) for i, x in enumerate(t)]
+    pre, dec = PhaseSpec(Parallelism(2, 2), 2), PhaseSpec(Parallelism(1, 1), 2)
+    recs = run_disaggregated(reqs, DisaggDeployment(MODEL, GPU, pre, dec, IB_HDR, decode_max_seqs=64))
+    # Each phase alone: prefill frees KV at the first token, then decode pulls from a full list.
+    apart = run_prefill(reqs, lane_model(MODEL, GPU, pre.par), 2, 1024)
+    handoffs = [Handoff(r.token_times[0], r) for r in apart]
+    run_decode(handoffs, lane_model(MODEL, GPU, dec.par), 2, IB_HDR, max_num_seqs=64)
+    assert [r.token_times for r in recs] == [r.token_times for r in apart]
+    assert all(r.finished for r in recs)
+
+
+def test_a_prefill_instance_full_of_unpulled_kv_admits_prompts_only_as_pulls_land() -> None:
+    # One prefill and one decode GPU; prompts arrive at 5/s, faster than a link of 0.5 s per
+    # 512-token KV pulls them (2/s), so un-pulled KV piles up in the prefill instance, which
+    # holds `held` requests' KV (32 blocks each) in all.
+    kv = 512 * get_preset(MODEL, GPU).kv_bytes_per_token
+    xfer = 0.5
+    slow = Link("slow", kv / xfer)
+    held = lane_model(MODEL, GPU, Parallelism(1, 1)).kv_tokens_per_lane // 16 // 32
+    reqs = [Request(i, i / 5, 512, 8) for i in range(300)]
+    fast = [r.token_times[0] for r in run_disaggregated(reqs, one_one(NVLINK3))]
+    recs = run_disaggregated(reqs, one_one(slow))
+    assert all(r.finished for r in recs)
+    # Until held KV fills the instance, prefill does not wait for decode: TTFTs as with a fast link.
+    assert [r.token_times[0] for r in recs[: held + 40]] == fast[: held + 40]
+    # Then request i is admitted only with room for its KV: at least i - held + 1 earlier requests'
+    # pulls (one at a time over the link) must have landed.
+    for i in range(held, len(reqs)):
+        assert recs[i].token_times[0] > (i - held + 1) * xfer
+    # Prefill resumes one prompt per landed pull, so TTFTs grow with the backlog.
+    firsts = np.diff([r.token_times[0] for r in recs[-50:]])
+    assert firsts == pytest.approx(np.full(49, xfer))
+    worst_fast = max(t - r.arrival for t, r in zip(fast, reqs, strict=True))
+    assert recs[-1].token_times[0] - reqs[-1].arrival > 20 * worst_fast
 
 
 def test_a_decode_lane_pulls_only_when_the_whole_sequence_fits() -> None:

@@ -3,8 +3,12 @@
 - a decode lane pulls a request's KV once, only when it has a free slot and blocks for the whole
   sequence, and never before the KV is ready; its blocks never go below zero or above capacity
   and are all free at the end; every request gets exactly its output tokens, in time order;
-- a disaggregated deployment prefills every request once (on one prefill lane) and decodes it
-  fully, with one KV transfer per request that has tokens left to decode;
+- a prefill lane holds a prefilled request's KV until its pull lands: after every step its blocks
+  are those of its running requests plus the held ones, within capacity, and all are free at the
+  end; each request is prefilled once and released once, never before its pull could have landed;
+- a disaggregated deployment (and the co-simulation of any prefill and decode lanes, with prefill
+  KV small enough for held KV to block admissions) prefills every request once (on one prefill
+  lane) and decodes it fully, with one KV transfer per request that has tokens left to decode;
 - the placement each goodput search returns fits the cluster and serves a workload end to end.
 """
 
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -37,8 +41,10 @@ from serving.distserve import (
     low_affinity_search,
     run_disaggregated,
 )
+from serving.distserve.disagg import co_simulate
+from serving.distserve.prefill import PrefillLaneSim
 from serving.metrics.records import RequestRecord
-from serving.sim.engine import EngineSim
+from serving.sim.config import EngineConfig
 from serving.workload.request import Request
 from tests.serving.conftest import make_cost
 
@@ -82,9 +88,58 @@ class CheckedLane(DecodeLaneSim):
             CheckedLane.pulls += 1
         self._xfer = value
 
-    def run(self, handoffs: list[Handoff]) -> None:
-        super().run(handoffs)
+    def finish(self) -> None:
+        super().finish()
         assert self.free_blocks == self._capacity, "a finished request kept its blocks"
+        assert not self.pending
+
+
+class CheckedPrefillLane(PrefillLaneSim):
+    """A prefill lane whose KV accounting is checked after every step; counts prefills and releases.
+
+    Class attributes (reset by `reset`) gather over every lane a run builds.
+    """
+
+    lanes: list[CheckedPrefillLane] = []
+    prefilled: Counter[int] = Counter()
+    released: Counter[int] = Counter()
+    link = NVLINK3  # the link pulls go over, and the KV bytes per token they move
+    kv_bytes = 0
+
+    @classmethod
+    def reset(cls, link: Link, kv_bytes: int) -> None:
+        cls.lanes, cls.prefilled, cls.released = [], Counter(), Counter()
+        cls.link, cls.kv_bytes = link, kv_bytes
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        CheckedPrefillLane.lanes.append(self)
+        self._by_id = {r.req_id: r for r in self.records}
+
+    def step(self) -> list[RequestRecord]:
+        done = super().step()
+        kv = self.engine.kv
+        running = sum(r.blocks for r in self.engine.running)
+        assert 0 <= kv.free <= kv.total, f"prefill blocks out of range: {kv.free}/{kv.total}"
+        assert kv.total - kv.free == running + self.held_blocks, "held KV not counted against capacity"
+        for rec in done:
+            assert rec.token_times == [self.engine.now], "a prefill ends with its first token"
+        CheckedPrefillLane.prefilled.update(r.req_id for r in done)
+        return done
+
+    def release(self, req_id: int, at: float) -> None:
+        rec = self._by_id[req_id]
+        # The pull starts no earlier than the first token and lasts the prompt's KV transfer.
+        transfer = self.link.seconds(rec.prompt_tokens * self.kv_bytes)
+        assert rec.token_times and at >= rec.token_times[0] + transfer, "pulled before its KV was ready"
+        CheckedPrefillLane.released[req_id] += 1
+        super().release(req_id, at)
+
+    @classmethod
+    def check_all_freed(cls) -> None:
+        for lane in cls.lanes:
+            kv = lane.engine.kv
+            assert kv.free == kv.total and lane.held_blocks == 0 and not lane.pending, "KV left held"
 
 
 def check_decoded(handoffs: Sequence[Handoff], kv_bytes: int, link: Link, max_batch: int) -> None:
@@ -155,16 +210,10 @@ def test_a_disaggregated_run_prefills_once_transfers_once_and_decodes_fully(
     for i, (gap_ms, prompt, output) in enumerate(items):
         t += gap_ms / 1000
         reqs.append(Request(i, t, prompt, output))
-    prefilled: Counter[int] = Counter()
-
-    class CountingEngine(EngineSim):
-        def run(self, requests: Iterable[Request], **kw: Any) -> list[RequestRecord]:
-            requests = list(requests)
-            prefilled.update(r.req_id for r in requests)
-            return super().run(requests, **kw)
-
     CheckedLane.pulls = 0
     p_spec, d_spec = (PhaseSpec(Parallelism(tp, pp), n) for tp, pp, n in (prefill, decode))
+    d_lane = lane_model(MODEL, GPU, d_spec.par)
+    CheckedPrefillLane.reset(kv_link, d_lane.cost.kv_bytes_per_token)
     dep = DisaggDeployment(
         MODEL,
         GPU,
@@ -175,23 +224,97 @@ def test_a_disaggregated_run_prefills_once_transfers_once_and_decodes_fully(
         decode_max_seqs=decode_max_seqs,
     )
     with pytest.MonkeyPatch.context() as mp:  # (a fixture would not be reset between examples)
-        mp.setattr(disagg, "EngineSim", CountingEngine)
+        mp.setattr(disagg, "PrefillLaneSim", CheckedPrefillLane)
         mp.setattr(disagg, "DecodeLaneSim", CheckedLane)
         recs = run_disaggregated(reqs, dep)
-    assert prefilled == Counter(r.req_id for r in reqs), "a request was prefilled twice or never"
     assert [r.req_id for r in recs] == [r.req_id for r in reqs]
     for req, rec in zip(reqs, recs, strict=True):
         assert rec.token_times and rec.recomputed_tokens == 0
         assert req.arrival <= rec.token_times[0]
-    d_lane = lane_model(MODEL, GPU, d_spec.par)
     lanes = d_lane.lanes * d_spec.instances  # (their iterations may end at the same times)
-    check_decoded(
-        [Handoff(r.token_times[0], r) for r in recs],
-        d_lane.cost.kv_bytes_per_token,
-        kv_link,
-        decode_max_seqs * lanes,
-    )
-    assert CheckedLane.pulls == sum(1 for r in reqs if r.output_tokens > 1)
+    check_co_simulated(reqs, recs, d_lane.cost.kv_bytes_per_token, kv_link, decode_max_seqs * lanes)
+
+
+def check_co_simulated(
+    reqs: Sequence[Request], recs: Sequence[RequestRecord], kv_bytes: int, link: Link, max_batch: int
+) -> None:
+    """Every served request prefilled once, pulled and released once (if it decodes), decoded fully."""
+    served = [r for r in recs if r.token_times]  # (a prompt that never fits a prefill lane gets none)
+    assert CheckedPrefillLane.prefilled == Counter(r.req_id for r in served), "prefilled twice or never"
+    pulled = Counter(r.req_id for r in served if r.output_tokens > 1)
+    assert CheckedPrefillLane.released == pulled, "a KV was released twice or never"
+    assert CheckedLane.pulls == len(pulled)
+    CheckedPrefillLane.check_all_freed()
+    check_decoded([Handoff(r.token_times[0], r) for r in served], kv_bytes, link, max_batch)
+    assert len(recs) == len(reqs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    items=st.lists(
+        st.tuples(st.integers(0, 20), st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=30
+    ),
+    prefill_lanes=st.integers(1, 2),
+    prefill_blocks=st.integers(8, 48),
+    prefill_budget=st.sampled_from([32, 128, 512]),
+    decode_lanes=st.integers(1, 2),
+    decode_blocks=st.integers(22, 60),
+    max_num_seqs=st.integers(1, 4),
+    link=st.sampled_from([SLOW, NVLINK3]),
+)
+def test_co_simulated_prefill_lanes_hold_kv_until_pulled_within_capacity(
+    items: list[tuple[int, int, int]],
+    prefill_lanes: int,
+    prefill_blocks: int,
+    prefill_budget: int,
+    decode_lanes: int,
+    decode_blocks: int,
+    max_num_seqs: int,
+    link: Link,
+) -> None:
+    # Prompts up to 300 tokens (19 blocks) on prefill lanes of 8-48 blocks: held KV of one to a few
+    # requests fills a lane (and a prompt above its capacity is rejected); sequences up to 340
+    # tokens (22 blocks) always fit a decode lane.
+    cost = make_cost(kv_bytes_per_token=4096)
+    t = 0.0
+    reqs = []
+    for i, (gap_ms, prompt, output) in enumerate(items):
+        t += gap_ms / 1000
+        reqs.append(Request(i, t, prompt, output))
+    CheckedLane.pulls = 0
+    CheckedPrefillLane.reset(link, cost.kv_bytes_per_token)
+    config = EngineConfig(max_num_batched_tokens=prefill_budget, num_kv_blocks=prefill_blocks)
+    prefills = [CheckedPrefillLane(cost, config, reqs[k::prefill_lanes]) for k in range(prefill_lanes)]
+    decodes = [
+        CheckedLane(cost, decode_blocks * 16, link, max_num_seqs=max_num_seqs) for _ in range(decode_lanes)
+    ]
+    co_simulate(prefills, decodes)
+    recs = sorted((r for p in prefills for r in p.records), key=lambda r: r.req_id)
+    for req, rec in zip(reqs, recs, strict=True):
+        fits = req.prompt_tokens <= prefill_blocks * 16
+        assert bool(rec.token_times) == fits, "a prompt that fits was not served, or one that cannot was"
+    check_co_simulated(reqs, recs, cost.kv_bytes_per_token, link, max_num_seqs * decode_lanes)
+
+
+def test_a_decode_lane_refuses_offers_out_of_ready_order() -> None:
+    lane = DecodeLaneSim(make_cost(), 512, SLOW)
+    lane.offer(Handoff(1.0, RequestRecord(1, 0.0, 8, 4, [1.0])))
+    with pytest.raises(ValueError, match="request 0 offered out of"):
+        lane.offer(Handoff(0.5, RequestRecord(0, 0.0, 8, 4, [0.5])))
+
+
+def test_a_prefill_lane_refuses_a_release_of_kv_it_does_not_hold() -> None:
+    lane = PrefillLaneSim(make_cost(), EngineConfig(num_kv_blocks=64), [Request(0, 0.0, 40, 4)])
+    with pytest.raises(ValueError, match="request 7 holds no KV"):
+        lane.release(7, 1.0)
+    while lane.next_time() < float("inf"):
+        lane.step()
+    assert lane.held_blocks == 3  # 40 prompt tokens in 16-token blocks, held until released
+    lane.release(0, 2.0)
+    with pytest.raises(ValueError, match="request 0 holds no KV"):
+        lane.release(0, 3.0)
+    lane.step()
+    assert lane.engine.now == 2.0 and lane.held_blocks == 0 and not lane.pending
 
 
 def small_workload(rate: float) -> list[Request]:
