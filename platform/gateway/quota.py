@@ -12,7 +12,9 @@
   ``2 * rpm - 1`` within one minute: a burst, then the refill). A request over the limit is not
   counted and gets 429 with Retry-After: the seconds until the same request would be admitted.
   Times are whole nanoseconds, ``T`` rounded down: a key gains at most a microsecond per thousand
-  requests.
+  requests. They are each web process's wall clock: a clock stepped back (or a web host whose clock
+  is behind another's) by more than 10 s restarts the key's state instead of refusing it for as long
+  as the clocks differ (`_advance`).
 - Tokens per day: the key's ``Usage`` rows of the current UTC day. A request is refused once the
   day's total reached the quota; the request that crosses it is served in full (its size is only
   known when it ends), so a key can overshoot by one response.
@@ -31,13 +33,16 @@ from datetime import UTC, datetime, timedelta
 
 from accounts.models import ApiKey
 from django.db import IntegrityError, transaction
-from django.db.models import BigIntegerField, F, QuerySet, Sum, Value
+from django.db.models import BigIntegerField, Case, F, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import Greatest
 
 from gateway.errors import rate_limited
 from gateway.models import RateLimitState, Usage
 
 NS_PER_S = 1_000_000_000
+# How far behind the clock that set a key's TAT a request's clock must be to count as a clock step
+# (`_advance`): larger than the time between taking `now` and the UPDATE under load.
+CLOCK_STEP_MARGIN_NS = 10 * NS_PER_S
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -147,6 +152,18 @@ def take_request(key: ApiKey, now: datetime) -> tuple[int, float]:
 
 def _advance(state: QuerySet[RateLimitState], at: int, interval: int, tolerance: int) -> bool:
     """Count a request at ``at`` (ns) if the key's TAT admits it: one UPDATE that tests and moves
-    the TAT, atomic on SQLite and PostgreSQL."""
-    tat = Greatest(F("tat_ns"), Value(at, output_field=BigIntegerField())) + interval
-    return state.filter(tat_ns__lte=at + tolerance).update(tat_ns=tat) == 1
+    the TAT, atomic on SQLite and PostgreSQL.
+
+    On one clock the TAT is never more than ``tolerance + interval`` ahead of the request that set
+    it. One further ahead than that plus CLOCK_STEP_MARGIN_NS was set by a clock ahead of this
+    one (stepped back since, or another web host's): the key is admitted and its TAT restarts from
+    ``at``, instead of being refused for as long as the clocks differ. The margin keeps requests
+    of one instant that reach the UPDATE out of order from counting as a step back."""
+    skewed = at + tolerance + interval + CLOCK_STEP_MARGIN_NS
+    tat = Case(
+        When(tat_ns__gt=skewed, then=Value(at + interval)),
+        default=Greatest(F("tat_ns"), Value(at, output_field=BigIntegerField())) + interval,
+        output_field=BigIntegerField(),
+    )
+    admits = Q(tat_ns__lte=at + tolerance) | Q(tat_ns__gt=skewed)
+    return state.filter(admits).update(tat_ns=tat) == 1

@@ -68,6 +68,20 @@ def test_it_admits_a_burst_of_the_limit_and_refuses_the_next_with_retry_after(
     assert RateLimitState.objects.filter(key=key).count() == 1, "one row per key"
 
 
+def test_a_clock_stepped_back_restarts_the_key_instead_of_refusing_it(gateway_data: dict[str, Any]) -> None:
+    key = create_api_key(gateway_data["user"], "skew", requests_per_minute=600).record
+    assert taken_at(key, NOW)
+    # Another web host an hour behind (or this one after a step back): the key has used 1 of 600.
+    behind = NOW - timedelta(hours=1)
+    assert taken_at(key, behind)
+    assert RateLimitState.objects.get(key=key).tat_ns < NOW.timestamp() * 1e9, "restarted from its time"
+    # Requests of one instant that reach the database out of order are not a step back.
+    tight = create_api_key(gateway_data["user"], "tight", requests_per_minute=1).record
+    assert taken_at(tight, NOW)
+    assert not taken_at(tight, NOW - timedelta(seconds=1))
+    assert not taken_at(tight, NOW - timedelta(seconds=9))
+
+
 def test_it_refuses_a_time_without_a_timezone(gateway_data: dict[str, Any]) -> None:
     naive = NOW.replace(tzinfo=None)
     with pytest.raises(ValueError, match=re.escape(f"now={naive!r} must be timezone-aware")):
