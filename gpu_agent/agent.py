@@ -23,6 +23,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from gpu_agent import __version__
+from gpu_agent.aqua import AquaHost
 from gpu_agent.engines.logs import LOG_TAIL_BYTES, cap_lines, unreadable_note
 from gpu_agent.host import Host
 from gpu_agent.link import AgentLink
@@ -86,6 +87,7 @@ class Agent:
         self._statuses: asyncio.Queue[DeploymentStatus] = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._aqua_refresh: asyncio.Task[object] | None = None  # the AquaHost.refresh() running
 
     def register_frame(self) -> Register:
         return Register(
@@ -152,11 +154,27 @@ class Agent:
         devices, engines = self.host.sample()
         return Telemetry(ts=time.time(), devices=devices, engines=engines, simulated=self.host.simulated)
 
+    async def _refresh_aqua(self) -> None:
+        """Check the host's Aqua coordinator and take its stats in a worker thread, for the coming
+        `telemetry_frame()` to report: a hung one takes seconds (probes, a restart), which must not
+        hold up heartbeats, statuses and commands on this loop. Waits for it a quarter interval at
+        most; a refresh still running then (or from an earlier tick) goes on, and this tick reports
+        the last snapshot taken. Never two at once."""
+        aqua = getattr(self.host, "aqua", None)
+        if not isinstance(aqua, AquaHost):
+            return
+        if self._aqua_refresh is not None and not self._aqua_refresh.done():
+            return
+        self._aqua_refresh = refresh = asyncio.ensure_future(asyncio.to_thread(aqua.refresh))
+        refresh.add_done_callback(_log_refresh_failure)
+        await asyncio.wait({refresh}, timeout=self._interval / 4)
+
     async def _telemetry_loop(self) -> None:
         while True:
             # Wake on the next multiple of the interval, so samples line up across hosts.
             now = time.time()
             await asyncio.sleep(self._interval - (now % self._interval))
+            await self._refresh_aqua()
             try:
                 frame = self.telemetry_frame()
             except Exception:
@@ -232,3 +250,8 @@ class Agent:
                 "deployment_id",
             )
         )
+
+
+def _log_refresh_failure(refresh: asyncio.Task[object]) -> None:
+    if not refresh.cancelled() and refresh.exception() is not None:
+        log.error("Checking the Aqua coordinator failed", exc_info=refresh.exception())

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +91,7 @@ class AquaHost:
 
     The coordinator serves on its own thread. Were that thread to end, its socket file be removed,
     or its loop hang (connections accepted, never answered), engines could no longer use it, and
-    every engine started later would be given a socket nothing answers on. So each `stats()` (every
+    every engine started later would be given a socket nothing answers on. So each `refresh()` (every
     telemetry tick, off any engine's path) checks it: a missing socket file restarts it at once;
     otherwise a liveness probe (connect, `ping`, within `probe_timeout_s`) must answer, and after
     `probe_failures` failed probes in a row the coordinator is restarted, its stale socket file
@@ -98,6 +99,13 @@ class AquaHost:
     Stopping it ends every session (a hung one's connections are shut down from outside its loop):
     producers and consumers see their connection close (CoordinatorUnavailable), which tells them
     their leases and allocations are gone, and they fall back. The new coordinator starts empty.
+
+    A sick coordinator makes `refresh()` block for seconds (probe, restart), so it must never run on
+    the agent's event loop: the agent runs it in a worker thread (`asyncio.to_thread`), one at a
+    time, and its telemetry tick, on the loop, reads the snapshot the last `refresh()` left through
+    `stats()` / `device_states()`, which never block.
+    `refresh()` calls never overlap (a call made while one runs returns that last snapshot), and
+    `stop()` may come from the loop while one runs: what they share is swapped under a lock.
 
     Args:
         socket_path: Where the coordinator listens.
@@ -126,8 +134,14 @@ class AquaHost:
         self.probe_timeout_s = probe_timeout_s
         self.probe_failures = probe_failures
         self.stop_timeout_s = stop_timeout_s
+        # _server, _wanted: set by start()/stop() (the loop) and by a restart (refresh()'s thread);
+        # a compound change to them holds _lock, which is never held while waiting on anything.
+        self._lock = threading.Lock()
         self._server: Any = None
         self._wanted = False  # start() was called and stop() was not
+        self._refreshing = threading.Lock()  # held by the one refresh() running
+        self._last: dict[str, Any] | None = None  # the snapshot the last refresh() took
+        # Only refresh() (one at a time) touches these.
         self._backoff = backoff or Backoff(base_s=1.0, cap_s=60.0)
         self._next_try = 0.0  # monotonic time of the next restart attempt
         self._failed_probes = 0  # in a row
@@ -135,7 +149,11 @@ class AquaHost:
 
     @property
     def socket_path(self) -> str | None:
-        """The socket engines should use, or None when no coordinator runs."""
+        """The socket engines should use, or None when no coordinator runs.
+
+        The host reads it once, when it builds its engine launcher (before any `refresh()`); a
+        restart reuses the same path, so engines started after one reach the new coordinator.
+        """
         return self.requested_socket if self._server is not None else None
 
     def start(self) -> bool:
@@ -145,15 +163,28 @@ class AquaHost:
         except ImportError as exc:
             log.warning("Aqua coordinator not available (%s); engines run without memory lending.", exc)
             return False
-        self._wanted = True
-        server = CoordinatorServer(self.requested_socket)
+        with self._lock:
+            self._wanted = True
+        return self._start(CoordinatorServer(self.requested_socket))
+
+    def _start(self, server: Any) -> bool:
+        """Start `server` (a CoordinatorServer) and keep it, unless `stop()` was called, even
+        meanwhile; whether it now runs."""
+        if not self._wanted:
+            return False
         try:
             os.makedirs(os.path.dirname(self.requested_socket) or ".", exist_ok=True)
             server.start()
         except (OSError, RuntimeError) as exc:
             log.error("Aqua coordinator failed to start on %s: %s", self.requested_socket, exc)
             return False
-        self._server = server
+        with self._lock:
+            kept = self._wanted  # stop() may have run while this one started: never leave it running
+            if kept:
+                self._server = server
+        if not kept:
+            server.stop(timeout=self.stop_timeout_s)
+            return False
         log.info("Aqua coordinator listening on %s.", self.requested_socket)
         return True
 
@@ -186,10 +217,12 @@ class AquaHost:
             )
             self._discard_server()
         now = time.monotonic()
-        if now < self._next_try:
+        if now < self._next_try or not self._wanted:  # not wanted: stop() came meanwhile
             return False
+        from serving.aqua.coordinator import CoordinatorServer  # importable: start() succeeded
+
         self.restarts += 1
-        if self.start():
+        if self._start(CoordinatorServer(self.requested_socket)):
             self._backoff.reset()
             return True
         self._next_try = now + self._backoff.next_delay()
@@ -210,8 +243,11 @@ class AquaHost:
 
     def _discard_server(self) -> None:
         """Stop the current coordinator and remove its socket file, even if its thread is stuck."""
-        server, self._server = self._server, None
+        with self._lock:
+            server, self._server = self._server, None
         self._failed_probes = 0
+        if server is None:  # stop() took it meanwhile
+            return
         if not server.stop(timeout=self.stop_timeout_s):  # its clients were hung up on
             log.error("Aqua coordinator on %s is stuck; leaving its thread behind.", self.requested_socket)
         # Left by a dead coordinator, or still bound by a stuck one (which will not remove ours).
@@ -219,26 +255,49 @@ class AquaHost:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.requested_socket)
 
-    def stats(self) -> dict[str, Any] | None:
-        """The coordinator's stats snapshot, taken atomically on its loop; None if not running."""
+    def refresh(self) -> dict[str, Any] | None:
+        """Check the coordinator (restarting it if need be) and take its stats snapshot; None if it
+        is not running. Blocks up to seconds while it is sick: call it off the event loop."""
+        if not self._refreshing.acquire(blocking=False):  # another thread is at it
+            return self._last
+        try:
+            stats = self._sample()
+            self._last = stats if self._wanted else None  # not one taken across a stop()
+            return stats
+        finally:
+            self._refreshing.release()
+
+    def _sample(self) -> dict[str, Any] | None:
         if not self._keep_up():
             return None
+        server = self._server
+        if server is None:  # stop() took it meanwhile
+            return None
         try:
-            result: dict[str, Any] = self._server.call(lambda c: c.stats(), timeout=2.0)
+            result: dict[str, Any] = server.call(lambda c: c.stats(), timeout=2.0)
         except Exception as exc:  # a stuck or dead coordinator must not stop telemetry
             log.warning("Aqua coordinator stats failed: %s", exc)
             return None
         return result
 
+    def stats(self) -> dict[str, Any] | None:
+        """The stats snapshot the last `refresh()` took (None before one, or if the coordinator was
+        not running then). Never blocks: the agent's telemetry tick, on its event loop, reads it."""
+        return self._last
+
     def device_states(self, engine_devices: dict[str, int]) -> dict[int, AquaDeviceState]:
+        """Per-device states from the last `refresh()`'s snapshot (never blocks)."""
         stats = self.stats()
         return device_states(stats, engine_devices) if stats is not None else {}
 
     def stop(self) -> None:
-        self._wanted = False
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        """Stop the coordinator; a `refresh()` running meanwhile starts no new one."""
+        with self._lock:
+            self._wanted = False
+            server, self._server = self._server, None
+        self._last = None
+        if server is not None:
+            server.stop(timeout=self.stop_timeout_s)
 
 
 def _is_socket(path: str) -> bool:

@@ -61,10 +61,12 @@ def test_it_hosts_the_real_coordinator_and_reports_lending(tmp_path: Path) -> No
         producer.lease("dep-prod", "cuda:0", 1 << 20, {"kind": "test"})
         alloc = consumer.allocate("dep-cons", 64 * 1024)
         assert alloc is not None
+        host.refresh()  # a telemetry tick
         states = host.device_states({"dep-prod": 0, "dep-cons": 1})
         assert states[0].role == "producer" and states[0].lent_bytes == 1 << 20 and states[0].paired_with == 1
         assert states[1].role == "consumer" and states[1].borrowed_bytes == 64 * 1024
         consumer.free(alloc.alloc_id)
+        host.refresh()
         states = host.device_states({"dep-prod": 0, "dep-cons": 1})
         assert states[0].borrowed_bytes == 0 and 1 not in states
         producer.close()

@@ -1,19 +1,30 @@
 """The agent's liveness check of its hosted Aqua coordinator: a coordinator whose thread died with
 its socket file left, or whose loop hangs (connections accepted, never answered), is restarted
-after `probe_failures` failed probes in a row; a healthy one never is."""
+after `probe_failures` failed probes in a row; a healthy one never is. The check (seconds, while
+the coordinator is sick) never holds up the agent's event loop.
+
+Ticks here call `refresh()` (check and sample) directly, as the agent's worker thread does."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from gpu_agent.agent import Agent
 from gpu_agent.aqua import AquaHost
-from tests.aqua.conftest import hung
+from gpu_agent.host import LocalHost
+from gpu_agent.inventory import CpuInventory
+from serving.backoff import Backoff
+from tests.agent.test_engines import fake_launcher
+from tests.agent.ws_server import ControlPlaneStub, wait_for
+from tests.aqua.conftest import hung, wait_until
 
 coordinator = pytest.importorskip("serving.aqua.coordinator", reason="serving.aqua.coordinator not present")
 
@@ -32,7 +43,7 @@ def make_host(tmp_path: Path) -> AquaHost:
 def tick(host: AquaHost) -> dict[str, object] | None:
     """One telemetry tick; checks that it did not hold the agent up."""
     t0 = time.monotonic()
-    stats = host.stats()
+    stats = host.refresh()
     assert time.monotonic() - t0 < TICK_LIMIT_S
     return stats
 
@@ -102,6 +113,7 @@ def test_it_restarts_a_hung_coordinator_and_its_clients_are_told(tmp_path: Path)
         assert not old._thread.is_alive()
         again = coordinator.AquaClient(path, name="prod", connect_timeout=2.0)
         again.lease("dep-prod", "cuda:0", 1 << 20, {"kind": "test"})
+        host.refresh()
         assert host.device_states({"dep-prod": 0})[0].lent_bytes == 1 << 20
         assert host.restarts == 1
         producer.close()
@@ -114,3 +126,76 @@ def test_it_refuses_bad_probe_settings(tmp_path: Path) -> None:
     for kwargs in ({"probe_timeout_s": 0.0}, {"probe_timeout_s": float("nan")}, {"probe_failures": 0}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             AquaHost(str(tmp_path / "aqua.sock"), **kwargs)
+
+
+def test_it_starts_no_coordinator_when_stopped_during_a_restart(tmp_path: Path) -> None:
+    # The agent's loop may stop the host while a telemetry tick's check, on a worker thread, is
+    # restarting a hung coordinator: nothing may be left running.
+    host = AquaHost(str(tmp_path / "aqua.sock"), probe_failures=1)  # default timeouts
+    assert host.start() is True
+    path = host.requested_socket
+    old = host._server
+    with hung(old):
+        check = threading.Thread(target=host.refresh)
+        check.start()
+        wait_until(lambda: host._server is None, what="the hung coordinator being discarded")
+        host.stop()  # while the check waits (stop_timeout_s) for the stuck one's thread
+        check.join(10)
+        assert not check.is_alive()
+    assert host._server is None and host.socket_path is None and host.restarts == 0
+    assert not answers(path) and not os.path.exists(path)
+    old._thread.join(10)
+
+
+LAG_LIMIT_S = 0.2  # how late a task on the agent's loop may wake while the coordinator is hung
+
+
+@pytest.mark.asyncio
+async def test_it_keeps_the_agent_loop_responsive_while_it_restarts_a_hung_coordinator(
+    tmp_path: Path,
+) -> None:
+    server = ControlPlaneStub()
+    await server.start()
+    interval = 0.25
+    # Default AquaHost timeouts: each probe waits 0.5 s, the restart 2 s for the stuck thread.
+    host = LocalHost(CpuInventory(), str(tmp_path), launcher=fake_launcher(tmp_path / "pids"), grace_s=2)
+    agent = Agent(
+        host,
+        server.url,
+        "good-token",
+        name="cpu-box",
+        address="127.0.0.1",
+        telemetry_interval_s=interval,
+        backoff=Backoff(0.05, 0.2),
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        await wait_for(lambda: agent.link.connected and len(server.of_type("telemetry")) >= 2)
+        aqua = host.aqua
+        assert aqua is not None
+        path, old = aqua.requested_socket, aqua._server
+        lags: list[float] = []
+
+        async def measure_lag() -> None:
+            while True:
+                t0 = time.monotonic()
+                await asyncio.sleep(0.05)
+                lags.append(time.monotonic() - t0 - 0.05)
+
+        with hung(old):
+            t_hung = time.monotonic()
+            lagger = asyncio.create_task(measure_lag())
+            await wait_for(lambda: aqua.restarts == 1 and aqua._server is not None, timeout=15)
+            lagger.cancel()
+            t_restarted = time.monotonic()
+            assert await asyncio.to_thread(answers, path)
+        times = [t for t in server.times_of("telemetry") if t_hung <= t <= t_restarted]
+        assert t_restarted - t_hung > 2.0  # probes and the restart took their (default) time ...
+        assert max(lags) < LAG_LIMIT_S, f"the loop was held up {max(lags):.2f} s"  # ... off the loop
+        gaps = [b - a for a, b in zip([t_hung, *times], [*times, t_restarted], strict=True)]
+        assert max(gaps) < interval + LAG_LIMIT_S, gaps  # telemetry kept its cadence
+        old._thread.join(10)
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 15)
+        await server.stop()

@@ -105,19 +105,22 @@ def test_it_restarts_a_coordinator_that_went_away_and_its_clients_are_told(
     try:
         producer = coordinator.AquaClient(path, name="prod")
         producer.lease("dep-prod", "cuda:0", 1 << 20, {"kind": "test"})
+        host.refresh()  # a telemetry tick
         assert host.device_states({"dep-prod": 0})[0].lent_bytes == 1 << 20
         if fault == "socket removed":  # e.g. a clean-up of the state directory
             os.unlink(path)
         else:  # the coordinator's thread ends without the agent asking
             host._server.stop()
 
-        states = host.device_states({"dep-prod": 0})  # the next telemetry tick
+        host.refresh()  # the next telemetry tick
+        states = host.device_states({"dep-prod": 0})
 
         assert states == {}  # a fresh coordinator: nothing is lent any more ...
         assert not producer.connected()  # ... and the producer was told its session is over
         assert host.socket_path == path
         again = coordinator.AquaClient(path, name="prod", connect_timeout=2.0)  # engines reach it
         again.lease("dep-prod", "cuda:0", 1 << 20, {"kind": "test"})
+        host.refresh()
         assert host.device_states({"dep-prod": 0})[0].lent_bytes == 1 << 20
         assert host.restarts == 1
         producer.close()
