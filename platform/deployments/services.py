@@ -120,18 +120,37 @@ def update_deployment(
 
 @transaction.atomic
 def await_model_restart(model: ServedModel, before: dict[str, Any]) -> list[int]:
-    """``model`` was just saved, in this transaction, with its `engine_settings` changed from
-    ``before``: the agents will restart its engines, as on a device edit (see `_await_restart`).
-    A change of other fields (the SLOs) restarts nothing and changes nothing here. Returns the pks
-    of the deployments whose observed state changed."""
+    """``model``'s `engine_settings` change from ``before`` to its current (unsaved) values: the
+    agents will restart its engines, as on a device edit (see `_await_restart`). A change of other
+    fields (the SLOs) restarts nothing and changes nothing here. Returns the pks of the
+    deployments whose observed state changed.
+
+    Call it in the edit's transaction before saving ``model``, under a ``FOR NO KEY UPDATE`` lock
+    of its row: the locks here come in the order every deployment writer takes them (the hosts,
+    then the deployment rows), and a plan apply holding them may still insert a deployment of
+    ``model``, whose foreign-key check needs a ``FOR KEY SHARE`` lock of the model row. A save
+    that renames the model takes ``FOR UPDATE``, which would block that check; once the hosts are
+    held here, no apply can be halfway through them."""
     after = engine_settings(model)
     if after == before:
         return []
+    models_deployments = Deployment.objects.filter(model=model)
+    for host_id in models_deployments.order_by("host_id").values_list("host_id", flat=True).distinct():
+        _lock_host(host_id)
     changed = []
     # Locked like a status report locks its deployment: a report waits for this, or this for it.
-    for deployment in Deployment.objects.select_for_update().filter(model=model).order_by("pk"):
+    # A deployment created since the hosts were read is locked by its row only: its writer has
+    # committed, and nothing is waited for past this point.
+    for deployment in models_deployments.select_for_update().order_by("pk"):
         devices = sorted(deployment.devices.values_list("index", flat=True))
+        pending, legacy = deployment.restart_from, False
+        if pending is not None and "model" not in pending:
+            # Kept before model edits were guarded: the engine it waits for runs the settings
+            # from before this edit (no model edit since, or it would carry them).
+            deployment.restart_from, legacy = {**pending, "model": before}, True
         fields = _await_restart(deployment, _engine_spec(devices, before), _engine_spec(devices, after))
+        if legacy:
+            fields = sorted({*fields, "restart_from"})
         if fields:
             Deployment.objects.filter(pk=deployment.pk).update(**{f: getattr(deployment, f) for f in fields})
             changed.append(deployment.pk)
@@ -147,7 +166,9 @@ def _await_restart(deployment: Deployment, before: dict[str, Any], after: dict[s
         return []
     pending = deployment.restart_from
     if pending is not None:
-        # Kept before model edits were guarded: only a device edit could have set it.
+        # Kept before model edits were guarded: only a device edit could have set it, and no model
+        # edit has met it since (`await_model_restart` fills "model" in), so the settings are
+        # today's.
         old = _engine_spec(pending["devices"], pending.get("model", after["model"]))
         if old != after:  # still the same old engine to wait for
             deployment.observed_message = _restart_message(old, after)

@@ -25,12 +25,15 @@ def update_served_model(model: ServedModel, changes: Mapping[str, Any]) -> Serve
     stale copy of another edit's values. An edit of the settings the agents run engines with
     (`deployments.services.ENGINE_SETTINGS`) makes them restart the model's engines: its running
     deployments are pending until their agent reports the restart, in this same transaction
-    (`deployments.services.await_model_restart`)."""
-    ServedModel.objects.select_for_update().filter(pk=model.pk).first()
+    (`deployments.services.await_model_restart`, which locks them before the save, see there).
+
+    The row lock is ``FOR NO KEY UPDATE``: it keeps other edits out but not the foreign-key check
+    of a deployment of the model being created meanwhile (by a plan apply holding the hosts)."""
+    ServedModel.objects.select_for_update(no_key=True).filter(pk=model.pk).first()
     model.refresh_from_db()
     before = engine_settings(model)
     for name, value in changes.items():
         setattr(model, name, value)
-    model.save()
     await_model_restart(model, before)
+    model.save()
     return model

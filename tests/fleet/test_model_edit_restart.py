@@ -183,3 +183,26 @@ def test_an_edit_in_the_admin_is_guarded_like_one_through_the_api(
     served_model.refresh_from_db()
     assert served_model.engine_options == {"seed": 3}
     assert observed(deployments[0]) == ObservedState.PENDING
+
+
+def test_a_device_edit_pending_from_before_model_edits_were_guarded_still_awaits_a_model_edit(
+    agent_host: AgentHost, served_model: ServedModel, admin_client: APIClient
+) -> None:
+    """A wait kept by an older version has no "model": the engine it waits for runs the settings
+    from before the first model edit to meet it, not the edited ones."""
+    _, (deployment,) = running(served_model, agent_host, 0)
+    d0, d1 = Device.objects.filter(host=agent_host.host).order_by("index")
+    update_deployment(deployment, devices=[d1])
+    deployment.refresh_from_db()
+    assert deployment.restart_from is not None and deployment.restart_from["devices"] == [0]
+    legacy = {k: v for k, v in deployment.restart_from.items() if k != "model"}
+    Deployment.objects.filter(pk=deployment.pk).update(restart_from=legacy)
+    edit(admin_client, served_model, {"engine_options": {"seed": 1}})
+    deployment.refresh_from_db()
+    assert deployment.restart_from is not None
+    assert deployment.restart_from["model"]["engine_options"] == {"seed": 0}
+    update_deployment(deployment, devices=[d0])  # the device edit undone: the model edit is not
+    assert observed(deployment) == ObservedState.PENDING
+    assert deployment.observed_message.startswith("model settings changed (engine_options)")
+    edit(admin_client, served_model, {"engine_options": {"seed": 0}})
+    assert observed(deployment) == ObservedState.RUNNING
