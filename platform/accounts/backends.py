@@ -19,7 +19,8 @@ class RateLimitedModelBackend(ModelBackend):
     (accounts/login_limits.py).
 
     Raises:
-        SignInLocked: from ``authenticate()``, before the password is checked.
+        SignInLocked: from ``authenticate()``, before the password is checked: at most a count's
+            limit of passwords are checked in its window, however many sign-ins run at once.
     """
 
     def authenticate(
@@ -33,12 +34,14 @@ class RateLimitedModelBackend(ModelBackend):
             username = kwargs.get(get_user_model().USERNAME_FIELD)
         if username is None or password is None:
             return None
-        login_limits.check(request, username)
+        # Counted before the (slow) password check, so concurrent guesses cannot all pass a count
+        # at its limit; a check that raises leaves the sign-in counted as a failure.
+        attempt = login_limits.begin_attempt(request, username)
         user = super().authenticate(request, username=username, password=password, **kwargs)
         if user is None:
-            login_limits.record_failure(request, username)
+            attempt.failed()
         else:
-            login_limits.record_success(request, username)
+            attempt.succeeded()
         return user
 
     async def aauthenticate(

@@ -13,9 +13,16 @@ sign-ins it covers, before any password is checked, until its window ends:
   spread over many addresses. Reaching it locks the owner out too, but takes that many attempts in
   one window.
 
-A successful sign-in clears the count of its username from its address; the username's and the
-address's stay (else each sign-in of the owner would give a guesser spread over addresses a fresh
-budget). Without a request (no address) only the username's count applies.
+A sign-in is counted before its password is checked (``begin_attempt``), with the cache's atomic
+``incr``, and refused if that takes a count past its limit: the check is slow by design, and
+sign-ins counted only after it would all pass a count at its limit while checks are in flight. So a
+count lets at most its limit of passwords be checked in a window, however many sign-ins arrive
+together (but for those arriving in the instant the window ends, which may each start the next
+one, or be counted in one already over). A refused sign-in is taken back from every count. Then
+``SignInAttempt.failed()`` keeps it counted, and ``succeeded()`` clears the count of its username
+from its address and takes it back from the username's and the address's, which it does not clear
+(else each sign-in of the owner would give a guesser spread over addresses a fresh budget). Without
+a request (no address) only the username's count applies.
 
 The address is ``REMOTE_ADDR``: behind a reverse proxy, run daphne with ``--proxy-headers`` or every
 client shares the proxy's address (and its limits).
@@ -25,17 +32,20 @@ process; without it each process's local memory, so N web processes allow up to 
 and a restart forgets them. ``manage.py clear_login_limits`` forgets the counts of a username, of an
 address, or all of them (clear_username, clear_address, clear_all): each replaces a generation that
 is part of the keys of the counts it covers, so a username's counts from every address go without
-listing the addresses.
+listing the addresses. A window's start is part of its count's key too, so a count never outlives
+its window, and taking an attempt back after its window ended touches no later one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import logging
 import math
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,63 +80,136 @@ class SignInLocked(ValidationError):
 @dataclass(frozen=True)
 class _Budget:
     kind: str  # "pair", "username" or "address"
-    key: str  # cache key of the failure count; its window start is under f"{key}:since"
+    key: str  # prefix of the count's keys; its window's start is under f"{key}:since"
     limit: int
     whose: str  # for the message: "for this username from this address", ...
 
+    @property
+    def since_key(self) -> str:
+        return f"{self.key}:since"
 
-def check(request: Any, username: str | None) -> None:
-    """Raise SignInLocked when any count covering this sign-in is at its limit.
 
-    Called before the password is checked. With several at their limits, the one that ends last.
+@dataclass(frozen=True)
+class _Window:
+    """One window of a count: the count is under ``key``, which only this window uses."""
+
+    budget: _Budget
+    since: float  # its start, time.time()
+
+    @property
+    def key(self) -> str:
+        return f"{self.budget.key}:{self.since!r}"
+
+    def seconds_left(self, now: float) -> float:
+        window_s = settings.LOGIN_FAILURE_WINDOW_S
+        # At most the window: another process's (or thread's) clock may have started it after ``now``.
+        return min(window_s, self.since + window_s - now)
+
+
+@dataclass(frozen=True)
+class SignInAttempt:
+    """A sign-in counted by begin_attempt(); once its password is checked, one of failed() and
+    succeeded()."""
+
+    username: str | None
+    address: str | None
+    counted: tuple[tuple[_Window, int], ...]  # (window, its count with this sign-in)
+
+    def failed(self) -> None:
+        """The password was wrong: the sign-in stays counted. Logs the counts it brought to their
+        limits."""
+        now = time.time()
+        for window, count in self.counted:
+            if count == window.budget.limit:
+                logger.warning(
+                    "locking sign-ins for %d s: %d failures %s (as %r from %s)",
+                    math.ceil(window.seconds_left(now)),
+                    count,
+                    window.budget.whose,
+                    _shown(self.username),
+                    self.address,
+                )
+
+    def succeeded(self) -> None:
+        """The password was right: forget the failures of the username from the client's address,
+        and take the sign-in back from the username's and the address's counts."""
+        pairs = [w for w, _ in self.counted if w.budget.kind == "pair"]
+        cache.delete_many([key for w in pairs for key in (w.key, w.budget.since_key)])
+        _take_back([w for w, _ in self.counted if w.budget.kind != "pair"])
+
+
+def begin_attempt(request: Any, username: str | None) -> SignInAttempt:
+    """Count a sign-in against every count covering it; called before its password is checked.
+
+    Raises:
+        SignInLocked: a count covering it is at its limit, or this sign-in took it past (one that
+            was in flight took the last attempt); the sign-in is counted nowhere. With several, the
+            one that ends last.
     """
-    budgets = _budgets(username, client_address(request))
-    found = cache.get_many([key for budget in budgets for key in (budget.key, f"{budget.key}:since")])
+    address = client_address(request)
+    budgets = _budgets(username, address)
     now = time.time()
-    window = settings.LOGIN_FAILURE_WINDOW_S
-    # (seconds left, budget) of the counts at their limits; a window over by the clock is over even
-    # where the cache has not expired its count yet.
-    left = [(found.get(f"{b.key}:since", now) + window - now, b) for b in budgets]
-    locked = [(math.ceil(s), b) for s, b in left if found.get(b.key, 0) >= b.limit and s > 0]
+    # A read first, which moves no count: a guesser knocking at a locked pair does not even briefly
+    # spend the username's or the address's budget.
+    started = cache.get_many([budget.since_key for budget in budgets])
+    windows = [_Window(b, started[b.since_key]) for b in budgets if b.since_key in started]
+    windows = [window for window in windows if window.seconds_left(now) > 0]
+    counts = cache.get_many([window.key for window in windows])
+    _refuse_past_limits(username, address, [(w, counts.get(w.key, 0) + 1) for w in windows], now)
+
+    counted = [_count(budget, now) for budget in budgets]
+    try:
+        _refuse_past_limits(username, address, counted, now)
+    except SignInLocked:
+        _take_back([window for window, _ in counted])
+        raise
+    return SignInAttempt(username, address, tuple(counted))
+
+
+def _count(budget: _Budget, now: float) -> tuple[_Window, int]:
+    """Add a sign-in to the budget's count in its current window (a new one if none); (the window,
+    its count with this sign-in)."""
+    window_s = settings.LOGIN_FAILURE_WINDOW_S
+    cache.add(budget.since_key, now, window_s)
+    since = cache.get(budget.since_key)
+    if since is None or since + window_s <= now:
+        # The window is over by the clock, which the cache's expiry can trail: start the next one.
+        cache.set(budget.since_key, now, window_s)
+        since = now
+    window = _Window(budget, since)
+    timeout = max(1, math.ceil(window.seconds_left(now)))
+    cache.add(window.key, 0, timeout)
+    try:
+        return window, cache.incr(window.key)
+    except ValueError:  # the window ended between add() and incr()
+        cache.set(window.key, 1, timeout)
+        return window, 1
+
+
+def _take_back(windows: Sequence[_Window]) -> None:
+    for window in windows:
+        # ValueError: the window ended, and its count with it: nothing to take the sign-in back from.
+        with contextlib.suppress(ValueError):
+            cache.decr(window.key)
+
+
+def _refuse_past_limits(
+    username: str | None, address: str | None, counts: Sequence[tuple[_Window, int]], now: float
+) -> None:
+    """Raise SignInLocked when a count (with this sign-in) is past its limit in a window not over."""
+    past = [(math.ceil(w.seconds_left(now)), w.budget) for w, count in counts if count > w.budget.limit]
+    locked = [(seconds, budget) for seconds, budget in past if seconds > 0]
     if not locked:
         return
     retry_after_s, budget = max(locked, key=lambda item: item[0])
     logger.warning(
         "refused sign-in as %r from %s: too many failed sign-ins %s (%d s left)",
         _shown(username),
-        client_address(request),
+        address,
         budget.whose,
         retry_after_s,
     )
     raise SignInLocked(budget.whose, retry_after_s)
-
-
-def record_failure(request: Any, username: str | None) -> None:
-    """Count a failed sign-in against every count covering it."""
-    window = settings.LOGIN_FAILURE_WINDOW_S
-    for budget in _budgets(username, client_address(request)):
-        cache.add(f"{budget.key}:since", time.time(), window)
-        cache.add(budget.key, 0, window)
-        try:
-            failures = cache.incr(budget.key)
-        except ValueError:  # the window ended between add() and incr()
-            cache.set(budget.key, 1, window)
-            failures = 1
-        if failures == budget.limit:
-            logger.warning(
-                "locking sign-ins for %d s: %d failures %s (as %r from %s)",
-                window,
-                failures,
-                budget.whose,
-                _shown(username),
-                client_address(request),
-            )
-
-
-def record_success(request: Any, username: str) -> None:
-    """Forget the failures of the username from the client's address (it just signed in)."""
-    pairs = [b for b in _budgets(username, client_address(request)) if b.kind == "pair"]
-    cache.delete_many([key for budget in pairs for key in (budget.key, f"{budget.key}:since")])
 
 
 def clear_username(username: str) -> None:

@@ -151,3 +151,23 @@ def test_a_successful_sign_in_leaves_the_usernames_own_count(bob: User) -> None:
     assert sign_in("bob", BOB_PASSWORD, address="10.0.0.1").signed_in
     sign_in("bob", "guess", address="10.0.1.3")
     assert sign_in("bob", BOB_PASSWORD, address="10.0.0.1").locked
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME=2, LOGIN_FAILURES_PER_ADDRESS=2)
+def test_the_owners_sign_ins_do_not_count_as_failures(bob: User) -> None:
+    """Each sign-in is counted before its password is checked, and taken back when it succeeds."""
+    for _ in range(4):
+        assert sign_in("bob", BOB_PASSWORD).signed_in
+    sign_in("bob", "guess", address="10.0.1.1")
+    assert sign_in("bob", BOB_PASSWORD).signed_in
+    sign_in("bob", "guess", address="10.0.1.2")
+    assert sign_in("bob", BOB_PASSWORD).locked
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=2, LOGIN_FAILURES_PER_USERNAME=4)
+def test_guesses_refused_from_a_locked_address_do_not_spend_the_usernames_budget(bob: User) -> None:
+    for _ in range(2):
+        sign_in("bob", "guess", address="198.51.100.4")
+    for _ in range(5):
+        assert sign_in("bob", "guess", address="198.51.100.4").locked
+    assert sign_in("bob", BOB_PASSWORD, address="10.0.0.9").signed_in

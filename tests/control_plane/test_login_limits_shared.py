@@ -123,7 +123,7 @@ def test_failures_counted_in_another_process_lock_this_one(bob: User) -> None:
         "import django; django.setup(); from django.test import RequestFactory; "
         "from accounts import login_limits; "
         "request = RequestFactory(REMOTE_ADDR='198.51.100.9').post('/accounts/login/'); "
-        "[login_limits.record_failure(request, 'bob') for _ in range(5)]"
+        "[login_limits.begin_attempt(request, 'bob').failed() for _ in range(5)]"
     )
     out = run_python(code, {"REDIS_URL": settings.REDIS_URL or ""})
     assert out.returncode == 0, out.stderr
