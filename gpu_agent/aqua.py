@@ -149,12 +149,15 @@ class AquaHost:
 
     @property
     def socket_path(self) -> str | None:
-        """The socket engines should use, or None when no coordinator runs.
+        """The socket engines should use: the coordinator's whenever one is meant to run (`start()`
+        was called, found the coordinator importable, and `stop()` was not), even while it is down.
 
-        The host reads it once, when it builds its engine launcher (before any `refresh()`); a
-        restart reuses the same path, so engines started after one reach the new coordinator.
+        The host reads it once, when it builds its engine launcher. A coordinator that failed to
+        start, or was restarted, listens on this same path once it is up, and the engines' KV stores
+        offload to DRAM until it answers (serving/aqua/offload/lent.py), so they need the path
+        from the start. None when no coordinator is meant to run.
         """
-        return self.requested_socket if self._server is not None else None
+        return self.requested_socket if self._wanted else None
 
     def start(self) -> bool:
         """Start the coordinator; False (logged) if its module is missing or it fails to start."""

@@ -74,3 +74,23 @@ def test_it_hosts_the_real_coordinator_and_reports_lending(tmp_path: Path) -> No
     finally:
         host.stop()
     assert not (tmp_path / "aqua.sock").exists()
+
+
+def test_engines_get_the_socket_even_when_the_first_start_failed(tmp_path: Path) -> None:
+    # The launcher reads the path once, at host start: a coordinator that comes up on a later
+    # tick must still be reachable by the engines started meanwhile.
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the socket's directory should be")
+    path = str(blocker / "aqua.sock")
+    host = AquaHost(path)
+    assert host.start() is False
+    assert host.socket_path == path
+    blocker.unlink()
+    host.refresh()  # the next telemetry tick starts it
+    try:
+        assert host.restarts == 1 and host._server is not None
+        client = coordinator.AquaClient(path, name="late", connect_timeout=2.0)
+        client.close()
+    finally:
+        host.stop()
+    assert host.socket_path is None
