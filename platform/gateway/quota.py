@@ -12,12 +12,15 @@
   ``2 * rpm - 1`` within one minute: a burst, then the refill). A request over the limit is not
   counted and gets 429 with Retry-After: the seconds until the same request would be admitted.
   Times are whole nanoseconds, ``T`` rounded down: a key gains at most a microsecond per thousand
-  requests. They are each web process's wall clock: a clock stepped back (or a web host whose clock
-  is behind another's) by more than 10 s restarts the key's state instead of refusing it for as long
-  as the clocks differ (`_advance`).
-- Tokens per day: the key's ``Usage`` rows of the current UTC day. A request is refused once the
-  day's total reached the quota; the request that crosses it is served in full (its size is only
-  known when it ends), so a key can overshoot by one response.
+  requests. They are the database server's clock (`database_now`), one clock for every web host:
+  with each host's own clock, two hosts whose clocks differ by more than the key's minute would
+  each see the other's TAT as a clock step, and requests alternating between them were never
+  refused. The database clock stepped back by more than 10 s restarts the key's state instead of
+  refusing it for as long as the step (`_advance`).
+- Tokens per day: the key's ``Usage`` rows of the current UTC day (by the database clock at
+  admission, as the rate limit). A request is refused once the day's total reached the quota; the
+  request that crosses it is served in full (its size is only known when it ends), so a key can
+  overshoot by one response.
 
 An admitted request's response carries OpenAI's rate-limit headers (``RateLimits.headers``):
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``. Remaining requests are how many more
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from accounts.models import ApiKey
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import BigIntegerField, Case, F, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import Greatest
 
@@ -40,10 +43,30 @@ from gateway.errors import rate_limited
 from gateway.models import RateLimitState, Usage
 
 NS_PER_S = 1_000_000_000
-# How far behind the clock that set a key's TAT a request's clock must be to count as a clock step
-# (`_advance`): larger than the time between taking `now` and the UPDATE under load.
+# How far behind the time that set a key's TAT a request's time must be to count as the database
+# clock stepping back (`_advance`): larger than the time between taking `now` and the UPDATE under
+# load, when requests of one instant reach the UPDATE out of order.
 CLOCK_STEP_MARGIN_NS = 10 * NS_PER_S
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def database_now() -> datetime:
+    """The database server's current time (UTC, to the microsecond on PostgreSQL, the millisecond
+    on SQLite): the rate limit's clock, the same for every web host that shares the database.
+
+    PostgreSQL's ``clock_timestamp()`` is the time of the call, not of the transaction's start.
+    SQLite's clock is the web process's own, which is one clock: SQLite means one host.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT clock_timestamp()")
+            (now,) = cursor.fetchone()
+            return now.astimezone(UTC)
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+            (text,) = cursor.fetchone()
+            return datetime.fromisoformat(text).replace(tzinfo=UTC)
+    raise NotImplementedError(f"database_now: no clock query for database vendor {connection.vendor!r}")
 
 
 def day_start(now: datetime) -> datetime:
@@ -121,6 +144,7 @@ def rate_limits(
 def take_request(key: ApiKey, now: datetime) -> tuple[int, float]:
     """Admit and count one request of the key, or raise 429 if it is over the per-minute limit.
 
+    ``now`` is the database's clock (`database_now`) for every request of the key, or a test's.
     Returns how many more requests the key could send right now, and the seconds until its full
     burst is available again.
     """
@@ -155,10 +179,12 @@ def _advance(state: QuerySet[RateLimitState], at: int, interval: int, tolerance:
     the TAT, atomic on SQLite and PostgreSQL.
 
     On one clock the TAT is never more than ``tolerance + interval`` ahead of the request that set
-    it. One further ahead than that plus CLOCK_STEP_MARGIN_NS was set by a clock ahead of this
-    one (stepped back since, or another web host's): the key is admitted and its TAT restarts from
-    ``at``, instead of being refused for as long as the clocks differ. The margin keeps requests
-    of one instant that reach the UPDATE out of order from counting as a step back."""
+    it. One further ahead than that plus CLOCK_STEP_MARGIN_NS was set before the clock stepped
+    back: the key is admitted and its TAT restarts from ``at``, instead of being refused for as
+    long as the step. The margin keeps requests of one instant that reach the UPDATE out of order
+    from counting as a step back. This needs one clock for every request of a key, the database's
+    (`database_now`): with two clocks far enough apart, each would restart the TAT the other set
+    and the key would never be refused."""
     skewed = at + tolerance + interval + CLOCK_STEP_MARGIN_NS
     tat = Case(
         When(tat_ns__gt=skewed, then=Value(at + interval)),

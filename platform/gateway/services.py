@@ -28,7 +28,14 @@ from registry.models import ServedModel
 
 from gateway.errors import model_not_found, unauthorized, unavailable
 from gateway.models import RequestSample, Usage
-from gateway.quota import RateLimits, check_token_quota, day_start, rate_limits, take_request
+from gateway.quota import (
+    RateLimits,
+    check_token_quota,
+    database_now,
+    day_start,
+    rate_limits,
+    take_request,
+)
 from gateway.routing import Target
 
 # One RequestSample per proxied request (thousands a minute); the latency API reads at most a
@@ -95,10 +102,14 @@ def healthy_targets(model: ServedModel) -> list[Target]:
 def admit(key: ApiKey, model_name: str, now: datetime | None = None) -> Admission:
     """Find the model, apply the (authenticated) key's quotas, list healthy replicas.
 
+    ``now`` defaults to the database server's clock (`database_now`), not this host's: the limits
+    are shared by every web host, so they keep one clock. It is the time of the rate limit, the
+    token quota's day and the limits' headers alike.
+
     Raises:
         GatewayError: 404 unknown model, 429 over a quota, 503 no healthy replica.
     """
-    now = now or timezone.now()
+    now = now or database_now()
     model = ServedModel.objects.filter(name=model_name).first()
     if model is None:
         raise model_not_found(model_name)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,9 +15,10 @@ import pytest
 from accounts.models import ApiKey
 from accounts.services import create_api_key
 from django.db import connection
+from django.utils import timezone
 from gateway.errors import GatewayError
 from gateway.models import RateLimitState, Usage
-from gateway.quota import check_token_quota, duration, take_request
+from gateway.quota import EPOCH, check_token_quota, database_now, duration, take_request
 from gateway.services import admit, record_usage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -71,7 +75,7 @@ def test_it_admits_a_burst_of_the_limit_and_refuses_the_next_with_retry_after(
 def test_a_clock_stepped_back_restarts_the_key_instead_of_refusing_it(gateway_data: dict[str, Any]) -> None:
     key = create_api_key(gateway_data["user"], "skew", requests_per_minute=600).record
     assert taken_at(key, NOW)
-    # Another web host an hour behind (or this one after a step back): the key has used 1 of 600.
+    # The database's clock stepped back an hour: the key has used 1 of 600, not 601.
     behind = NOW - timedelta(hours=1)
     assert taken_at(key, behind)
     assert RateLimitState.objects.get(key=key).tat_ns < NOW.timestamp() * 1e9, "restarted from its time"
@@ -80,6 +84,70 @@ def test_a_clock_stepped_back_restarts_the_key_instead_of_refusing_it(gateway_da
     assert taken_at(tight, NOW)
     assert not taken_at(tight, NOW - timedelta(seconds=1))
     assert not taken_at(tight, NOW - timedelta(seconds=9))
+
+
+def test_web_hosts_with_skewed_clocks_share_one_limit(
+    gateway_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = create_api_key(gateway_data["user"], "two-hosts", requests_per_minute=10).record  # one per 6 s
+    # Requests alternate between web host A, two minutes ahead, and host B: each used to take the
+    # other's TAT for a clock step and restart the key, so none was refused.
+    host_clock = timezone.now
+    skews = itertools.cycle([timedelta(minutes=2), timedelta()])
+    monkeypatch.setattr(timezone, "now", lambda: host_clock() + next(skews))
+    started = time.monotonic()
+    admitted = 0
+    for _ in range(40):
+        try:
+            admit(key, "tiny")
+            admitted += 1
+        except GatewayError as refused:
+            assert refused.code == "rate_limit_exceeded"
+    refilled = int((time.monotonic() - started) // 6)  # one more per 6 s the loop took
+    assert 10 <= admitted <= 10 + refilled, f"{admitted} of 40 admitted"
+
+
+def server_clock_ns() -> int:
+    """The database server's clock, read apart from `database_now` (SQLite's is this process's)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT clock_timestamp()")
+            (now,) = cursor.fetchone()
+        return (now - EPOCH) // timedelta(microseconds=1) * 1000
+    return time.time_ns()
+
+
+def test_admission_without_a_time_takes_the_database_clock_not_the_hosts(
+    gateway_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = create_api_key(gateway_data["user"], "db-clock", requests_per_minute=60).record  # one per s
+    host_clock = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: host_clock() + timedelta(hours=12))  # this host's
+    before = server_clock_ns() - 1_000_000  # SQLite's clock is whole milliseconds
+    limits = admit(key, "tiny").limits
+    after = server_clock_ns()
+    at = RateLimitState.objects.get(key=key).tat_ns - 1_000_000_000  # its first request: TAT = at + 1 s
+    assert before <= at <= after, (before, at, after)
+    # The token quota's day and its reset are of the same clock.
+    assert limits is not None
+
+    def to_midnight(ns: int) -> float:
+        moment = EPOCH + timedelta(microseconds=ns // 1000)
+        return (
+            moment.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1) - moment
+        ).total_seconds()
+
+    earliest, latest = to_midnight(after), to_midnight(before)
+    assert math.floor(earliest) <= limits.tokens_reset_s <= math.ceil(latest)
+
+
+def test_the_database_clock_names_a_database_it_cannot_read(
+    gateway_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert abs(database_now() - timezone.now()) < timedelta(seconds=5)
+    with monkeypatch.context() as patched, pytest.raises(NotImplementedError, match="vendor 'oracle'"):
+        patched.setattr(connection, "vendor", "oracle")  # undone before the test database is flushed
+        database_now()
 
 
 def test_it_refuses_a_time_without_a_timezone(gateway_data: dict[str, Any]) -> None:
