@@ -53,6 +53,11 @@ def _lock_host(host_id: int) -> None:
     Host.objects.select_for_update().filter(pk=host_id).first()
 
 
+def _lock_all_hosts() -> None:
+    """`_lock_host` for every host, in pk order (the order a plan apply takes them in)."""
+    list(Host.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
+
+
 # What the agent link writes; an edit re-reads these instead of writing back a stale copy.
 _OBSERVED_FIELDS = ("observed_state", "observed_message", "observed_at", "restart_from")
 
@@ -76,6 +81,8 @@ def create_deployment(
     model: ServedModel, host: Host, devices: Sequence[Device], desired_state: str = DesiredState.RUNNING
 ) -> Deployment:
     _lock_host(host.pk)
+    # Read under the host lock: a tensor-parallel size edit holds every host until it commits.
+    model.refresh_from_db(fields=["tensor_parallel_size"])
     check_placement(model, host, devices)
     deployment = Deployment(model=model, host=host, desired_state=desired_state)
     _settle_stop(deployment)  # created stopped: the agent never runs it, so it never reports it
@@ -103,11 +110,12 @@ def update_deployment(
     fields = ["desired_state", "updated_at"]
     if devices is not None or deployment.desired_state == DesiredState.RUNNING:
         chosen = list(devices) if devices is not None else list(deployment.devices.order_by("index"))
-        check_placement(deployment.model, deployment.host, chosen, exclude=deployment)
+        model = ServedModel.objects.get(pk=deployment.model_id)  # as of now, under the host lock
+        check_placement(model, deployment.host, chosen, exclude=deployment)
         if devices is not None:
             before = sorted(deployment.devices.values_list("index", flat=True))
             deployment.devices.set(chosen)
-            settings = engine_settings(ServedModel.objects.get(pk=deployment.model_id))
+            settings = engine_settings(model)
             fields += _await_restart(
                 deployment,
                 _engine_spec(before, settings),
@@ -116,6 +124,26 @@ def update_deployment(
     fields += _settle_stop(deployment)
     deployment.save(update_fields=sorted(set(fields)))
     return deployment
+
+
+def check_tensor_parallel_change(model: ServedModel, old: int, new: int) -> None:
+    """Raise ``PlacementError`` on ``tensor_parallel_size`` for a change of ``model``'s size from
+    ``old`` to ``new`` while deployments of it are meant to run: each holds exactly ``old``
+    devices, and its agent would restart the engine on too few or too many. Stopped ones hold none.
+
+    Binding only under the locks `await_model_restart` takes for the change; called before them
+    (a form's or a serializer's validation), it answers early but a deployment started meanwhile
+    gets past it."""
+    if new == old:
+        return
+    running = Deployment.objects.filter(model=model, desired_state=DesiredState.RUNNING)
+    pks = sorted(running.values_list("pk", flat=True))
+    if pks:
+        raise PlacementError(
+            "tensor_parallel_size",
+            f"Deployment(s) {', '.join(map(str, pks))} run this model on {old} device(s); "
+            f"stop them before changing its tensor-parallel size to {new}.",
+        )
 
 
 @transaction.atomic
@@ -130,13 +158,24 @@ def await_model_restart(model: ServedModel, before: dict[str, Any]) -> list[int]
     then the deployment rows), and a plan apply holding them may still insert a deployment of
     ``model``, whose foreign-key check needs a ``FOR KEY SHARE`` lock of the model row. A save
     that renames the model takes ``FOR UPDATE``, which would block that check; once the hosts are
-    held here, no apply can be halfway through them."""
+    held here, no apply can be halfway through them.
+
+    A change of the tensor-parallel size holds every host instead, since a deployment of
+    ``model`` may start on any of them, and is refused under those locks while deployments of
+    ``model`` run (`check_tensor_parallel_change`): every deployment writer holds its host, so
+    each has committed (and is seen) or waits for this transaction. Raises ``PlacementError``
+    before writing anything."""
     after = engine_settings(model)
     if after == before:
         return []
     models_deployments = Deployment.objects.filter(model=model)
-    for host_id in models_deployments.order_by("host_id").values_list("host_id", flat=True).distinct():
-        _lock_host(host_id)
+    old_size, new_size = before["tensor_parallel_size"], after["tensor_parallel_size"]
+    if new_size != old_size:
+        _lock_all_hosts()
+        check_tensor_parallel_change(model, old_size, new_size)
+    else:
+        for host_id in models_deployments.order_by("host_id").values_list("host_id", flat=True).distinct():
+            _lock_host(host_id)
     changed = []
     # Locked like a status report locks its deployment: a report waits for this, or this for it.
     # A deployment created since the hosts were read is locked by its row only: its writer has

@@ -2,19 +2,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
-from django.forms import ModelForm
-from django.http import HttpRequest
+from deployments.services import PlacementError, check_tensor_parallel_change
+from django import forms
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from registry.models import ServedModel
 from registry.services import update_served_model
 
 
+class ServedModelAdminForm(forms.ModelForm):
+    class Meta:
+        model = ServedModel
+        fields = "__all__"
+
+    def clean_tensor_parallel_size(self) -> int:
+        """The API's rule, as a form error: no size change while deployments of the model run."""
+        value: int = self.cleaned_data["tensor_parallel_size"]
+        if self.instance.pk is not None:
+            try:
+                check_tensor_parallel_change(self.instance, self.instance.tensor_parallel_size, value)
+            except PlacementError as exc:
+                raise forms.ValidationError(str(exc)) from exc
+        return value
+
+
 @admin.register(ServedModel)
 class ServedModelAdmin(admin.ModelAdmin):
+    form = ServedModelAdminForm
     list_display = ("name", "source", "dtype", "tensor_parallel_size", "slo_ttft_p99_ms", "slo_tbt_p99_ms")
 
-    def save_model(self, request: HttpRequest, obj: ServedModel, form: ModelForm, change: bool) -> None:
+    def save_model(self, request: HttpRequest, obj: ServedModel, form: forms.ModelForm, change: bool) -> None:
         """An edit goes through `update_served_model`, like the API's: an edit of the engine
         settings leaves the model's running deployments pending until their agents restart them."""
         if not change:
@@ -22,3 +40,19 @@ class ServedModelAdmin(admin.ModelAdmin):
             return
         changes: dict[str, Any] = {name: form.cleaned_data[name] for name in form.changed_data}
         update_served_model(obj, changes)
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """A deployment started after the form's check: `update_served_model` refuses the edit
+        under its locks, and the whole save (the admin's transaction) is rolled back; the change
+        page comes back, unedited, with the reason instead of a server error."""
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except PlacementError as exc:
+            self.message_user(request, f"Not saved: {exc}", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())

@@ -28,7 +28,12 @@ def update_served_model(model: ServedModel, changes: Mapping[str, Any]) -> Serve
     (`deployments.services.await_model_restart`, which locks them before the save, see there).
 
     The row lock is ``FOR NO KEY UPDATE``: it keeps other edits out but not the foreign-key check
-    of a deployment of the model being created meanwhile (by a plan apply holding the hosts)."""
+    of a deployment of the model being created meanwhile (by a plan apply holding the hosts).
+
+    Raises:
+        PlacementError: ``changes`` change the tensor-parallel size while deployments of the model
+            run (`deployments.services.check_tensor_parallel_change`, checked under the locks);
+            nothing is saved."""
     ServedModel.objects.select_for_update(no_key=True).filter(pk=model.pk).first()
     model.refresh_from_db()
     before = engine_settings(model)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from deployments.models import DesiredState
+from deployments.services import create_deployment, update_deployment
+from inventory.models import Device, Host
 from registry.api.serializers import ServedModelSerializer
 from registry.models import ServedModel
 from rest_framework.exceptions import ValidationError
@@ -124,3 +127,35 @@ def test_it_turns_a_duplicate_name_race_into_a_400(model_payload: dict[str, Any]
         late.save()
     assert "name" in raised.value.detail
     assert ServedModel.objects.get().source == model_payload["source"]
+
+
+def test_it_refuses_a_tensor_parallel_change_while_a_deployment_runs(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    model = ServedModel.objects.create(**model_payload)  # tensor_parallel_size=2
+    host = Host.objects.create(name="host-a")
+    devices = [
+        Device.objects.create(host=host, index=i, uuid=f"host-a-{i}", name="L4", memory_total_bytes=24 << 30)
+        for i in range(4)
+    ]
+    deployment = create_deployment(model, host, devices[:2])
+    create_deployment(model, host, devices[2:], DesiredState.STOPPED)  # does not count
+    for method, body in (
+        ("patch", {"tensor_parallel_size": 4}),
+        ("put", {**model_payload, "tensor_parallel_size": 1}),
+    ):
+        response = getattr(admin_client, method)(f"{URL}{model.pk}/", body, format="json")
+        assert response.status_code == 400, method
+        size = body["tensor_parallel_size"]
+        assert response.data == {
+            "tensor_parallel_size": [
+                f"Deployment(s) {deployment.pk} run this model on 2 device(s); "
+                f"stop them before changing its tensor-parallel size to {size}."
+            ]
+        }
+        assert ServedModel.objects.get(pk=model.pk).tensor_parallel_size == 2
+
+    update_deployment(deployment, desired_state=DesiredState.STOPPED)
+    response = admin_client.patch(f"{URL}{model.pk}/", {"tensor_parallel_size": 4}, format="json")
+    assert response.status_code == 200, response.data
+    assert ServedModel.objects.get(pk=model.pk).tensor_parallel_size == 4

@@ -4,6 +4,7 @@ restart (the old engine's `running` is not the new spec's); other edits change n
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -12,12 +13,16 @@ from accounts.models import Role, User
 from accounts.services import issue_api_token
 from agents import services
 from agents.models import Replica
-from deployments.models import Deployment, ObservedState
-from deployments.services import ENGINE_SETTINGS, update_deployment
+from deployments.models import Deployment, DesiredState, ObservedState
+from deployments.services import ENGINE_SETTINGS, PlacementError, create_deployment, update_deployment
+from django.contrib.admin.models import LogEntry
+from django.db import connection, transaction
 from gateway.services import healthy_targets
 from inventory.models import Device
 from registry import services as registry_services
+from registry.api.serializers import ServedModelSerializer
 from registry.models import ServedModel
+from rest_framework.exceptions import ValidationError
 from rest_framework.test import APIClient
 
 from .conftest import AgentHost
@@ -206,3 +211,148 @@ def test_a_device_edit_pending_from_before_model_edits_were_guarded_still_awaits
     assert deployment.observed_message.startswith("model settings changed (engine_options)")
     edit(admin_client, served_model, {"engine_options": {"seed": 0}})
     assert observed(deployment) == ObservedState.RUNNING
+
+
+def admin_form_data(client: Any, model: ServedModel, **changes: Any) -> tuple[str, dict[str, Any]]:
+    """The admin change page's URL and its form's current values, with ``changes``."""
+    url = f"/admin/registry/servedmodel/{model.pk}/change/"
+    form = client.get(url).context["adminform"].form
+    data = {name: form[name].value() for name in form.fields}
+    return url, {**{k: ("" if v is None else v) for k, v in data.items()}, **changes}
+
+
+def unchanged(model: ServedModel, deployment: Deployment) -> None:
+    """``model`` keeps its tensor-parallel size and ``deployment`` runs on, not awaiting a restart."""
+    assert ServedModel.objects.get(pk=model.pk).tensor_parallel_size == 1
+    deployment.refresh_from_db()
+    assert (deployment.observed_state, deployment.restart_from) == (ObservedState.RUNNING, None)
+    assert sorted(deployment.devices.values_list("index", flat=True)) == [0]
+
+
+def test_an_admin_edit_of_the_tensor_parallel_size_is_refused_while_a_deployment_runs(
+    agent_host: AgentHost, served_model: ServedModel, client: Any
+) -> None:
+    _, (deployment,) = running(served_model, agent_host, 0)
+    client.force_login(User.objects.create_superuser(username="root", password="root-pw-7d1x"))
+    url, data = admin_form_data(client, served_model, tensor_parallel_size=2, max_context_length=512)
+    response = client.post(url, data)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["tensor_parallel_size"]
+    assert f"Deployment(s) {deployment.pk} run this model on 1 device(s)" in errors["tensor_parallel_size"][0]
+    unchanged(served_model, deployment)
+    assert ServedModel.objects.get(pk=served_model.pk).max_context_length == 256
+
+
+def test_an_admin_edit_racing_a_deployment_start_is_refused_under_the_locks(
+    agent_host: AgentHost, served_model: ServedModel, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deployment starts after the form's check (here: the form's check is skipped): the
+    locked check refuses the edit, the page says why, and nothing of the edit is stored."""
+    _, (deployment,) = running(served_model, agent_host, 0)
+    client.force_login(User.objects.create_superuser(username="root", password="root-pw-7d1x"))
+    url, data = admin_form_data(client, served_model, tensor_parallel_size=2, max_context_length=512)
+    monkeypatch.setattr("registry.admin.check_tensor_parallel_change", lambda *args: None)
+    response = client.post(url, data, follow=True)
+    assert response.redirect_chain == [(url, 302)]
+    shown = [str(m) for m in response.context["messages"]]
+    assert shown == [
+        f"Not saved: Deployment(s) {deployment.pk} run this model on 1 device(s); "
+        "stop them before changing its tensor-parallel size to 2."
+    ]
+    unchanged(served_model, deployment)
+    assert ServedModel.objects.get(pk=served_model.pk).max_context_length == 256
+    assert not LogEntry.objects.exists()
+
+
+def test_a_deployment_started_after_the_apis_check_still_refuses_the_size_change(
+    agent_host: AgentHost, served_model: ServedModel
+) -> None:
+    """The serializer's check ran before the deployment started; the save checks again, locked."""
+    serializer = ServedModelSerializer(served_model, data={"tensor_parallel_size": 2}, partial=True)
+    assert serializer.is_valid(), serializer.errors
+    _, (deployment,) = running(served_model, agent_host, 0)
+    with pytest.raises(ValidationError) as refused:
+        serializer.save()
+    assert isinstance(refused.value.detail, dict)
+    assert list(refused.value.detail) == ["tensor_parallel_size"]
+    unchanged(served_model, deployment)
+
+
+def test_the_tensor_parallel_size_changes_while_the_models_deployments_are_stopped(
+    agent_host: AgentHost, served_model: ServedModel, admin_client: APIClient
+) -> None:
+    register(agent_host.host)
+    deployment = deploy(served_model, agent_host.host, 0, desired=DesiredState.STOPPED)
+    edit(admin_client, served_model, {"tensor_parallel_size": 2})
+    assert ServedModel.objects.get(pk=served_model.pk).tensor_parallel_size == 2
+    with pytest.raises(PlacementError, match="needs 2 device"):
+        update_deployment(Deployment.objects.get(pk=deployment.pk), desired_state=DesiredState.RUNNING)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: the PostgreSQL path")
+def test_a_size_change_waits_for_a_deployment_being_created_on_another_host_and_is_refused(
+    agent_host: AgentHost, served_model: ServedModel
+) -> None:
+    """The deployment's insert is not committed when the edit starts, on a host where the model
+    has no deployment: the edit waits for its host, then sees it."""
+    from .test_model_edit_locks import backend_pid, wait_until_blocked  # it imports this module
+
+    register(agent_host.host)
+    editor_pid: list[int] = []
+    editor_connected, created = threading.Event(), threading.Event()
+    deployments: list[Deployment] = []
+    outcome: list[str] = []
+
+    def create() -> None:
+        try:
+            with transaction.atomic():  # its host stays locked until this commits
+                deployments.append(deploy(served_model, agent_host.host, 0))
+                created.set()
+                try:
+                    wait_until_blocked(editor_pid[0], timeout=3.0)
+                except AssertionError:
+                    outcome.append("the edit did not wait for the deployment's host")
+        finally:
+            connection.close()
+
+    def edit_size() -> None:
+        try:
+            editor_pid.append(backend_pid())
+            editor_connected.set()
+            assert created.wait(10)
+            model = ServedModel.objects.get(pk=served_model.pk)
+            registry_services.update_served_model(model, {"tensor_parallel_size": 2})
+            outcome.append("saved")
+        except PlacementError as exc:
+            outcome.append(f"refused: {exc.field}")
+        finally:
+            connection.close()
+
+    editor, creator = threading.Thread(target=edit_size), threading.Thread(target=create)
+    editor.start()
+    assert editor_connected.wait(10)
+    creator.start()
+    for thread in (creator, editor):
+        thread.join(timeout=30)
+    assert outcome == ["refused: tensor_parallel_size"]
+    assert ServedModel.objects.get(pk=served_model.pk).tensor_parallel_size == 1
+    assert Deployment.objects.get(pk=deployments[0].pk).desired_state == DesiredState.RUNNING
+
+
+def test_placement_reads_the_models_size_as_of_now_not_a_stale_copy(
+    agent_host: AgentHost, served_model: ServedModel
+) -> None:
+    # A caller's model object loaded before a size edit committed (e.g. a request that waited on
+    # the edit's host locks): the deployment must be placed for the size the model has now.
+    register(agent_host.host)  # its devices
+    stale = ServedModel.objects.get(pk=served_model.pk)
+    ServedModel.objects.filter(pk=served_model.pk).update(tensor_parallel_size=2)
+    one = list(Device.objects.filter(host=agent_host.host).order_by("index")[:1])
+    with pytest.raises(PlacementError, match="needs 2 device"):
+        create_deployment(stale, agent_host.host, one)
+    two = list(Device.objects.filter(host=agent_host.host).order_by("index")[:2])
+    deployment = create_deployment(stale, agent_host.host, two)
+    ServedModel.objects.filter(pk=served_model.pk).update(tensor_parallel_size=1)
+    with pytest.raises(PlacementError, match="needs 1 device"):
+        update_deployment(deployment, desired_state="running")

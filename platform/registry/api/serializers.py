@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from deployments.models import DesiredState
+from deployments.services import PlacementError, check_tensor_parallel_change
 from django.db import IntegrityError, transaction
 from rest_framework import serializers
 
@@ -43,22 +43,21 @@ class ServedModelSerializer(StrictModelSerializer):
 
     def update(self, instance: ServedModel, validated_data: dict[str, Any]) -> ServedModel:
         with _name_race_as_400():
-            return update_served_model(instance, validated_data)
+            try:
+                return update_served_model(instance, validated_data)
+            except PlacementError as exc:
+                raise serializers.ValidationError({exc.field: [str(exc)]}) from exc
 
     def validate_tensor_parallel_size(self, value: int) -> int:
-        """A running deployment holds exactly the model's TP size in devices: the size may change
-        only while none runs (the agent would restart the engine on too few or too many)."""
+        """No size change while deployments of the model run (`check_tensor_parallel_change`):
+        answered here next to the other field errors, and checked again by `update_served_model`
+        under its locks, where a deployment started since cannot slip through."""
         instance = self.instance
-        if isinstance(instance, ServedModel) and value != instance.tensor_parallel_size:
-            running = sorted(
-                instance.deployments.filter(desired_state=DesiredState.RUNNING).values_list("pk", flat=True)
-            )
-            if running:
-                ids = ", ".join(str(pk) for pk in running)
-                raise serializers.ValidationError(
-                    f"Deployment(s) {ids} run this model on {instance.tensor_parallel_size} device(s); "
-                    "stop them before changing its tensor-parallel size."
-                )
+        if isinstance(instance, ServedModel):
+            try:
+                check_tensor_parallel_change(instance, instance.tensor_parallel_size, value)
+            except PlacementError as exc:
+                raise serializers.ValidationError(str(exc)) from exc
         return value
 
     def validate_source(self, value: str) -> str:
