@@ -19,8 +19,9 @@ class RateLimitedModelBackend(ModelBackend):
     (accounts/login_limits.py).
 
     Raises:
-        SignInLocked: from ``authenticate()``, before the password is checked: at most a count's
-            limit of passwords are checked in its window, however many sign-ins run at once.
+        SignInLocked: from ``authenticate()``, before the password is checked: at most a budget's
+            limit of passwords are checked in its window, however many sign-ins run at once (those
+            past it while checks are in flight are told to try again in a moment).
     """
 
     def authenticate(
@@ -35,13 +36,17 @@ class RateLimitedModelBackend(ModelBackend):
         if username is None or password is None:
             return None
         # Counted before the (slow) password check, so concurrent guesses cannot all pass a count
-        # at its limit; a check that raises leaves the sign-in counted as a failure.
+        # at its limit. A check that raises counts as a failure: one left unfinished would hold its
+        # part of the budgets as in progress until their windows end.
         attempt = login_limits.begin_attempt(request, username)
-        user = super().authenticate(request, username=username, password=password, **kwargs)
-        if user is None:
-            attempt.failed()
-        else:
-            attempt.succeeded()
+        user: User | None = None
+        try:
+            user = super().authenticate(request, username=username, password=password, **kwargs)
+        finally:
+            if user is None:
+                attempt.failed()
+            else:
+                attempt.succeeded()
         return user
 
     async def aauthenticate(

@@ -1,9 +1,9 @@
 """Limits on failed sign-ins: per username and client address, per address, per username.
 
 Every password check goes through ``accounts.backends.RateLimitedModelBackend``: the sign-in page
-(/accounts/login/), the admin's (/admin/login/) and ``POST /api/v1/auth/token/`` alike. Three counts
-of failures, each over LOGIN_FAILURE_WINDOW_S from its first failure; one at its limit refuses the
-sign-ins it covers, before any password is checked, until its window ends:
+(/accounts/login/), the admin's (/admin/login/) and ``POST /api/v1/auth/token/`` alike. Three
+budgets, each over LOGIN_FAILURE_WINDOW_S from its first sign-in; one whose failures reach its limit
+refuses the sign-ins it covers, before any password is checked, until its window ends:
 
 - a username from one address: LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS (5). The lock a guesser
   meets, and only from the guesser's address: the owner still signs in from any other, so knowing
@@ -13,32 +13,44 @@ sign-ins it covers, before any password is checked, until its window ends:
   spread over many addresses. Reaching it locks the owner out too, but takes that many attempts in
   one window.
 
-A sign-in is counted before its password is checked (``begin_attempt``), with the cache's atomic
-``incr``, and refused if that takes a count past its limit: the check is slow by design, and
-sign-ins counted only after it would all pass a count at its limit while checks are in flight. So a
-count lets at most its limit of passwords be checked in a window, however many sign-ins arrive
-together (but for those arriving in the instant the window ends, which may each start the next
-one, or be counted in one already over). A refused sign-in is taken back from every count. Then
-``SignInAttempt.failed()`` keeps it counted, and ``succeeded()`` clears the count of its username
-from its address and takes it back from the username's and the address's, which it does not clear
-(else each sign-in of the owner would give a guesser spread over addresses a fresh budget). Without
-a request (no address) only the username's count applies.
+A budget's window keeps two counts, with the cache's atomic increments:
+
+- attempts: sign-ins whose password is being checked or was wrong. A sign-in is added before its
+  password is checked (``begin_attempt``), and refused, and taken back, if that takes the count
+  past its limit: the check is slow by design, and sign-ins counted only after it would all pass a
+  count at its limit while checks are in flight. So at most the limit's number of passwords are
+  checked in a window, however many sign-ins arrive together (but for those arriving in the
+  instant the window ends, which may each start the next one, or be counted in one already over).
+- failures: the wrong passwords among them, added by ``SignInAttempt.failed()``.
+
+A refusal tells the two apart. Failures at the limit: "Too many failed sign-ins ...", with the rest
+of the window as ``SignInLocked.retry_after_s`` (the token endpoint's Retry-After). Attempts past
+it with failures below: only checks in flight fill the budget (a script fetching tokens in
+parallel, an office behind one NAT), and each leaves it when it ends: "Too many sign-ins in
+progress ...; try again in a moment", retry_after_s 1. ``succeeded()`` takes its sign-in back from
+the username's and the address's attempts (its success spends no budget, and their failures stay,
+else each sign-in of the owner would give a guesser spread over addresses a fresh budget) and
+clears the window of its username from its address. A check that raises counts as a failure; one
+whose process dies mid-check stays in progress until its window ends. Without a request (no
+address) only the username's budget applies.
 
 The address is ``REMOTE_ADDR``: behind a reverse proxy, run daphne with ``--proxy-headers`` or every
 client shares the proxy's address (and its limits).
 
 Counts live in Django's default cache (config/settings.py): with REDIS_URL, Redis, shared by every
 process; without it each process's local memory, so N web processes allow up to N times the limits,
-and a restart forgets them. ``manage.py clear_login_limits`` forgets the counts of a username, of an
-address, or all of them (clear_username, clear_address, clear_all): each replaces a generation that
-is part of the keys of the counts it covers, so a username's counts from every address go without
-listing the addresses. A window's start is part of its count's key too, so a count never outlives
-its window, and taking an attempt back after its window ended touches no later one.
+and a restart forgets them. Every count expires with its window: on Redis it is added to and given
+its expiry in one script (Django's ``incr()`` is EXISTS then INCRBY, which recreates a count that
+expired in between with no expiry). ``manage.py clear_login_limits`` forgets the counts of a
+username, of an address, or all of them (clear_username, clear_address, clear_all): each replaces a
+generation that is part of the keys of the counts it covers, so a username's counts from every
+address go without listing the addresses. A window's start is part of its counts' keys too, so a
+count never outlives its window, and taking an attempt back after its window ended touches no later
+one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import ipaddress
 import logging
@@ -50,37 +62,54 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
+from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import ValidationError
 
 logger = logging.getLogger(__name__)
 
 _PREFIX = "signin-failures"
 _NO_GENERATION = "0"  # the generation of counts never cleared
+_IN_PROGRESS_RETRY_AFTER_S = 1  # Retry-After's least; a check in flight ends within about that
+
+# Adds to a count on Redis and sets its expiry in one step. KEYS[1]: the count; ARGV: the amount,
+# the seconds it has to live, "1" to create it when it is not there ("0": leave it so, return nil).
+_ADD_TO_COUNT = """
+if ARGV[3] == '0' and redis.call('EXISTS', KEYS[1]) == 0 then
+    return nil
+end
+local count = redis.call('INCRBY', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return count
+"""
 
 
 class SignInLocked(ValidationError):
-    """Too many failed sign-ins for the username, from the address or both; ``retry_after_s`` until
-    the window ends.
+    """A sign-in refused before its password is checked, for ``retry_after_s``: too many failed
+    sign-ins for the username, from the address or both (until the window ends), or, when
+    ``in_progress``, too many being checked at once (a moment).
 
     A ValidationError because AuthenticationForm.clean() lets one raised inside authenticate()
     through to the form, which shows it as its error: both sign-in pages need no view of their own.
     (authenticate() would swallow PermissionDenied, and the form would say the password is wrong.)
     """
 
-    def __init__(self, whose: str, retry_after_s: int) -> None:
-        minutes = max(1, math.ceil(retry_after_s / 60))
-        unit = "minute" if minutes == 1 else "minutes"
-        super().__init__(
-            f"Too many failed sign-ins {whose}; try again in {minutes} {unit}.", code="signin_locked"
-        )
+    def __init__(self, whose: str, retry_after_s: int, *, in_progress: bool = False) -> None:
+        if in_progress:
+            message = f"Too many sign-ins in progress {whose}; try again in a moment."
+        else:
+            minutes = max(1, math.ceil(retry_after_s / 60))
+            unit = "minute" if minutes == 1 else "minutes"
+            message = f"Too many failed sign-ins {whose}; try again in {minutes} {unit}."
+        super().__init__(message, code="signin_in_progress" if in_progress else "signin_locked")
         self.retry_after_s = retry_after_s
+        self.in_progress = in_progress
 
 
 @dataclass(frozen=True)
 class _Budget:
     kind: str  # "pair", "username" or "address"
-    key: str  # prefix of the count's keys; its window's start is under f"{key}:since"
+    key: str  # prefix of its counts' keys; its window's start is under f"{key}:since"
     limit: int
     whose: str  # for the message: "for this username from this address", ...
 
@@ -91,19 +120,27 @@ class _Budget:
 
 @dataclass(frozen=True)
 class _Window:
-    """One window of a count: the count is under ``key``, which only this window uses."""
+    """One window of a budget: its counts are under keys that only this window uses."""
 
     budget: _Budget
     since: float  # its start, time.time()
 
     @property
-    def key(self) -> str:
+    def attempts_key(self) -> str:
         return f"{self.budget.key}:{self.since!r}"
+
+    @property
+    def failures_key(self) -> str:
+        return f"{self.attempts_key}:failures"
 
     def seconds_left(self, now: float) -> float:
         window_s = settings.LOGIN_FAILURE_WINDOW_S
         # At most the window: another process's (or thread's) clock may have started it after ``now``.
         return min(window_s, self.since + window_s - now)
+
+    def ttl_s(self, now: float) -> int:
+        """How long its counts are kept: the rest of the window, at least a second."""
+        return max(1, math.ceil(self.seconds_left(now)))
 
 
 @dataclass(frozen=True)
@@ -113,38 +150,43 @@ class SignInAttempt:
 
     username: str | None
     address: str | None
-    counted: tuple[tuple[_Window, int], ...]  # (window, its count with this sign-in)
+    counted: tuple[_Window, ...]  # the windows whose attempts count it
 
     def failed(self) -> None:
-        """The password was wrong: the sign-in stays counted. Logs the counts it brought to their
-        limits."""
+        """The password was wrong (or its check raised): the sign-in stays among the attempts, and
+        is added to the failures. Logs the failures it brought to their limits."""
         now = time.time()
-        for window, count in self.counted:
-            if count == window.budget.limit:
+        for window in self.counted:
+            if window.seconds_left(now) <= 0:
+                continue  # the window ended, and its counts with it
+            failures = _add(window.failures_key, 1, window.ttl_s(now), create=True)
+            if failures == window.budget.limit:
                 logger.warning(
                     "locking sign-ins for %d s: %d failures %s (as %r from %s)",
                     math.ceil(window.seconds_left(now)),
-                    count,
+                    failures,
                     window.budget.whose,
                     _shown(self.username),
                     self.address,
                 )
 
     def succeeded(self) -> None:
-        """The password was right: forget the failures of the username from the client's address,
-        and take the sign-in back from the username's and the address's counts."""
-        pairs = [w for w, _ in self.counted if w.budget.kind == "pair"]
-        cache.delete_many([key for w in pairs for key in (w.key, w.budget.since_key)])
-        _take_back([w for w, _ in self.counted if w.budget.kind != "pair"])
+        """The password was right: clear the window of the username from the client's address, and
+        take the sign-in back from the username's and the address's attempts."""
+        pairs = [w for w in self.counted if w.budget.kind == "pair"]
+        cache.delete_many([k for w in pairs for k in (w.attempts_key, w.failures_key, w.budget.since_key)])
+        _take_back([w for w in self.counted if w.budget.kind != "pair"], time.time())
 
 
 def begin_attempt(request: Any, username: str | None) -> SignInAttempt:
-    """Count a sign-in against every count covering it; called before its password is checked.
+    """Count a sign-in among the attempts of every budget covering it; called before its password is
+    checked.
 
     Raises:
-        SignInLocked: a count covering it is at its limit, or this sign-in took it past (one that
-            was in flight took the last attempt); the sign-in is counted nowhere. With several, the
-            one that ends last.
+        SignInLocked: a budget covering it has its limit of failures in its window, or this sign-in
+            took its attempts past the limit (checks in flight hold the rest: ``in_progress``); the
+            sign-in is counted nowhere. With several, the failures that end last, before any checks
+            in progress.
     """
     address = client_address(request)
     budgets = _budgets(username, address)
@@ -154,21 +196,22 @@ def begin_attempt(request: Any, username: str | None) -> SignInAttempt:
     started = cache.get_many([budget.since_key for budget in budgets])
     windows = [_Window(b, started[b.since_key]) for b in budgets if b.since_key in started]
     windows = [window for window in windows if window.seconds_left(now) > 0]
-    counts = cache.get_many([window.key for window in windows])
-    _refuse_past_limits(username, address, [(w, counts.get(w.key, 0) + 1) for w in windows], now)
+    found = cache.get_many([key for w in windows for key in (w.attempts_key, w.failures_key)])
+    counts = [(w, found.get(w.attempts_key, 0) + 1, found.get(w.failures_key, 0)) for w in windows]
+    _refuse_past_limits(username, address, counts, now)
 
     counted = [_count(budget, now) for budget in budgets]
-    try:
-        _refuse_past_limits(username, address, counted, now)
-    except SignInLocked:
-        _take_back([window for window, _ in counted])
-        raise
-    return SignInAttempt(username, address, tuple(counted))
+    if any(attempts > window.budget.limit for window, attempts in counted):
+        _take_back([window for window, _ in counted], now)
+        failures = cache.get_many([window.failures_key for window, _ in counted])
+        counts = [(w, attempts, failures.get(w.failures_key, 0)) for w, attempts in counted]
+        _refuse_past_limits(username, address, counts, now)  # raises: an attempts count is past
+    return SignInAttempt(username, address, tuple(window for window, _ in counted))
 
 
 def _count(budget: _Budget, now: float) -> tuple[_Window, int]:
-    """Add a sign-in to the budget's count in its current window (a new one if none); (the window,
-    its count with this sign-in)."""
+    """Add a sign-in to the budget's attempts in its current window (a new one if none); (the
+    window, its attempts with this sign-in)."""
     window_s = settings.LOGIN_FAILURE_WINDOW_S
     cache.add(budget.since_key, now, window_s)
     since = cache.get(budget.since_key)
@@ -177,39 +220,73 @@ def _count(budget: _Budget, now: float) -> tuple[_Window, int]:
         cache.set(budget.since_key, now, window_s)
         since = now
     window = _Window(budget, since)
-    timeout = max(1, math.ceil(window.seconds_left(now)))
-    cache.add(window.key, 0, timeout)
-    try:
-        return window, cache.incr(window.key)
-    except ValueError:  # the window ended between add() and incr()
-        cache.set(window.key, 1, timeout)
-        return window, 1
+    return window, _add(window.attempts_key, 1, window.ttl_s(now), create=True)
 
 
-def _take_back(windows: Sequence[_Window]) -> None:
+def _take_back(windows: Sequence[_Window], now: float) -> None:
     for window in windows:
-        # ValueError: the window ended, and its count with it: nothing to take the sign-in back from.
-        with contextlib.suppress(ValueError):
-            cache.decr(window.key)
+        # Not from a count that is gone (its window ended, or a success cleared it): it would be
+        # recreated below zero.
+        _add(window.attempts_key, -1, window.ttl_s(now), create=False)
+
+
+def _add(key: str, amount: int, ttl_s: int, *, create: bool) -> int:
+    """Add ``amount`` to the count under ``key`` and keep it ``ttl_s`` more seconds; the count after.
+
+    Args:
+        create: start a count that is not there at 0; else leave it so, and return 0.
+    """
+    backend = caches[DEFAULT_CACHE_ALIAS]
+    if isinstance(backend, RedisCache):
+        # One script, not incr(): that is EXISTS then INCRBY, and a count that expires (or is
+        # deleted) in between comes back from INCRBY with no expiry, to stay forever.
+        client = backend._cache.get_client(key, write=True)
+        redis_key = backend.make_and_validate_key(key)
+        return int(client.eval(_ADD_TO_COUNT, 1, redis_key, amount, ttl_s, int(create)) or 0)
+    # The local-memory cache (the only other one config/settings.py sets up): incr() adds under its
+    # lock and keeps the expiry.
+    if create:
+        backend.add(key, 0, ttl_s)
+    try:
+        return backend.incr(key, amount)
+    except ValueError:  # not there: never started, or it expired since add()
+        if create:
+            backend.set(key, amount, ttl_s)
+            return amount
+        return 0
 
 
 def _refuse_past_limits(
-    username: str | None, address: str | None, counts: Sequence[tuple[_Window, int]], now: float
+    username: str | None, address: str | None, counts: Sequence[tuple[_Window, int, int]], now: float
 ) -> None:
-    """Raise SignInLocked when a count (with this sign-in) is past its limit in a window not over."""
-    past = [(math.ceil(w.seconds_left(now)), w.budget) for w, count in counts if count > w.budget.limit]
-    locked = [(seconds, budget) for seconds, budget in past if seconds > 0]
-    if not locked:
-        return
-    retry_after_s, budget = max(locked, key=lambda item: item[0])
-    logger.warning(
-        "refused sign-in as %r from %s: too many failed sign-ins %s (%d s left)",
-        _shown(username),
-        address,
-        budget.whose,
-        retry_after_s,
-    )
-    raise SignInLocked(budget.whose, retry_after_s)
+    """Raise SignInLocked when a window not over has its limit of failures, or attempts past it.
+
+    Args:
+        counts: (window, its attempts with this sign-in, its failures) of each budget.
+    """
+    failed = [(math.ceil(w.seconds_left(now)), w.budget) for w, _, fails in counts if fails >= w.budget.limit]
+    locked = [(seconds, budget) for seconds, budget in failed if seconds > 0]
+    if locked:
+        retry_after_s, budget = max(locked, key=lambda item: item[0])
+        logger.warning(
+            "refused sign-in as %r from %s: too many failed sign-ins %s (%d s left)",
+            _shown(username),
+            address,
+            budget.whose,
+            retry_after_s,
+        )
+        raise SignInLocked(budget.whose, retry_after_s)
+    # Attempts past the limit with failures below it: checks in flight hold the rest of the budget,
+    # and each gives its part back (or fails) within a moment.
+    full = [w.budget for w, attempts, _ in counts if attempts > w.budget.limit]
+    if full:
+        logger.info(
+            "refused sign-in as %r from %s: too many sign-ins in progress %s",
+            _shown(username),
+            address,
+            full[0].whose,
+        )
+        raise SignInLocked(full[0].whose, _IN_PROGRESS_RETRY_AFTER_S, in_progress=True)
 
 
 def clear_username(username: str) -> None:

@@ -9,15 +9,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from accounts import login_limits
 from accounts.models import ApiToken, User
+from django.contrib.auth import authenticate
+from django.contrib.auth.backends import ModelBackend
 from django.core.cache import cache
-from django.test import Client, override_settings
+from django.db import DatabaseError
+from django.test import Client, RequestFactory, override_settings
 from rest_framework.test import APIClient
 
 pytestmark = pytest.mark.django_db
 
 BOB_PASSWORD = "bob-pw-9f2k"
 LOCKED = "Too many failed sign-ins"
+IN_PROGRESS = "Too many sign-ins in progress for this username from this address; try again in a moment."
 
 
 @pytest.fixture(autouse=True)
@@ -171,3 +176,62 @@ def test_guesses_refused_from_a_locked_address_do_not_spend_the_usernames_budget
     for _ in range(5):
         assert sign_in("bob", "guess", address="198.51.100.4").locked
     assert sign_in("bob", BOB_PASSWORD, address="10.0.0.9").signed_in
+
+
+def token(username: str, password: str, address: str = "10.0.0.1") -> tuple[int, str, str | None]:
+    """POST the token endpoint: (status, detail, Retry-After)."""
+    credentials = {"username": username, "password": password}
+    response = APIClient(REMOTE_ADDR=address).post("/api/v1/auth/token/", credentials, format="json")
+    return response.status_code, response.json().get("detail", ""), response.get("Retry-After")
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=3)
+def test_checks_in_flight_at_the_limit_refuse_for_a_moment_and_failures_at_it_for_the_window(
+    bob: User,
+) -> None:
+    """Only failures lock for the rest of the window; a check in flight leaves its place in the
+    budget when it ends, failed or not."""
+    request = RequestFactory().post("/accounts/login/", REMOTE_ADDR="10.0.0.1")
+    in_flight = [login_limits.begin_attempt(request, "bob") for _ in range(3)]
+
+    page = sign_in("bob", BOB_PASSWORD)
+    assert IN_PROGRESS in page.page and not page.locked and not page.signed_in
+    assert token("bob", BOB_PASSWORD) == (429, IN_PROGRESS, "1")
+
+    in_flight[0].failed()
+    in_flight[1].failed()
+    assert token("bob", BOB_PASSWORD) == (429, IN_PROGRESS, "1")  # 2 failures and 1 in flight
+
+    in_flight[2].failed()
+    status, detail, retry_after = token("bob", BOB_PASSWORD)
+    assert status == 429 and detail.startswith(f"{LOCKED} for this username from this address;")
+    assert retry_after is not None and 890 < int(retry_after) <= 900
+    assert sign_in("bob", BOB_PASSWORD).locked
+    assert not ApiToken.objects.exists()
+
+
+@override_settings(LOGIN_FAILURES_PER_ADDRESS=2)
+def test_a_successful_check_leaves_the_sign_ins_in_progress(bob: User, charlie: User) -> None:
+    request = RequestFactory().post("/accounts/login/", REMOTE_ADDR="10.0.0.1")
+    in_flight = [login_limits.begin_attempt(request, name) for name in ("charlie", "dave")]
+    assert token("bob", BOB_PASSWORD)[:2] == (429, IN_PROGRESS.replace("for this username ", ""))
+
+    in_flight[0].succeeded()
+    assert token("bob", BOB_PASSWORD)[0] == 201
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=2)
+def test_a_check_that_raises_counts_as_a_failure(bob: User, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not as a check in flight until the window ends."""
+
+    def unreachable_database(*args: object, **kwargs: object) -> None:
+        raise DatabaseError("the database is unreachable")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ModelBackend, "authenticate", unreachable_database)
+        for _ in range(2):
+            with pytest.raises(DatabaseError):
+                authenticate(RequestFactory().post("/", REMOTE_ADDR="10.0.0.1"), username="bob", password="x")
+
+    refused = sign_in("bob", BOB_PASSWORD)
+    assert refused.locked and IN_PROGRESS not in refused.page

@@ -155,12 +155,42 @@ def test_it_checks_at_most_the_limit_of_concurrent_guesses(
         assert len(refused) == GUESSES - LIMIT
         assert results.count(None) == LIMIT
         for locked in refused:
-            assert f"sign-ins {race.whose};" in locked.message and 0 < locked.retry_after_s <= 900
+            # Refused while the checks were in flight (in a moment, when they have failed, locked).
+            in_progress = f"in progress {race.whose}; try again in a moment." in locked.message
+            failed = f"failed sign-ins {race.whose};" in locked.message and 1 < locked.retry_after_s <= 900
+            assert (in_progress and locked.retry_after_s == 1) or failed
         locking = f" s: {LIMIT} failures {race.whose} "
         assert any(m.startswith("locking sign-ins for") and locking in m for m in caplog.messages)
 
         username, address = race.locked_out
-        assert isinstance(sign_in(username, f"{username}-pw-9f2k", address), SignInLocked)
+        locked_out = sign_in(username, f"{username}-pw-9f2k", address)
+        assert isinstance(locked_out, SignInLocked) and not locked_out.in_progress
+        assert f"Too many failed sign-ins {race.whose};" in locked_out.message
+        assert 1 < locked_out.retry_after_s <= 900
         for username, address in race.let_in:
             signed_in = sign_in(username, f"{username}-pw-9f2k", address)
             assert isinstance(signed_in, User) and signed_in.username == username
+
+
+@override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=LIMIT)
+def test_it_tells_concurrent_sign_ins_with_the_right_password_to_try_again_in_a_moment(
+    password_checks: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script fetching tokens in parallel, or an office behind one NAT: nothing failed, so nothing
+    is locked for the window; the sign-ins past the limit while checks are in flight retry in a
+    second, and sign in."""
+    User.objects.create_user(username="bob", password="bob-pw-9f2k")
+    together = LIMIT + 3
+
+    results = sign_in_together([("bob", "198.51.100.7")] * together, "bob-pw-9f2k", monkeypatch, True)
+    monkeypatch.undo()
+
+    assert len(password_checks) == LIMIT
+    assert sum(isinstance(r, User) for r in results) == LIMIT
+    refused = [r for r in results if isinstance(r, SignInLocked)]
+    assert len(refused) == together - LIMIT
+    in_progress = "Too many sign-ins in progress for this username from this address; try again in a moment."
+    assert [(busy.message, busy.retry_after_s) for busy in refused] == [(in_progress, 1)] * len(refused)
+    assert all(busy.in_progress for busy in refused)
+    for _ in refused:
+        assert isinstance(sign_in("bob", "bob-pw-9f2k", "198.51.100.7"), User)

@@ -5,6 +5,7 @@ The tests that need Redis run in CI's second pass (REDIS_URL set) and skip witho
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,10 +15,12 @@ from typing import Any
 
 import pytest
 import redis
+from accounts.login_limits import SignInLocked
 from accounts.models import User
 from django.conf import settings
+from django.contrib.auth import authenticate
 from django.core.cache import cache
-from django.test import Client
+from django.test import Client, RequestFactory, override_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_redis = pytest.mark.skipif(not settings.REDIS_URL, reason="the production path: needs REDIS_URL")
@@ -135,3 +138,35 @@ def test_failures_counted_in_another_process_lock_this_one(bob: User) -> None:
     client = Client(REMOTE_ADDR="10.0.0.1")
     client.post("/accounts/login/", {"username": "bob", "password": "bob-pw-9f2k"})
     assert "_auth_user_id" in client.session
+
+
+@needs_redis
+@pytest.mark.django_db
+@override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=2, LOGIN_FAILURES_PER_ADDRESS=3)
+def test_every_count_expires_with_its_window_even_if_it_expired_mid_increment(
+    bob: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Django's RedisCache.incr() is EXISTS then INCRBY: a count that expires (or a success deletes)
+    in between comes back from INCRBY with no expiry, and would stay forever."""
+    counts = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    exists = redis.Redis.exists
+
+    def expires_after_exists(self: redis.Redis, *names: Any) -> Any:
+        found = exists(self, *names)
+        self.delete(*names)
+        return found
+
+    monkeypatch.setattr(redis.Redis, "exists", expires_after_exists)
+    # Failures, sign-ins refused (and taken back), successes (taken back from the address's count).
+    for address, password in [("10.0.0.1", "guess")] * 4 + [("10.0.0.2", "bob-pw-9f2k")] * 2:
+        request = RequestFactory().post("/accounts/login/", REMOTE_ADDR=address)
+        with contextlib.suppress(SignInLocked):
+            authenticate(request, username="bob", password=password)
+    monkeypatch.undo()
+
+    try:
+        keys = [k for k in counts.scan_iter(match="*signin-failures:*") if b":generation" not in k]
+        assert len(keys) >= 4  # the windows' starts and their counts
+        assert {key: 0 < counts.ttl(key) <= 900 for key in keys} == dict.fromkeys(keys, True)
+    finally:
+        counts.close()
