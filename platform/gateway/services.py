@@ -52,6 +52,9 @@ class Admission:
     model_name: str  # the engine's served model name (agents pass --served-model-name <name>)
     targets: list[Target]
     limits: RateLimits | None = None  # the key's limits after this request (response headers)
+    # When it was admitted, by the database clock (the quotas' clock): its usage is booked to that
+    # day, the day whose quota admitted it. None: booked by this host's clock when it finishes.
+    admitted_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ def admit(key: ApiKey, model_name: str, now: datetime | None = None) -> Admissio
         )
     remaining, reset_s = take_request(key, now)
     limits = rate_limits(key, now, tokens_used, remaining, reset_s)
-    return Admission(key.pk, model.pk, model.name, targets, limits)
+    return Admission(key.pk, model.pk, model.name, targets, limits, admitted_at=now)
 
 
 def record_usage(
@@ -163,14 +166,14 @@ def record_usage(
 
 
 def finish(admission: Admission, outcome: Outcome) -> None:
-    """Record a proxied request's usage and latency sample."""
+    """Record a proxied request's usage (in the day it was admitted) and latency sample."""
     now = timezone.now()
     record_usage(
         admission.key_id,
         admission.model_id,
         outcome.prompt_tokens,
         outcome.completion_tokens,
-        now,
+        admission.admitted_at or now,
         model_name=admission.model_name,
     )
     RequestSample.objects.create(

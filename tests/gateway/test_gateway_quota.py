@@ -19,7 +19,7 @@ from django.utils import timezone
 from gateway.errors import GatewayError
 from gateway.models import RateLimitState, Usage
 from gateway.quota import EPOCH, check_token_quota, database_now, duration, take_request
-from gateway.services import admit, record_usage
+from gateway.services import Outcome, admit, finish, record_usage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -115,6 +115,24 @@ def server_clock_ns() -> int:
             (now,) = cursor.fetchone()
         return (now - EPOCH) // timedelta(microseconds=1) * 1000
     return time.time_ns()
+
+
+def test_usage_is_booked_to_the_day_whose_quota_admitted_it(
+    gateway_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Admitted at 23:59:59 by the database clock; this web host's clock already says tomorrow
+    # when the request finishes: its tokens count against the day that admitted it.
+    key = gateway_data["key"]
+    before_midnight = datetime(2026, 3, 4, 23, 59, 59, tzinfo=UTC)
+    admission = admit(key, "tiny", before_midnight)
+    host_clock = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: before_midnight + timedelta(seconds=5))
+    finish(admission, Outcome(None, True, "completed", 30, 70, 0.1, 0.01, 0.02))
+    monkeypatch.setattr(timezone, "now", host_clock)
+    assert list(Usage.objects.filter(key=key).values_list("period_start", "prompt_tokens")) == [
+        (datetime(2026, 3, 4, tzinfo=UTC), 30)
+    ]
+    assert check_token_quota(key, before_midnight) == 100
 
 
 def test_admission_without_a_time_takes_the_database_clock_not_the_hosts(
