@@ -356,3 +356,21 @@ def test_placement_reads_the_models_size_as_of_now_not_a_stale_copy(
     ServedModel.objects.filter(pk=served_model.pk).update(tensor_parallel_size=1)
     with pytest.raises(PlacementError, match="needs 1 device"):
         update_deployment(deployment, desired_state="running")
+
+
+def test_the_deployment_admin_changes_desired_state_through_the_service_and_adds_nothing(
+    agent_host: AgentHost, served_model: ServedModel, client: Any
+) -> None:
+    _, deployments = running(served_model, agent_host, 0)
+    deployment = deployments[0]
+    client.force_login(User.objects.create_superuser(username="root", password="root-pw-7d1x"))
+    assert client.get("/admin/deployments/deployment/add/").status_code == 403
+    url = f"/admin/deployments/deployment/{deployment.pk}/change/"
+    form = client.get(url).context["adminform"].form
+    assert set(form.fields) == {"desired_state"}, "placement is not editable here"
+    response = client.post(url, {"desired_state": "stopped"})
+    assert response.status_code == 302
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "stopped"
+    # The observed state was re-read and kept, not overwritten from the admin's copy.
+    assert deployment.observed_state == ObservedState.RUNNING
