@@ -62,6 +62,19 @@ class Host:
         return regions
 
 
+def count_connects(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The times of every connection attempt a client makes from now on (monotonic)."""
+    attempts: list[float] = []
+    real_connect = client_module._connect
+
+    def counted(path: str, timeout: float) -> Any:
+        attempts.append(time.monotonic())
+        return real_connect(path, timeout)
+
+    monkeypatch.setattr(client_module, "_connect", counted)
+    return attempts
+
+
 @pytest.fixture
 def host(sock_path: str) -> Iterator[Host]:
     h = Host(sock_path)
@@ -196,14 +209,7 @@ def test_its_calls_fail_fast_and_it_backs_off_while_the_coordinator_is_down(
     host: Host, agent: LenderAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = make_store(host.path)
-    attempts: list[float] = []
-    real_connect = client_module._connect
-
-    def counted(path: str, timeout: float) -> Any:
-        attempts.append(time.monotonic())
-        return real_connect(path, timeout)
-
-    monkeypatch.setattr(client_module, "_connect", counted)
+    attempts = count_connects(monkeypatch)
     try:
         store_pattern(store, "req-1", seed=1)
         host.stop()  # down, not yet restarted
@@ -268,14 +274,7 @@ def test_the_lender_stops_lending_while_the_coordinator_is_down_and_backs_off(
 ) -> None:
     assert agent.region is not None
     old_name = agent.region.handle()["name"]
-    attempts: list[float] = []
-    real_connect = client_module._connect
-
-    def counted(path: str, timeout: float) -> Any:
-        attempts.append(time.monotonic())
-        return real_connect(path, timeout)
-
-    monkeypatch.setattr(client_module, "_connect", counted)
+    attempts = count_connects(monkeypatch)
     host.stop()
     t0 = time.monotonic()
     slowest = 0.0
