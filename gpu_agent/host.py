@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -168,5 +169,6 @@ class LocalHost(Host):
         if self.engines is not None:
             await self.engines.close()
         if self.aqua is not None:
-            self.aqua.stop()
+            # Off the loop: a hung coordinator's thread is waited for (stop_timeout_s).
+            await asyncio.to_thread(self.aqua.stop)
         self.inventory.close()

@@ -199,3 +199,33 @@ async def test_it_keeps_the_agent_loop_responsive_while_it_restarts_a_hung_coord
         agent.stop()
         await asyncio.wait_for(task, 15)
         await server.stop()
+
+
+@pytest.mark.asyncio
+async def test_it_stops_a_hung_coordinator_off_the_agent_loop(tmp_path: Path) -> None:
+    # Stopping waits up to stop_timeout_s for a hung coordinator's thread; the loop (final
+    # statuses to send, the link to close) must not wait with it.
+    host = LocalHost(CpuInventory(), str(tmp_path), launcher=fake_launcher(tmp_path / "pids"), grace_s=2)
+    await host.start(lambda status: None)
+    aqua = host.aqua
+    assert aqua is not None and aqua.stop_timeout_s >= 1.0  # the default, long enough to see
+    lags: list[float] = []
+
+    async def measure_lag() -> None:
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.05)
+            lags.append(time.monotonic() - t0 - 0.05)
+
+    old = aqua._server
+    assert old is not None
+    with hung(old):
+        lagger = asyncio.create_task(measure_lag())
+        t0 = time.monotonic()
+        await host.stop()
+        took = time.monotonic() - t0
+        lagger.cancel()
+    assert took >= aqua.stop_timeout_s * 0.9  # it did wait for the stuck thread ...
+    assert max(lags) < LAG_LIMIT_S, f"the loop was held up {max(lags):.2f} s"  # ... off the loop
+    assert aqua._server is None and aqua.socket_path is None
+    old._thread.join(10)
