@@ -1,7 +1,7 @@
 """`LenderAgent`: a producer process that lends one region and gives it back when asked.
 
     python -m serving.aqua.producer --socket S --device cpu0 --nbytes N [--producer-id ID]
-        [--reclaim-after SECONDS] [--reclaim-timeout SECONDS]
+        [--reclaim-after SECONDS] [--reclaim-timeout SECONDS] [--call-timeout SECONDS]
 
 `cpu*` devices lend a POSIX shared-memory segment this process creates and owns; `cuda:I` lends
 a CUDA IPC buffer on GPU I. Events go to stdout as JSON lines, flushed:
@@ -50,7 +50,9 @@ class LenderAgent:
     """Lend `nbytes` of `device` memory through the coordinator at `socket_path`.
 
     The first session is opened at once (CoordinatorUnavailable if no coordinator answers within
-    `connect_timeout` seconds); later ones by `keep_lent`.
+    `connect_timeout` seconds); later ones by `keep_lent`. Each call waits `call_timeout` seconds
+    for its reply: a hung coordinator then ends the session (withdrawing the lease) instead of
+    holding a reclaim for the client's default 30 s.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class LenderAgent:
         producer_id: str | None = None,
         *,
         connect_timeout: float = 10.0,
+        call_timeout: float = 5.0,
     ) -> None:
         if nbytes <= 0:
             raise ValueError(f"{nbytes=} must be positive")
@@ -70,7 +73,7 @@ class LenderAgent:
         self.nbytes = nbytes
         self.producer_id = producer_id or f"producer-{os.getpid()}"
         self._session = CoordinatorSession(
-            socket_path, name=self.producer_id, connect_timeout=connect_timeout
+            socket_path, name=self.producer_id, timeout=call_timeout, connect_timeout=connect_timeout
         )
         self.region: Region | None = None
         self.region_id: str | None = None
@@ -196,15 +199,22 @@ def main(argv: list[str] | None = None) -> int:
         "--reclaim-after", type=_seconds, default=None, help="reclaim after this many seconds"
     )
     parser.add_argument("--reclaim-timeout", type=_seconds, default=30.0, help="give up waiting after (s)")
+    parser.add_argument(
+        "--call-timeout", type=_seconds, default=5.0, help="seconds to wait for each coordinator reply"
+    )
     args = parser.parse_args(argv)
     if args.nbytes <= 0:
         parser.error(f"--nbytes {args.nbytes} must be positive")
+    if args.call_timeout <= 0:
+        parser.error(f"--call-timeout {args.call_timeout} must be positive")
 
     go = threading.Event()
     for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: go.set())
     try:
-        agent = LenderAgent(args.socket, args.device, args.nbytes, args.producer_id)
+        agent = LenderAgent(
+            args.socket, args.device, args.nbytes, args.producer_id, call_timeout=args.call_timeout
+        )
         agent.lend()
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

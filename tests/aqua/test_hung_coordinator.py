@@ -222,3 +222,22 @@ def test_the_connector_option_for_the_call_timeout_is_validated() -> None:
             OffloadConfig(coordinator_timeout_s=bad)
     with pytest.raises(ValueError, match="call_timeout_s"):
         LentRegionStore("/nonexistent/aqua.sock", "cons", NBYTES, call_timeout_s=0)
+
+
+def test_a_lenders_reclaim_gives_up_on_a_hung_coordinator_after_its_call_timeout(
+    server: CoordinatorServer, sock_path: str
+) -> None:
+    # The producer's calls used the client's 30 s reply timeout: a reclaim asked of a hung
+    # coordinator held the producer that long, whatever its --reclaim-timeout.
+    agent = LenderAgent(sock_path, "cpu0", NBYTES, producer_id="prod", call_timeout=TIMEOUT_S)
+    agent.lend()
+    try:
+        with hung(server):
+            t0 = time.monotonic()
+            clean = agent.reclaim(timeout=TIMEOUT_S)
+            took = time.monotonic() - t0
+        assert clean is False  # not given back: the session ended, the lease is withdrawn
+        assert took < STEP_LIMIT_S + TIMEOUT_S, f"reclaim took {took:.1f} s"
+        assert agent.region is None and agent.region_id is None  # its memory released
+    finally:
+        agent.close()
