@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Coalesce
@@ -83,7 +84,11 @@ def create_api_key(
     requests_per_minute: int | None = None,
     tokens_per_day: int | None = None,
 ) -> Issued:
-    """Create an end-user API key; unspecified quotas take the configured defaults."""
+    """Create an end-user API key; unspecified quotas take the configured defaults.
+
+    No limit on the owner's live keys: requests go through ``create_api_key_within_limit`` (the API)
+    or ``issue_playground_key`` (the playground), which hold API_KEYS_PER_USER.
+    """
     secret = issue_secret("sk")
     key = ApiKey.objects.create(
         owner=owner,
@@ -97,6 +102,78 @@ def create_api_key(
 
 
 PLAYGROUND_KEY_NAME = "playground"
+# One playground key per session would let a user multiply the per-key quotas by signing in again;
+# the newest few stay (a user may have the playground open in more than one browser).
+PLAYGROUND_KEYS_KEPT = 3
+
+
+class ApiKeyLimitReached(Exception):
+    """The owner holds ``live`` live API keys, and ``limit`` (API_KEYS_PER_USER) is the most allowed."""
+
+    def __init__(self, live: int, limit: int) -> None:
+        super().__init__(f"{live} live API keys, the most a user may hold ({limit})")
+        self.live = live
+        self.limit = limit
+
+
+@transaction.atomic
+def create_api_key_within_limit(
+    owner: Any,
+    name: str,
+    requests_per_minute: int | None = None,
+    tokens_per_day: int | None = None,
+) -> Issued:
+    """``create_api_key``, unless the owner already holds API_KEYS_PER_USER live keys.
+
+    Raises:
+        ApiKeyLimitReached: nothing was created.
+    """
+    _make_room_for_a_key(owner, replaceable=ApiKey.objects.none())
+    return create_api_key(owner, name, requests_per_minute, tokens_per_day)
+
+
+@transaction.atomic
+def issue_playground_key(owner: Any) -> Issued:
+    """A new key named PLAYGROUND_KEY_NAME for the chat playground.
+
+    The playground's keys count towards API_KEYS_PER_USER: at the limit, the owner's oldest live
+    playground keys are revoked to make room (the new one replaces them). Beyond that only the
+    newest PLAYGROUND_KEYS_KEPT playground keys stay live.
+
+    Raises:
+        ApiKeyLimitReached: the owner's other keys fill the limit; nothing was issued or revoked.
+    """
+    playground = ApiKey.objects.filter(owner=owner, name=PLAYGROUND_KEY_NAME, revoked=False)
+    _make_room_for_a_key(owner, replaceable=playground.order_by("created_at", "pk"))
+    issued = create_api_key(owner, PLAYGROUND_KEY_NAME)
+    stale = playground.order_by("-created_at", "-pk").values_list("pk", flat=True)[PLAYGROUND_KEYS_KEPT:]
+    ApiKey.objects.filter(pk__in=list(stale)).update(revoked=True)
+    return issued
+
+
+def _make_room_for_a_key(owner: Any, replaceable: QuerySet[ApiKey]) -> None:
+    """Check that the owner may hold one more live key, revoking the first of ``replaceable`` (the
+    owner's live keys, in the order to give them up) as far as that takes; inside the caller's
+    transaction, which is to create the key.
+
+    The owner's row is locked until that transaction ends, so concurrent issuers for one owner
+    (two browsers opening the playground, a script creating keys in parallel) count one after
+    another and cannot together pass the limit. FOR NO KEY UPDATE: rows that only reference the
+    user (its jobs, its tokens) are still written meanwhile.
+
+    Raises:
+        ApiKeyLimitReached: revoking every ``replaceable`` key would not make room; none was revoked.
+    """
+    list(get_user_model().objects.select_for_update(no_key=True).filter(pk=owner.pk).values_list("pk"))
+    limit = settings.API_KEYS_PER_USER
+    live = live_api_keys(owner)
+    excess = live + 1 - limit
+    if excess <= 0:
+        return
+    retired = list(replaceable.values_list("pk", flat=True)[:excess])
+    if len(retired) < excess:
+        raise ApiKeyLimitReached(live, limit)
+    ApiKey.objects.filter(pk__in=retired).update(revoked=True)
 
 
 def live_api_keys(owner: Any) -> int:

@@ -146,7 +146,7 @@ LOGIN_FAILURES_PER_USERNAME = env_int("LOGIN_FAILURES_PER_USERNAME", 100, minimu
 LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 20, minimum=1)
 LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 900, minimum=1)
 LOGIN_URL = "/accounts/login/"
-LOGIN_REDIRECT_URL = "/api/docs/"
+LOGIN_REDIRECT_URL = "dashboard:overview"  # the dashboard's home, after signing in without ?next=
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 LANGUAGE_CODE = "en-us"

@@ -3,14 +3,15 @@
 The page talks to /v1 like any client, with an ordinary end-user API key of the logged-in user
 named "playground". Key secrets are stored only as digests, so the plaintext issued for the
 playground is kept in the user's (server-side) session and reissued when the session has none or
-the key was revoked.
+the key was revoked. Its keys count towards the user's live key limit (API_KEYS_PER_USER): see
+``accounts.services.issue_playground_key``.
 """
 
 from __future__ import annotations
 
 from accounts.models import ApiKey
 from accounts.roles import is_admin
-from accounts.services import PLAYGROUND_KEY_NAME, create_api_key, revoke_api_key
+from accounts.services import PLAYGROUND_KEY_NAME, ApiKeyLimitReached, issue_playground_key
 from deployments.models import DesiredState
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -21,7 +22,6 @@ from registry.models import ServedModel
 from core.secrets import digest_secret
 
 SESSION_KEY = "gateway_playground_key"
-PLAYGROUND_KEYS_KEPT = 3
 
 
 @require_GET
@@ -34,7 +34,8 @@ def playground(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 def playground_key(request: HttpRequest) -> JsonResponse:
-    """The session's playground key (issued on first use); 401 without a logged-in user."""
+    """The session's playground key (issued on first use); 401 without a logged-in user, 409 when
+    the user's other live keys fill their limit (the page shows the detail)."""
     if not request.user.is_authenticated:
         return JsonResponse({"detail": "Log in to use the playground."}, status=401)
     secret = request.session.get(SESSION_KEY)
@@ -43,11 +44,14 @@ def playground_key(request: HttpRequest) -> JsonResponse:
         and ApiKey.objects.filter(digest=digest_secret(secret), owner=request.user, revoked=False).exists()
     )
     if not live:
-        secret = create_api_key(request.user, PLAYGROUND_KEY_NAME).plaintext
+        try:
+            secret = issue_playground_key(request.user).plaintext
+        except ApiKeyLimitReached as full:
+            detail = (
+                f"The playground needs an API key of its own, and you have {full.live} live API keys, "
+                f"the most a user may hold ({full.limit}); revoke one at /api/v1/api-keys/ "
+                "(POST /api/v1/api-keys/{id}/revoke/) to use the playground."
+            )
+            return JsonResponse({"detail": detail}, status=409)
         request.session[SESSION_KEY] = secret
-        # One key per session would let a user multiply the per-key quotas by signing in again;
-        # the newest few stay (a user may have the playground open in more than one browser).
-        stale = ApiKey.objects.filter(owner=request.user, name=PLAYGROUND_KEY_NAME, revoked=False)
-        for key in stale.order_by("-created_at", "-pk")[PLAYGROUND_KEYS_KEPT:]:
-            revoke_api_key(key)
     return JsonResponse({"key": secret, "name": PLAYGROUND_KEY_NAME})

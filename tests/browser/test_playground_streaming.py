@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 from accounts.models import ApiKey, User
-from accounts.services import authenticate_api_key, revoke_api_key
+from accounts.services import authenticate_api_key, create_api_key, revoke_api_key
+from django.conf import settings
 
 from tests.browser.conftest import db_call, sign_in
 from tests.fleet.servers import AsgiServer
@@ -285,3 +286,26 @@ def test_enter_that_confirms_an_ime_composition_does_not_send(
         }"""
     )
     assert left == "\u65e5\u672c" and page.evaluate("() => window.__requests.length") == 0
+
+
+def test_a_refused_playground_key_is_shown_and_nothing_is_sent(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    """The user's own keys fill their limit: the key endpoint's 409 detail is the page's error."""
+
+    def fill_the_limit() -> None:
+        for i in range(settings.API_KEYS_PER_USER):
+            create_api_key(users["admin"], f"own-{i}")
+
+    db_call(fill_the_limit)
+    page = open_playground(browser, server)
+    page.fill("#pg-input", "hello")
+    page.press("#pg-input", "Enter")
+    page.wait_for_function("() => document.getElementById('pg-error').textContent !== ''")
+    idle(page)
+    error = page.inner_text("#pg-error")
+    assert f"you have {settings.API_KEYS_PER_USER} live API keys" in error
+    assert "revoke one at /api/v1/api-keys/" in error and "to use the playground" in error
+    assert page.evaluate("() => window.__requests.length") == 0
+    assert transcript(page) == [] and page.input_value("#pg-input") == "hello"
+    assert db_call(lambda: ApiKey.objects.filter(name="playground").count()) == 0

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
+from typing import Any
 
 import pytest
 from accounts.models import ApiKey, User
 from accounts.services import authenticate_api_key
+from django.db import connection
 from django.test import override_settings
 from rest_framework.test import APIClient
 
@@ -88,3 +92,44 @@ def test_a_user_holds_at_most_the_configured_number_of_live_keys(viewer_client: 
     assert ApiKey.objects.filter(owner=bob).count() == 3
     assert viewer_client.post(f"{URL}{created[0].data['id']}/revoke/").status_code == 200
     assert viewer_client.post(URL, {"name": "k3"}, format="json").status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: the PostgreSQL path")
+@override_settings(API_KEYS_PER_USER=3)
+def test_concurrent_creations_cannot_pass_the_limit_together(
+    bob: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One slot left, two requests for it at once. Each waits (up to 1 s) after counting the live
+    keys for the other to have counted too: without a lock both see the free slot."""
+    from accounts import services
+
+    for i in range(2):
+        services.create_api_key(bob, f"k{i}")
+    both_counted = threading.Barrier(2)
+    count = services.live_api_keys
+
+    def slow_count(owner: Any) -> int:
+        live = count(owner)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_counted.wait(timeout=1.0)
+        return live
+
+    monkeypatch.setattr(services, "live_api_keys", slow_count)
+    statuses: list[int] = []
+
+    def create(name: str) -> None:
+        client = APIClient()
+        client.force_authenticate(bob)
+        try:
+            statuses.append(client.post(URL, {"name": name}, format="json").status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=create, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(statuses) == [201, 400]
+    assert ApiKey.objects.filter(owner=bob, revoked=False).count() == 3

@@ -98,6 +98,30 @@ def test_it_issues_a_token_for_valid_credentials_only(anon_client: APIClient, al
     assert me.data == {"username": "alice", "role": "admin"}
 
 
+@pytest.mark.parametrize("extra", [{"extra": 1}, {"nmae": "ci"}, {"name": "ci", "role": "admin"}])
+def test_it_refuses_unknown_fields_in_a_token_request(
+    anon_client: APIClient, alice: User, extra: dict[str, Any]
+) -> None:
+    credentials = {"username": "alice", "password": "alice-pw-9f2k"}
+    response = anon_client.post("/api/v1/auth/token/", {**credentials, **extra}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {key: ["Unknown field."] for key in extra if key != "name"}
+    assert not ApiToken.objects.exists()
+
+    named = anon_client.post("/api/v1/auth/token/", {**credentials, "name": "ci"}, format="json")
+    assert named.status_code == 201
+    assert ApiToken.objects.get().name == "ci"
+
+
+def test_signing_in_without_next_lands_on_the_dashboard(client: Any, bob: User) -> None:
+    login = client.post("/accounts/login/", {"username": "bob", "password": "bob-pw-9f2k"})
+    assert login.status_code == 302
+    assert login["Location"] == "/"
+    assert client.get(login["Location"]).status_code == 200
+    again = client.post("/accounts/login/", {"username": "bob", "password": "bob-pw-9f2k", "next": "/jobs/"})
+    assert again["Location"] == "/jobs/"
+
+
 def test_it_accepts_session_login(client: Any, bob: User) -> None:
     login = client.post("/accounts/login/", {"username": "bob", "password": "bob-pw-9f2k"})
     assert login.status_code == 302

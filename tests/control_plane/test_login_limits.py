@@ -127,6 +127,22 @@ def test_the_admin_login_and_the_token_endpoint_share_the_limit(bob: User) -> No
     assert response.status_code == 201
 
 
+@override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=3)
+def test_a_token_request_with_an_unknown_field_checks_no_password(bob: User) -> None:
+    """Refused (400 naming the field) before the password is checked: it is neither a failure nor
+    an attempt, whichever password it carries."""
+    client = APIClient(REMOTE_ADDR="10.0.0.1")
+    for password in ["guess"] * 4 + [BOB_PASSWORD]:
+        body = {"username": "bob", "password": password, "nmae": "ci"}
+        response = client.post("/api/v1/auth/token/", body, format="json")
+        assert response.status_code == 400
+        assert response.json() == {"nmae": ["Unknown field."]}
+    assert not ApiToken.objects.exists()
+
+    credentials = {"username": "bob", "password": BOB_PASSWORD}
+    assert client.post("/api/v1/auth/token/", credentials, format="json").status_code == 201
+
+
 @override_settings(LOGIN_FAILURES_PER_USERNAME_AND_ADDRESS=3, LOGIN_FAILURE_WINDOW_S=60)
 def test_the_lock_ends_with_the_window(bob: User, monkeypatch: pytest.MonkeyPatch) -> None:
     for _ in range(3):

@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from accounts.models import ApiKey
+from accounts.models import ApiKey, ApiToken
 from accounts.roles import is_admin
 from core.serializers import StrictModelSerializer
 
@@ -55,12 +55,22 @@ class IssuedApiKeySerializer(ApiKeySerializer):
         read_only_fields = [*ApiKeySerializer.Meta.read_only_fields, "secret"]
 
 
-class TokenRequestSerializer(serializers.Serializer):
-    """Credentials exchanged for an operator API token."""
+class TokenRequestSerializer(StrictModelSerializer):
+    """Credentials exchanged for an operator API token, and the token's name.
+
+    A (strict) model serializer of the token so that an unknown key is a 400 like everywhere else in
+    the API: a typo such as ``nmae`` would otherwise issue a token named "api". The view validates it
+    before checking the password, so such a request is no sign-in attempt (accounts/login_limits.py).
+    It never saves: accounts.services.issue_api_token creates the token.
+    """
 
     username = serializers.CharField()
     password = serializers.CharField(style={"input_type": "password"}, trim_whitespace=False)
     name = serializers.CharField(max_length=100, required=False, default="api")
+
+    class Meta:
+        model = ApiToken
+        fields = ["username", "password", "name"]
 
 
 class TokenResponseSerializer(serializers.Serializer):

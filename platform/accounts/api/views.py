@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth import authenticate
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
@@ -107,19 +106,16 @@ class ApiKeyViewSet(
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        live = services.live_api_keys(request.user)
-        if live >= settings.API_KEYS_PER_USER:
-            raise ValidationError(
-                {
-                    "non_field_errors": [
-                        f"You have {live} live API keys, the most a user may hold "
-                        f"({settings.API_KEYS_PER_USER}); revoke one first."
-                    ]
-                }
+        try:
+            issued = services.create_api_key_within_limit(
+                request.user, data["name"], data.get("requests_per_minute"), data.get("tokens_per_day")
             )
-        issued = services.create_api_key(
-            request.user, data["name"], data.get("requests_per_minute"), data.get("tokens_per_day")
-        )
+        except services.ApiKeyLimitReached as full:
+            message = (
+                f"You have {full.live} live API keys, the most a user may hold ({full.limit}); "
+                "revoke one first."
+            )
+            raise ValidationError({"non_field_errors": [message]}) from None
         issued.record.secret = issued.plaintext
         return Response(IssuedApiKeySerializer(issued.record).data, status=status.HTTP_201_CREATED)
 
