@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 from accounts.models import ApiKey
 from accounts.services import authenticate_api_key
 from agents.models import Replica
-from deployments.models import DesiredState, ObservedState
+from deployments.models import Deployment, DesiredState, ObservedState
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, QuerySet
+from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 from inventory.models import HostStatus
 from registry.models import ServedModel
@@ -109,11 +109,16 @@ def admit(key: ApiKey, model_name: str, now: datetime | None = None) -> Admissio
     are shared by every web host, so they keep one clock. It is the time of the rate limit, the
     token quota's day and the limits' headers alike.
 
+    A model /v1/models does not list (unknown, or with no deployment that should run) is a 404,
+    as /v1/models/{model} answers: no replica of it will come up by retrying. A listed model
+    without a healthy replica right now is a 503 with Retry-After. The served test is part of the
+    model's lookup (one query, as before).
+
     Raises:
-        GatewayError: 404 unknown model, 429 over a quota, 503 no healthy replica.
+        GatewayError: 404 unknown or unserved model, 429 over a quota, 503 no healthy replica.
     """
     now = now or database_now()
-    model = ServedModel.objects.filter(name=model_name).first()
+    model = _served().filter(name=model_name).first()
     if model is None:
         raise model_not_found(model_name)
     tokens_used = check_token_quota(key, now)
@@ -198,8 +203,10 @@ def prune_request_samples(now: datetime | None = None) -> int:
 
 
 def _served() -> QuerySet[ServedModel]:
-    """The models a key may see: those with a deployment that should be running."""
-    return ServedModel.objects.filter(deployments__desired_state=DesiredState.RUNNING).distinct()
+    """The models a key may see and use: those with a deployment that should be running
+    (/v1/models lists them; ``admit`` answers 404 for any other)."""
+    running = Deployment.objects.filter(model=OuterRef("pk"), desired_state=DesiredState.RUNNING)
+    return ServedModel.objects.filter(Exists(running))
 
 
 def _model_object(model: ServedModel) -> dict[str, object]:

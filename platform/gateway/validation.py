@@ -7,6 +7,7 @@ engine unchanged (vLLM accepts extra sampling parameters). A bad body is a 400 n
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,12 @@ def _is_number(value: Any) -> bool:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The JSON object in ``raw``; 400 if it is not one."""
+    """The JSON object in ``raw``; 400 if it is not one, nests too deeply or holds a non-finite number.
+
+    Python's ``json`` reads the literals ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON) and a
+    number too large for a float (``1e400``) as infinity; forwarded, the engine would get a body
+    that is not JSON, or a value no client can have meant. They are refused here, for every field.
+    """
     if len(raw) > MAX_BODY_BYTES:
         raise GatewayError(413, f"request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
     try:
@@ -57,8 +63,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise _too_deep() from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
-    if _depth(body) > MAX_JSON_DEPTH:
-        raise _too_deep()
+    _check_tree(body)
     return body
 
 
@@ -66,16 +71,40 @@ def _too_deep() -> GatewayError:
     return bad_request(f"request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
 
 
-def _depth(value: Any) -> int:
-    """How many arrays and objects deep ``value`` nests (iterative: no recursion limit to hit)."""
-    deepest = 0
-    pending: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+def _non_finite(field: str, directly: bool) -> GatewayError:
+    if directly:
+        return bad_request(
+            f"'{field}' must be a finite number (not NaN, Infinity or one too large for a float)", field
+        )
+    return bad_request(
+        f"request body has a non-finite number (NaN, Infinity or one too large) inside '{field}'; "
+        "JSON numbers must be finite"
+    )
+
+
+def _check_tree(body: dict[str, Any]) -> None:
+    """400 if ``body`` nests more than ``MAX_JSON_DEPTH`` arrays and objects deep or holds a
+    non-finite number anywhere. Iterative: no recursion limit to hit.
+
+    A non-finite value of a top-level field is named as the error's ``param``; one deeper is named
+    in the message by the top-level field that holds it.
+    """
+    for name, value in body.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _non_finite(name, directly=True)
+    # (container, its depth, the top-level field it is in)
+    pending: list[tuple[Any, int, str]] = [
+        (value, 2, name) for name, value in body.items() if isinstance(value, dict | list)
+    ]
     while pending:
-        item, depth = pending.pop()
-        deepest = max(deepest, depth)
-        children = item.values() if isinstance(item, dict) else item
-        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return deepest
+        item, depth, field = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep()
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                pending.append((child, depth + 1, field))
+            elif isinstance(child, float) and not math.isfinite(child):
+                raise _non_finite(field, directly=False)
 
 
 def _check_common(body: dict[str, Any]) -> tuple[str, bool, bool]:

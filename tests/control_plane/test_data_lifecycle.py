@@ -278,7 +278,7 @@ def test_deleting_a_model_keeps_its_usage_under_its_name(
     usage = Usage.objects.get()
     assert (usage.key_id, usage.model_id, usage.model_name) == (key.pk, None, model.name)
     assert (usage.requests, usage.total_tokens) == (1, 30)
-    rows = viewer_client.get("/api/v1/gateway/usage/").json()
+    rows = viewer_client.get("/api/v1/gateway/usage/").json()["results"]
     assert [(r["model"], r["requests"], r["prompt_tokens"]) for r in rows] == [(model.name, 1, 10)]
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 from accounts.services import api_keys_visible_to
+from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from registry.models import ServedModel
-from rest_framework import serializers
+from rest_framework import generics, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -50,10 +51,10 @@ class ModelLatencySerializer(serializers.Serializer[dict[str, object]]):
     requests = RequestPointSerializer(many=True)
 
 
-class UsageRowSerializer(serializers.Serializer[dict[str, object]]):
-    key = serializers.IntegerField()
-    key_name = serializers.CharField()
-    model = serializers.CharField(help_text="the model's name when it was used")
+class UsageRowSerializer(serializers.Serializer[Usage]):
+    key = serializers.IntegerField(source="key_id")
+    key_name = serializers.CharField(source="key.name")
+    model = serializers.CharField(source="model_name", help_text="the model's name when it was used")
     period_start = serializers.DateTimeField()
     requests = serializers.IntegerField()
     prompt_tokens = serializers.IntegerField()
@@ -86,24 +87,15 @@ class ModelLatencyView(APIView):
         )
 
 
-class UsageView(APIView):
-    """``GET /api/v1/gateway/usage/``: per key, model and UTC day (own keys; admins see all)."""
+class UsageView(generics.ListAPIView):
+    """``GET /api/v1/gateway/usage/``: per key, model and UTC day (own keys; admins see all), newest
+    day first; paginated like every list (``?page=``, ``?page_size=`` up to 500)."""
 
-    @extend_schema(responses=UsageRowSerializer(many=True))
-    def get(self, request: Request) -> Response:
-        keys = api_keys_visible_to(request.user)
-        rows = Usage.objects.filter(key__in=keys).select_related("key").order_by("-period_start", "key_id")
-        return Response(
-            [
-                {
-                    "key": u.key_id,
-                    "key_name": u.key.name,
-                    "model": u.model_name,
-                    "period_start": u.period_start,
-                    "requests": u.requests,
-                    "prompt_tokens": u.prompt_tokens,
-                    "completion_tokens": u.completion_tokens,
-                }
-                for u in rows[:1000]
-            ]
+    serializer_class = UsageRowSerializer
+
+    def get_queryset(self) -> QuerySet[Usage]:
+        keys = api_keys_visible_to(self.request.user)
+        # "id" last: a total order, so that pages neither repeat nor skip a row.
+        return (
+            Usage.objects.filter(key__in=keys).select_related("key").order_by("-period_start", "key_id", "id")
         )
