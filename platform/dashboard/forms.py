@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.db.models import Field
 from django.http import QueryDict
 from jobs.api.serializers import JobSerializer
 from registry.api.serializers import ServedModelSerializer
@@ -27,7 +28,9 @@ MODEL_FIELDS = [
     "slo_attainment_pct",
     "engine_options",
 ]
-# Fields with a model default: an empty input means "use the default", as an absent JSON key does.
+# Fields with a model default: an empty input means "use the default" (the placeholders show it),
+# when registering a model as when editing one: an emptied engine-options box clears the options,
+# a blank attainment is the default 90 again, not the old value kept.
 OPTIONAL_MODEL_FIELDS = {"dtype", "tensor_parallel_size", "slo_attainment_pct", "engine_options"}
 
 
@@ -48,15 +51,30 @@ def _json_field(field: str, text: str) -> Any:
         ) from None
 
 
-def model_data(post: QueryDict, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The API payload for a served-model form post, without the fields in ``skip``."""
+def model_data(post: QueryDict, skip: frozenset[str] = frozenset(), editing: bool = False) -> dict[str, Any]:
+    """The API payload for a served-model form post, without the fields in ``skip``.
+
+    An empty optional field is left out of a create (the serializer fills the model's default).
+    An edit is a partial update, where a missing key keeps the stored value: there it is given
+    the default explicitly. The form posts every field, so a field missing from the post is
+    treated as an empty one."""
     data: dict[str, Any] = {}
     for name in MODEL_FIELDS:
         value = post.get(name, "").strip()
-        if name in skip or (name in OPTIONAL_MODEL_FIELDS and value == ""):
+        if name in skip:
+            continue
+        if name in OPTIONAL_MODEL_FIELDS and value == "":
+            if editing:
+                data[name] = _model_default(name)
             continue
         data[name] = _json_field(name, value) if name == "engine_options" else value
     return data
+
+
+def _model_default(name: str) -> Any:
+    field = ServedModel._meta.get_field(name)
+    assert isinstance(field, Field)  # a concrete column, not a reverse relation
+    return field.get_default()
 
 
 Errors = dict[str, list[str]]
@@ -89,10 +107,11 @@ def model_serializer(
     The serializer is None when a value could not even be parsed (``engine_options`` not JSON);
     the other fields are still checked, so that the page lists every error at once.
     """
+    editing = instance is not None
     try:
-        data = model_data(post)
+        data = model_data(post, editing=editing)
     except JsonInputError as exc:
-        rest = model_data(post, skip=frozenset({exc.field}))
+        rest = model_data(post, skip=frozenset({exc.field}), editing=editing)
         others = ServedModelSerializer(instance, data=rest, partial=instance is not None)
         others.is_valid()
         return None, {**field_errors(others.errors), exc.field: [str(exc)]}

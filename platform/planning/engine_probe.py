@@ -54,6 +54,33 @@ def _samples(raw: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
     return tuple((tuple(s["lens"]), float(s["seconds"])) for s in raw or ())
 
 
+def running_deployment(model: ServedModel, deployment_id: int | None = None) -> Deployment:
+    """The deployment an engine profile of `model` probes: `deployment_id`, or the model's first
+    running one. Checked when the job is posted (jobs.kinds.profile) and again when it runs.
+
+    Raises:
+        ProfilingError: no such deployment of the model, or it is not running.
+    """
+    running = Deployment.objects.filter(
+        model=model, desired_state=DesiredState.RUNNING, observed_state=ObservedState.RUNNING
+    ).select_related("host", "model")
+    if deployment_id is not None:
+        # A pk lookup: an id beyond the column's range finds nothing (Django), it does not overflow.
+        deployment = running.filter(pk=deployment_id).first()
+        if deployment is None:
+            raise ProfilingError(
+                f"deployment {deployment_id} is not a running deployment of model {model.name!r}"
+            )
+    else:
+        deployment = running.order_by("pk").first()
+        if deployment is None:
+            raise ProfilingError(
+                f"model {model.name!r} has no running deployment to profile (deploy it, or use the "
+                "simulator backend)"
+            )
+    return deployment
+
+
 class AgentEngineProbe(EngineProbe):
     """Probes one deployment's engine through its host's agent (module docstring)."""
 
@@ -93,23 +120,7 @@ class AgentEngineProbe(EngineProbe):
         Raises:
             ProfilingError: no such deployment of the model, or it is not running.
         """
-        running = Deployment.objects.filter(
-            model=model, desired_state=DesiredState.RUNNING, observed_state=ObservedState.RUNNING
-        ).select_related("host", "model")
-        if deployment_id is not None:
-            deployment = running.filter(pk=deployment_id).first()
-            if deployment is None:
-                raise ProfilingError(
-                    f"deployment {deployment_id} is not a running deployment of model {model.name!r}"
-                )
-        else:
-            deployment = running.order_by("pk").first()
-            if deployment is None:
-                raise ProfilingError(
-                    f"model {model.name!r} has no running deployment to profile (deploy it, or use the "
-                    "simulator backend)"
-                )
-        return cls(deployment, workload, **kw)
+        return cls(running_deployment(model, deployment_id), workload, **kw)
 
     @property
     def kv_bytes_per_token(self) -> int:

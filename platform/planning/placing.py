@@ -179,9 +179,9 @@ def profiles_for(models: list[ServedModel], burst_level: float) -> list[PlacerPr
 
 def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """The `place` job's runner (params validated by jobs.kinds.place.PlaceParams)."""
-    names = params.get("models") or []
+    names = params.get("models")  # None: every model; [] (refused at POST) places none, not all
     models = list(ServedModel.objects.order_by("name"))
-    if names:
+    if names is not None:
         unknown = sorted(set(names) - {m.name for m in models})
         if unknown:
             raise PlacementError(f"unknown models: {', '.join(unknown)}")

@@ -14,6 +14,7 @@ the latency-vs-rate curve, the SLA, max_rps, role, lendable bytes and swap neede
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from deployments.models import Deployment, DesiredState
@@ -87,8 +88,13 @@ def _deployed_gpu(model: ServedModel) -> str | None:
     return None
 
 
-def simulator_probe(model: ServedModel, params: dict[str, Any], workload: WorkloadSpec) -> RateProbe:
-    """A SimulatorProbe for the model (see the module docstring for how the preset is chosen)."""
+def preset_model_of(model: ServedModel, params: Mapping[str, Any]) -> str:
+    """The cost-model preset model a simulator profile of `model` uses (module docstring).
+    Checked when the job is posted (jobs.kinds.profile) and again when it runs.
+
+    Raises:
+        ProfilingError: the job names none, and none can be derived from the model.
+    """
     options = model.engine_options or {}
     preset_model = params.get("preset_model") or options.get("sim_model")
     if not preset_model and model.name in MODEL_CONFIGS:
@@ -98,12 +104,31 @@ def simulator_probe(model: ServedModel, params: dict[str, Any], workload: Worklo
             f"no cost-model preset for model {model.name!r}: pass preset_model (one of "
             f"{', '.join(sorted(MODEL_CONFIGS))}) or set engine_options.sim_model"
         )
+    return str(preset_model)
+
+
+def preset_gpu_of(model: ServedModel, params: Mapping[str, Any]) -> str:
+    """The cost-model preset GPU a simulator profile of `model` uses (module docstring).
+    Checked when the job is posted (jobs.kinds.profile) and again when it runs.
+
+    Raises:
+        ProfilingError: the job names none, and none can be derived from the model.
+    """
+    options = model.engine_options or {}
     gpu = params.get("preset_gpu") or options.get("sim_gpu") or _deployed_gpu(model)
     if not gpu:
         raise ProfilingError(
             f"no GPU preset for model {model.name!r}: pass preset_gpu (one of "
             f"{', '.join(sorted(GPU_SPECS))}), set engine_options.sim_gpu, or deploy it on a known GPU"
         )
+    return str(gpu)
+
+
+def simulator_probe(model: ServedModel, params: dict[str, Any], workload: WorkloadSpec) -> RateProbe:
+    """A SimulatorProbe for the model (see the module docstring for how the preset is chosen)."""
+    options = model.engine_options or {}
+    preset_model = preset_model_of(model, params)
+    gpu = preset_gpu_of(model, params)
     tp = model.tensor_parallel_size
     block_size = 16
     try:

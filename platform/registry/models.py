@@ -12,6 +12,11 @@ from registry.validators import (
     validate_power_of_two,
 )
 
+# The longest context a model may declare, in tokens (16,777,216): above the longest context
+# windows published (Llama 4 Scout's 10M tokens), and well inside the column (a PostgreSQL integer
+# holds up to 2**31 - 1; SQLite stores any size, so unbounded, a value PostgreSQL refuses passed there).
+MAX_CONTEXT_LENGTH = 1 << 24
+
 
 class DType(models.TextChoices):
     AUTO = "auto", "auto (from the checkpoint)"
@@ -34,7 +39,9 @@ class ServedModel(models.Model):
     tensor_parallel_size = models.PositiveSmallIntegerField(
         default=1, validators=[validate_power_of_two, MaxValueValidator(64)]
     )
-    max_context_length = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_context_length = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_CONTEXT_LENGTH)]
+    )
     slo_ttft_p99_ms = models.FloatField(validators=[validate_positive])
     slo_tbt_p99_ms = models.FloatField(validators=[validate_positive])
     slo_attainment_pct = models.FloatField(default=90.0, validators=[validate_percentage])

@@ -143,6 +143,20 @@ def test_non_ascii_digits_in_a_plan_id_are_a_404(admin_client: APIClient) -> Non
     assert admin_client.post("/api/v1/plans/%C2%B2/apply/").status_code == 404
 
 
+@pytest.mark.parametrize("job_id", [str(2**63), "99999999999999999999", str(2**63 - 1), "abc", "-1"])
+def test_plan_ids_beyond_the_id_column_are_json_404s(
+    admin_client: APIClient, viewer_client: APIClient, job_id: str
+) -> None:
+    for response in (
+        viewer_client.get(f"/api/v1/plans/{job_id}/"),
+        admin_client.post(f"/api/v1/plans/{job_id}/apply/"),
+    ):
+        assert response.status_code == 404
+        assert response["Content-Type"] == "application/json"
+        assert "detail" in response.json()
+    assert not Job.objects.exists()
+
+
 def test_device_ids_must_be_integers(admin_client: APIClient, deployed: dict[str, Any]) -> None:
     deployed["deployment"].delete()
     a, b, _ = deployed["devices"]

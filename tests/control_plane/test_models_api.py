@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 from deployments.models import DesiredState
 from deployments.services import create_deployment, update_deployment
+from django.core.exceptions import ValidationError as ModelValidationError
 from inventory.models import Device, Host
 from registry.api.serializers import ServedModelSerializer
-from registry.models import ServedModel
+from registry.models import MAX_CONTEXT_LENGTH, ServedModel
 from rest_framework.exceptions import ValidationError
 from rest_framework.test import APIClient
 
@@ -61,6 +62,8 @@ def test_it_creates_lists_updates_and_deletes_a_model(
         ({"slo_attainment_pct": 0}, "slo_attainment_pct"),
         ({"slo_attainment_pct": 101}, "slo_attainment_pct"),
         ({"max_context_length": 0}, "max_context_length"),
+        ({"max_context_length": 10**12}, "max_context_length"),  # SQLite would store it
+        ({"max_context_length": 2**31}, "max_context_length"),  # beyond a PostgreSQL integer
         ({"name": "not a slug!"}, "name"),
         ({"source": "   "}, "source"),
         ({"dtype": "int3"}, "dtype"),
@@ -159,3 +162,28 @@ def test_it_refuses_a_tensor_parallel_change_while_a_deployment_runs(
     response = admin_client.patch(f"{URL}{model.pk}/", {"tensor_parallel_size": 4}, format="json")
     assert response.status_code == 200, response.data
     assert ServedModel.objects.get(pk=model.pk).tensor_parallel_size == 4
+
+
+def test_it_bounds_the_context_length_below_what_any_database_column_holds(
+    admin_client: APIClient, viewer_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    assert MAX_CONTEXT_LENGTH < 2**31 - 1  # a PostgreSQL integer column
+    largest = admin_client.post(
+        URL, {**model_payload, "max_context_length": MAX_CONTEXT_LENGTH}, format="json"
+    )
+    assert largest.status_code == 201, largest.data
+    model = ServedModel.objects.get(pk=largest.data["id"])
+    too_long = admin_client.patch(
+        f"{URL}{model.pk}/", {"max_context_length": MAX_CONTEXT_LENGTH + 1}, format="json"
+    )
+    assert too_long.status_code == 400
+    assert str(MAX_CONTEXT_LENGTH) in str(too_long.data["max_context_length"])
+    refused = viewer_client.patch(f"{URL}{model.pk}/", {"max_context_length": 1024}, format="json")
+    assert refused.status_code == 403
+    model.refresh_from_db()
+    assert model.max_context_length == MAX_CONTEXT_LENGTH
+    # the model field carries the bound too: the admin's forms validate with it
+    model.max_context_length = 10**12
+    with pytest.raises(ModelValidationError) as raised:
+        model.full_clean()
+    assert set(raised.value.message_dict) == {"max_context_length"}

@@ -8,7 +8,7 @@ import re
 import pytest
 from django.test import Client
 from jobs.models import Job
-from registry.models import ServedModel
+from registry.models import MAX_CONTEXT_LENGTH, ServedModel
 from rest_framework.validators import UniqueValidator
 
 from tests.dashboard.test_dashboard_pages import FORM
@@ -61,3 +61,19 @@ def test_it_answers_a_name_taken_after_validation_with_a_field_error(
     assert response.status_code == 400
     assert field_errors(response)["name"] == ["served model with this name already exists."]
     assert ServedModel.objects.count() == 1
+
+
+def test_it_refuses_a_context_length_beyond_the_bound_on_create_and_edit(
+    admin_client: Client, served_model: ServedModel
+) -> None:
+    form = {**FORM, "max_context_length": "1000000000000"}
+    created = admin_client.post("/models/new/", form)
+    assert created.status_code == 400
+    assert field_errors(created)["max_context_length"] == [
+        f"Ensure this value is less than or equal to {MAX_CONTEXT_LENGTH}."
+    ]
+    edited = admin_client.post(f"/models/{served_model.pk}/edit/", {**form, "name": served_model.name})
+    assert edited.status_code == 400 and "max_context_length" in field_errors(edited)
+    served_model.refresh_from_db()
+    assert served_model.max_context_length == 256
+    assert list(ServedModel.objects.values_list("name", flat=True)) == [served_model.name]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from dashboard.assets import PLOTLY_JS, PLOTLY_VERSION
-from deployments.models import Deployment
+from deployments.models import Deployment, ObservedState
 from django.test import Client
 from django.utils import timezone
 from inventory.models import Device, Host
@@ -175,3 +175,36 @@ def test_it_shows_history_and_attainment_on_the_model_page(
     assert [p["ttft_p99"] for p in points] == [0.3, 0.3, 0.9]
     assert points[1]["rate"] == pytest.approx(10.0, rel=0.01)  # 10 first tokens in a 1 s window
     assert "66.7%" in page
+
+
+@pytest.mark.parametrize("attainment", [{"slo_attainment_pct": ""}, {}])  # blank, or left out
+def test_an_edit_with_emptied_optional_fields_sets_their_defaults_and_awaits_the_restart(
+    admin_client: Client, viewer_client: Client, deployment: Deployment, attainment: dict[str, str]
+) -> None:
+    model = deployment.model
+    ServedModel.objects.filter(pk=model.pk).update(engine_options={"seed": 0}, slo_attainment_pct=99.0)
+    Deployment.objects.filter(pk=deployment.pk).update(observed_state=ObservedState.RUNNING)
+    form = {
+        "name": model.name,
+        "source": model.source,
+        "dtype": model.dtype,
+        "tensor_parallel_size": "1",
+        "max_context_length": "256",
+        "slo_ttft_p99_ms": "500",
+        "slo_tbt_p99_ms": "50",
+        "engine_options": "",
+        **attainment,
+    }
+    assert viewer_client.post(f"/models/{model.pk}/edit/", form).status_code == 403
+    model.refresh_from_db()
+    assert (model.engine_options, model.slo_attainment_pct) == ({"seed": 0}, 99.0)
+    response = admin_client.post(f"/models/{model.pk}/edit/", form)
+    assert response.status_code == 302, response.content
+    model.refresh_from_db()
+    assert model.engine_options == {} and model.slo_attainment_pct == 90.0
+    # through registry.services.update_served_model, as an API edit: the running engine restarts
+    deployment.refresh_from_db()
+    assert deployment.observed_state == ObservedState.PENDING
+    assert deployment.observed_message.startswith("model settings changed (engine_options)")
+    assert deployment.restart_from is not None
+    assert deployment.restart_from["model"]["engine_options"] == {"seed": 0}

@@ -7,12 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from deployments.models import Deployment, DesiredState, ObservedState
+from deployments.services import update_deployment
+from inventory.models import Host
 from jobs.models import Job, JobStatus
-from planning.models import ProbeRequest, ProbeStatus
+from jobs.tasks import run_job
+from planning.models import ModelProfile, ProbeRequest, ProbeStatus
 from planning.relay import claim_pending
+from registry.models import ServedModel
 from rest_framework.test import APIClient
 
-from tests.planning.helpers import make_host, make_model
+from tests.planning.helpers import deploy, make_host, make_model
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/jobs/"
@@ -76,7 +81,7 @@ def test_it_refuses_a_second_profile_job_of_a_model_while_one_is_active(
     admin_client: APIClient, viewer_client: APIClient
 ) -> None:
     make_model("llama-3-8b")
-    make_model("other")
+    make_model("other", sim_model="llama-3-8b")  # a preset the simulator can run it with
     first = admin_client.post(URL, {"kind": "profile", "params": BASE}, format="json")
     assert first.status_code == 201
     for status in (JobStatus.QUEUED, JobStatus.RUNNING):
@@ -108,3 +113,74 @@ def test_it_does_not_relay_the_probes_of_a_job_that_no_longer_runs() -> None:
     stale = ProbeRequest.objects.get(probe_id="p-lost")
     assert stale.status == ProbeStatus.CANCELLED and stale.finished_at is not None
     assert claim_pending([host.pk]) == {}
+
+
+def running_deployment_of(model: ServedModel, host: Host, index: int) -> Deployment:
+    deployment = deploy(model, host, index)
+    Deployment.objects.filter(pk=deployment.pk).update(observed_state=ObservedState.RUNNING)
+    return deployment
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "needle"),
+    [
+        ({"model": "tiny", "backend": "engine", "deployment": 99999}, "deployment", "is not a running"),
+        ({"model": "tiny", "backend": "engine", "deployment": 10**20}, "deployment", "is not a running"),
+        ({"model": "tiny", "backend": "engine", "deployment": "other"}, "deployment", "is not a running"),
+        ({"model": "tiny", "backend": "engine", "deployment": "stopped"}, "deployment", "is not a running"),
+        ({"model": "tiny", "backend": "engine"}, "backend", "has no running deployment to profile"),
+        ({"model": "tiny", "preset_gpu": "h100"}, "preset_model", "No cost-model preset for model 'tiny'"),
+        ({"model": "llama-3-8b"}, "preset_gpu", "No GPU preset for model 'llama-3-8b'"),
+    ],
+)
+def test_it_refuses_a_profile_whose_deployment_or_preset_the_worker_would_not_find(
+    admin_client: APIClient, params: dict[str, Any], field: str, needle: str
+) -> None:
+    host = make_host("gpu-a")
+    tiny = make_model("tiny")
+    make_model("llama-3-8b")
+    other = running_deployment_of(make_model("other"), host, 0)
+    stopped = deploy(tiny, host, 1)  # not yet reported running by its agent
+    params = {**params}
+    if params.get("deployment") in ("other", "stopped"):
+        params["deployment"] = {"other": other, "stopped": stopped}[params["deployment"]].pk
+    response = admin_client.post(URL, {"kind": "profile", "params": params}, format="json")
+    assert response.status_code == 400, response.data
+    errors = response.data["params"]
+    assert set(errors) == {field}, errors
+    assert needle in str(errors[field][0])
+    assert not Job.objects.exists()
+
+
+def test_the_deployment_and_the_preset_are_checked_at_post_and_again_when_the_job_runs(
+    admin_client: APIClient, viewer_client: APIClient
+) -> None:
+    host = make_host("gpu-a")
+    tiny = make_model("tiny", sim_model="llama-3-8b", sim_gpu="h100")
+    deployment = running_deployment_of(tiny, host, 0)
+    engine = {"model": "tiny", "backend": "engine", "deployment": deployment.pk}
+    assert viewer_client.post(URL, {"kind": "profile", "params": engine}, format="json").status_code == 403
+    queued = admin_client.post(URL, {"kind": "profile", "params": engine}, format="json")
+    assert queued.status_code == 201, queued.data
+    update_deployment(deployment, desired_state=DesiredState.STOPPED)  # while the job is queued
+    Job.objects.filter(pk=queued.data["id"]).update(status=JobStatus.CANCELLED)
+    refused = admin_client.post(URL, {"kind": "profile", "params": engine}, format="json")
+    assert refused.status_code == 400 and set(refused.data["params"]) == {"deployment"}
+    Job.objects.filter(pk=queued.data["id"]).update(status=JobStatus.QUEUED)
+    run_job(queued.data["id"])
+    job = Job.objects.get(pk=queued.data["id"])
+    assert job.status == JobStatus.FAILED
+    assert f"deployment {deployment.pk} is not a running deployment of model 'tiny'" in job.error
+    assert not ProbeRequest.objects.exists()
+
+    simulated = admin_client.post(URL, {"kind": "profile", "params": {"model": "tiny"}}, format="json")
+    assert simulated.status_code == 201, simulated.data
+    ServedModel.objects.filter(pk=tiny.pk).update(engine_options={})  # its presets removed meanwhile
+    Job.objects.filter(pk=simulated.data["id"]).update(status=JobStatus.CANCELLED)
+    refused = admin_client.post(URL, {"kind": "profile", "params": {"model": "tiny"}}, format="json")
+    assert refused.status_code == 400 and set(refused.data["params"]) == {"preset_model", "preset_gpu"}
+    Job.objects.filter(pk=simulated.data["id"]).update(status=JobStatus.QUEUED)
+    run_job(simulated.data["id"])
+    job = Job.objects.get(pk=simulated.data["id"])
+    assert job.status == JobStatus.FAILED and "no cost-model preset for model 'tiny'" in job.error
+    assert not ModelProfile.objects.exists()

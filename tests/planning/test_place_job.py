@@ -179,3 +179,28 @@ def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
     assert needle in job.error
     assert job.result is None and not PlacementPlan.objects.filter(job=job).exists()
     assert deployment_rows() == before
+
+
+def test_an_empty_model_selection_is_refused_not_taken_as_every_model(
+    admin_client: APIClient, viewer_client: APIClient, cluster: dict
+) -> None:
+    from jobs.models import Job
+    from jobs.tasks import run_job
+
+    refused = admin_client.post("/api/v1/jobs/", {"kind": "place", "params": {"models": []}}, format="json")
+    assert refused.status_code == 400
+    assert "may not be empty" in str(refused.data["params"]["models"])
+    assert not Job.objects.exists()
+    body = {"kind": "place", "params": {}}
+    assert viewer_client.post("/api/v1/jobs/", body, format="json").status_code == 403
+    # a job stored with an empty selection (by an older version) places nothing either
+    before = deployment_rows()
+    stored = Job.objects.create(kind="place", params={"models": []})
+    run_job(stored.pk)
+    stored.refresh_from_db()
+    assert stored.status == JobStatus.FAILED and "no registered models to place" in stored.error
+    assert not PlacementPlan.objects.exists() and deployment_rows() == before
+    # leaving the key out still places every model
+    every = run_job_via_api(admin_client, "place", {})
+    assert every.status == JobStatus.SUCCEEDED, every.error
+    assert {a["model"] for a in result_of(every)["plan"]["assignments"]} == set(cluster)

@@ -25,8 +25,13 @@ class PlaceParams(StrictParams):
         default=4.0,
         help_text="the burst level (x max rate) consumers are placed for",
     )
+    # An empty list is an error, not "all models": a client that filtered its selection down to
+    # nothing did not mean to place (and move) every model. Leave the key out to place them all.
     models = serializers.ListField(
-        child=serializers.SlugField(), required=False, help_text="place only these models (default: all)"
+        child=serializers.SlugField(),
+        required=False,
+        allow_empty=False,
+        help_text="place only these models (default, when left out: all)",
     )
 
     def validate_models(self, value: list[str]) -> list[str]:

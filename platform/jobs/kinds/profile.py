@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from planning.profiling import run_profile
+from planning.profiling import preset_gpu_of, preset_model_of, run_profile
 from registry.models import ServedModel
 from rest_framework import serializers
 
@@ -17,7 +17,7 @@ from jobs.models import ACTIVE_STATUSES, Job
 from jobs.registry import JobContext, JobKind, register
 from serving.costmodel.config import MODEL_CONFIGS
 from serving.costmodel.gpus import GPU_SPECS
-from serving.profiler import ProfilerConfig
+from serving.profiler import ProfilerConfig, ProfilingError
 
 # Upper bounds that keep one probe's workload in memory and its run in minutes: a burst replays
 # about rate x level x burst_duration_s requests (serving/profiler WorkloadSpec.burst_requests).
@@ -112,19 +112,49 @@ class ProfileParams(StrictParams):
             )
         if "workload" in attrs:
             attrs["workload"] = dict(attrs["workload"])
+        errors = what_the_worker_would_refuse(attrs)
         busy = active_profile_job(attrs["model"])
         if busy is not None:
             # Two profiles of one model race for its stored profile, and two engine probes of one
             # deployment load it at once: each would measure the other's requests too.
             job_id, status = busy
-            raise serializers.ValidationError(
-                {
-                    "model": [
-                        f"Profile job {job_id} of this model is already {status}; wait for it or cancel it."
-                    ]
-                }
-            )
+            errors["model"] = [
+                f"Profile job {job_id} of this model is already {status}; wait for it or cancel it."
+            ]
+        if errors:
+            raise serializers.ValidationError(errors)
         return attrs
+
+
+def what_the_worker_would_refuse(attrs: dict[str, Any]) -> dict[str, list[str]]:
+    """Field errors for what the worker needs and cannot find: the deployment an engine profile
+    probes, the cost-model presets a simulator profile uses. The worker runs the same checks
+    (planning.engine_probe.running_deployment, planning.profiling.preset_*_of) when the job runs,
+    since deployments and models may change while it is queued."""
+    from planning.engine_probe import running_deployment  # as run_profile imports it
+
+    model = ServedModel.objects.filter(name=attrs["model"]).first()
+    if model is None:  # deleted since validate_model
+        return {"model": [f"No served model named {attrs['model']!r}."]}
+    errors: dict[str, list[str]] = {}
+    if attrs.get("backend") == "engine":
+        # With no deployment named, the backend is what the client chose and could change.
+        field = "deployment" if "deployment" in attrs else "backend"
+        try:
+            running_deployment(model, attrs.get("deployment"))
+        except ProfilingError as exc:
+            errors[field] = [_sentence(str(exc))]
+        return errors
+    for field, preset_of in (("preset_model", preset_model_of), ("preset_gpu", preset_gpu_of)):
+        try:
+            preset_of(model, attrs)
+        except ProfilingError as exc:
+            errors[field] = [_sentence(str(exc))]
+    return errors
+
+
+def _sentence(message: str) -> str:
+    return f"{message[:1].upper()}{message[1:]}."
 
 
 def _one_of(value: str, known: Iterable[str], what: str) -> str:

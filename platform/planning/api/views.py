@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from jobs.models import Job
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -23,17 +23,25 @@ class ModelProfileViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     lookup_url_kwarg = "model"
 
 
+JOB_ID = OpenApiParameter("job", int, OpenApiParameter.PATH, description="the place job's id")
+
+
+@extend_schema_view(retrieve=extend_schema(parameters=[JOB_ID]))
 class PlacementPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Plans of succeeded `place` jobs, by job id; admins apply them to the deployments."""
 
     serializer_class = PlacementPlanSerializer
-    lookup_field = "job_id"
+    # Through the job's primary key, not the job_id column: Django answers a pk lookup beyond the
+    # column's range (an id >= 2**63) with no rows, as for the other endpoints, while a lookup of
+    # the foreign-key column hands the value to the database driver (OverflowError on SQLite).
+    lookup_field = "job__pk"
     lookup_url_kwarg = "job"
 
     def get_queryset(self) -> QuerySet[PlacementPlan]:
         return PlacementPlan.objects.select_related("job", "applied_by").order_by("-job_id")
 
     @extend_schema(
+        parameters=[JOB_ID],
         request=None,
         responses={200: ApplyResultSerializer, 404: None, 409: None},
         description="Apply the plan with the fewest deployment changes (admins only). Applying a plan "
