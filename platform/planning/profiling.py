@@ -21,7 +21,7 @@ from deployments.models import Deployment, DesiredState
 from django.db import transaction
 from jobs.models import Job, JobStatus
 from jobs.registry import JobCancelled, JobContext
-from registry.models import ServedModel
+from registry.models import MIN_CONTEXT_LENGTH, ServedModel
 
 from planning.jobctx import cancel_fn, job_id_of, progress_fn
 from planning.models import ModelProfile
@@ -52,11 +52,28 @@ def sla_of(model: ServedModel) -> LatencySLA:
         raise ProfilingError(f"model {model.name!r} has an unusable SLO: {exc}") from None
 
 
+def context_of(model: ServedModel) -> int:
+    """The model's context length, which every profiled request fits in.
+    Checked when the job is posted (jobs.kinds.profile) and again when it runs.
+
+    Raises:
+        ProfilingError: below MIN_CONTEXT_LENGTH (a row stored before the model field had that
+            minimum): no request of a prompt and an answer fits.
+    """
+    if model.max_context_length < MIN_CONTEXT_LENGTH:
+        raise ProfilingError(
+            f"model {model.name!r} has max_context_length={model.max_context_length}, below "
+            f"{MIN_CONTEXT_LENGTH} (one prompt and one output token): raise it to profile the model"
+        )
+    return model.max_context_length
+
+
 def workload_of(model: ServedModel, params: dict[str, Any]) -> WorkloadSpec:
     """The job's workload; requests never exceed the model's context length."""
+    context = context_of(model)
     spec = dict(params.get("workload") or {})
-    cap = spec.get("max_context") or model.max_context_length
-    spec["max_context"] = min(int(cap), model.max_context_length)
+    cap = spec.get("max_context") or context
+    spec["max_context"] = min(int(cap), context)
     try:
         return WorkloadSpec(**spec)
     except (TypeError, ValueError) as exc:
@@ -93,7 +110,8 @@ def preset_model_of(model: ServedModel, params: Mapping[str, Any]) -> str:
     Checked when the job is posted (jobs.kinds.profile) and again when it runs.
 
     Raises:
-        ProfilingError: the job names none, and none can be derived from the model.
+        ProfilingError: the job names none and none can be derived from the model, or the one
+            named or derived is not a preset.
     """
     options = model.engine_options or {}
     preset_model = params.get("preset_model") or options.get("sim_model")
@@ -104,6 +122,7 @@ def preset_model_of(model: ServedModel, params: Mapping[str, Any]) -> str:
             f"no cost-model preset for model {model.name!r}: pass preset_model (one of "
             f"{', '.join(sorted(MODEL_CONFIGS))}) or set engine_options.sim_model"
         )
+    _check_preset(model, params, "preset_model", "sim_model", preset_model, MODEL_CONFIGS)
     return str(preset_model)
 
 
@@ -112,7 +131,8 @@ def preset_gpu_of(model: ServedModel, params: Mapping[str, Any]) -> str:
     Checked when the job is posted (jobs.kinds.profile) and again when it runs.
 
     Raises:
-        ProfilingError: the job names none, and none can be derived from the model.
+        ProfilingError: the job names none and none can be derived from the model, or the one
+            named or derived is not a preset.
     """
     options = model.engine_options or {}
     gpu = params.get("preset_gpu") or options.get("sim_gpu") or _deployed_gpu(model)
@@ -121,7 +141,31 @@ def preset_gpu_of(model: ServedModel, params: Mapping[str, Any]) -> str:
             f"no GPU preset for model {model.name!r}: pass preset_gpu (one of "
             f"{', '.join(sorted(GPU_SPECS))}), set engine_options.sim_gpu, or deploy it on a known GPU"
         )
+    _check_preset(model, params, "preset_gpu", "sim_gpu", gpu, GPU_SPECS)
     return str(gpu)
+
+
+def _check_preset(
+    model: ServedModel,
+    params: Mapping[str, Any],
+    param: str,
+    option: str,
+    name: Any,
+    known: Mapping[str, Any],
+) -> None:
+    """ProfilingError if `name`, from the job's `param` or else the model's engine_options `option`,
+    is not in `known`. The API checks both when they are set (jobs.kinds.profile,
+    registry.validators), but a model stored before its engine options were checked by name would
+    otherwise fail inside the cost model, in the worker."""
+    if isinstance(name, str) and name in known:
+        return
+    names = ", ".join(sorted(known))
+    if params.get(param):
+        raise ProfilingError(f"{param} {name!r} is not a cost-model preset; known: {names}")
+    raise ProfilingError(
+        f"model {model.name!r} has engine_options.{option} {name!r}, not a cost-model preset: "
+        f"pass {param} (one of {names}) or change engine_options.{option}"
+    )
 
 
 def simulator_probe(model: ServedModel, params: dict[str, Any], workload: WorkloadSpec) -> RateProbe:

@@ -16,6 +16,13 @@ from registry.validators import (
 # windows published (Llama 4 Scout's 10M tokens), and well inside the column (a PostgreSQL integer
 # holds up to 2**31 - 1; SQLite stores any size, so unbounded, a value PostgreSQL refuses passed there).
 MAX_CONTEXT_LENGTH = 1 << 24
+# The shortest: a request is at least one prompt token and one output token. vLLM starts with a
+# --max-model-len of 1 (vllm/config/model.py checks only >= 1) but then refuses every generation
+# request, whose prompt plus at least one output token exceeds it (v1/engine/input_processor.py);
+# the serving simulator's workloads need 2 as well (serving/workload/lengths.py). The database
+# constraint stays at >= 1, so rows stored before this minimum still migrate; a profile job of
+# such a model is refused when posted (planning.profiling.context_of).
+MIN_CONTEXT_LENGTH = 2
 
 
 class DType(models.TextChoices):
@@ -40,7 +47,7 @@ class ServedModel(models.Model):
         default=1, validators=[validate_power_of_two, MaxValueValidator(64)]
     )
     max_context_length = models.PositiveIntegerField(
-        validators=[MinValueValidator(1), MaxValueValidator(MAX_CONTEXT_LENGTH)]
+        validators=[MinValueValidator(MIN_CONTEXT_LENGTH), MaxValueValidator(MAX_CONTEXT_LENGTH)]
     )
     slo_ttft_p99_ms = models.FloatField(validators=[validate_positive])
     slo_tbt_p99_ms = models.FloatField(validators=[validate_positive])

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.core.exceptions import ValidationError
+
+from serving.costmodel.config import MODEL_CONFIGS
+from serving.costmodel.gpus import GPU_SPECS
 
 
 def validate_power_of_two(value: int) -> None:
@@ -47,10 +50,6 @@ def _positive_number(v: Any) -> str | None:
     return None if ok else "a positive number"
 
 
-def _string(v: Any) -> str | None:
-    return None if isinstance(v, str) and v.strip() else "a non-empty string"
-
-
 def _strings(v: Any) -> str | None:
     return None if isinstance(v, list) and all(isinstance(a, str) for a in v) else "a list of strings"
 
@@ -59,9 +58,21 @@ def _object(v: Any) -> str | None:
     return None if isinstance(v, dict) else "a JSON object"
 
 
+def _one_of(known: Iterable[str], what: str) -> Callable[[Any], str | None]:
+    names = sorted(known)
+
+    def check(v: Any) -> str | None:
+        return None if isinstance(v, str) and v in names else f"a {what} (one of {', '.join(names)})"
+
+    return check
+
+
 # The options the GPU agent's engine launcher (gpu_agent/engines/command.py), the simulated agent
 # (gpu_agent/simulated.py) and the profiler (planning/profiling.py) read, and what each must be.
 # Checked here because a bad value would otherwise only fail on the host, when the engine starts.
+# sim_model and sim_gpu name the cost-model presets (serving/costmodel) a simulator `profile` job
+# uses for the model when the job names none (planning/profiling.py); sim_rate is the simulated
+# agent's request rate for the model.
 ENGINE_OPTIONS: dict[str, Callable[[Any], str | None]] = {
     "seed": _int(0),
     "enforce_eager": _bool,
@@ -73,8 +84,8 @@ ENGINE_OPTIONS: dict[str, Callable[[Any], str | None]] = {
     "aqua": _bool,
     "aqua_options": _object,
     "extra_args": _strings,
-    "sim_model": _string,
-    "sim_gpu": _string,
+    "sim_model": _one_of(MODEL_CONFIGS, "cost-model preset model"),
+    "sim_gpu": _one_of(GPU_SPECS, "cost-model preset GPU"),
     "sim_rate": _positive_number,
 }
 

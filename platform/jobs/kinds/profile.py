@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from planning.profiling import preset_gpu_of, preset_model_of, run_profile
+from planning.profiling import context_of, preset_gpu_of, preset_model_of, run_profile
 from registry.models import ServedModel
 from rest_framework import serializers
 
@@ -118,18 +118,19 @@ class ProfileParams(StrictParams):
             # Two profiles of one model race for its stored profile, and two engine probes of one
             # deployment load it at once: each would measure the other's requests too.
             job_id, status = busy
-            errors["model"] = [
+            errors.setdefault("model", []).append(
                 f"Profile job {job_id} of this model is already {status}; wait for it or cancel it."
-            ]
+            )
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
 
 
 def what_the_worker_would_refuse(attrs: dict[str, Any]) -> dict[str, list[str]]:
-    """Field errors for what the worker needs and cannot find: the deployment an engine profile
-    probes, the cost-model presets a simulator profile uses. The worker runs the same checks
-    (planning.engine_probe.running_deployment, planning.profiling.preset_*_of) when the job runs,
+    """Field errors for what the worker needs and cannot find: a model context that fits a
+    request, the deployment an engine profile probes, the cost-model presets a simulator profile
+    uses. The worker runs the same checks (planning.profiling.context_of,
+    planning.engine_probe.running_deployment, planning.profiling.preset_*_of) when the job runs,
     since deployments and models may change while it is queued."""
     from planning.engine_probe import running_deployment  # as run_profile imports it
 
@@ -137,6 +138,10 @@ def what_the_worker_would_refuse(attrs: dict[str, Any]) -> dict[str, list[str]]:
     if model is None:  # deleted since validate_model
         return {"model": [f"No served model named {attrs['model']!r}."]}
     errors: dict[str, list[str]] = {}
+    try:
+        context_of(model)  # both backends: no request fits in a shorter context
+    except ProfilingError as exc:
+        errors["model"] = [_sentence(str(exc))]
     if attrs.get("backend") == "engine":
         # With no deployment named, the backend is what the client chose and could change.
         field = "deployment" if "deployment" in attrs else "backend"
