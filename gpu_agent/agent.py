@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Coroutine
@@ -28,6 +29,7 @@ from gpu_agent.engines.logs import LOG_TAIL_BYTES, cap_lines, unreadable_note
 from gpu_agent.host import Host
 from gpu_agent.link import AgentLink
 from gpu_agent.protocol import (
+    MAX_HEARTBEAT_INTERVAL_S,
     Command,
     DeploymentStatus,
     DesiredDeployments,
@@ -37,6 +39,7 @@ from gpu_agent.protocol import (
     Probe,
     Register,
     Telemetry,
+    without_nul,
 )
 from serving.backoff import Backoff, seed_for
 
@@ -66,10 +69,20 @@ class Agent:
             name: Host name sent in `register`; also seeds the reconnect jitter, so that hosts
                 which lose the control plane together do not all retry at the same moments.
             address: Where the gateway reaches this host's engines.
-            telemetry_interval_s: Seconds between telemetry frames (and heartbeats).
+            telemetry_interval_s: Seconds between telemetry frames (and heartbeats), at most
+                `MAX_HEARTBEAT_INTERVAL_S`; announced in `register`, the control plane waits a few
+                missed beats of it before it calls the host stale.
             buffer_size: Telemetry frames kept while disconnected.
             backoff: Reconnect delays; default 0.5 s doubling to 30 s, seeded from `name`.
+
+        Raises:
+            ValueError: `telemetry_interval_s` is not in (0, MAX_HEARTBEAT_INTERVAL_S].
         """
+        if not 0 < telemetry_interval_s <= MAX_HEARTBEAT_INTERVAL_S:  # also refuses nan
+            raise ValueError(
+                f"{telemetry_interval_s=} must be in (0, {MAX_HEARTBEAT_INTERVAL_S:g}] seconds: the control "
+                "plane refuses a longer heartbeat interval"
+            )
         self.host = host
         self.name = name
         self.address = address
@@ -96,10 +109,11 @@ class Agent:
             agent_version=__version__,
             simulated=self.host.simulated,
             devices=self.host.describe(),
+            heartbeat_interval_s=self._interval,
         )
 
     def _hello(self) -> list[Frame]:
-        return [self.register_frame(), *self.host.statuses()]
+        return [self.register_frame(), *map(_clean_status, self.host.statuses())]
 
     def stop(self) -> None:
         self._stopping.set()
@@ -117,7 +131,7 @@ class Agent:
             log.info("Agent stopping: stopping engines.")
             await self.host.stop()
             while not self._statuses.empty():
-                await self.link.send(self._statuses.get_nowait())
+                await self.link.send(_clean_status(self._statuses.get_nowait()))
             self.link.stop()
             for t in workers[1:]:
                 t.cancel()
@@ -186,7 +200,7 @@ class Agent:
         while True:
             status = await self._statuses.get()
             # Not buffered while disconnected: every status is re-sent on connect.
-            await self.link.send(status)
+            await self.link.send(_clean_status(status))
 
     # ---- incoming -----------------------------------------------------------------------------
 
@@ -226,6 +240,8 @@ class Agent:
             except Exception as exc:  # report, don't leave the control plane waiting
                 log.exception("Probe %s failed", frame.probe_id)
                 report = failed(frame, f"{type(exc).__name__}: {exc} ({self.name})")
+        if report.error is not None and "\x00" in report.error:
+            report = dataclasses.replace(report, error=without_nul(report.error))
         await self.link.send(report)
 
     async def _command(self, cmd: Command) -> None:
@@ -240,7 +256,7 @@ class Agent:
                 lines = [unreadable_note(exc)]
             if lines is not None:
                 # Bounded: the control plane drops a message over 1 MiB, and the agent's link with it.
-                lines = cap_lines(lines, LOG_TAIL_BYTES)
+                lines = cap_lines([without_nul(line) for line in lines], LOG_TAIL_BYTES)
                 await self.link.send(LogTail(cmd.deployment_id, lines, command_id=cmd.command_id))
                 return
         await self.link.send(
@@ -250,6 +266,14 @@ class Agent:
                 "deployment_id",
             )
         )
+
+
+def _clean_status(status: DeploymentStatus) -> DeploymentStatus:
+    """The status with NUL characters of its `error` (an engine's last log lines, which may hold
+    any byte) replaced: the control plane refuses a string with NUL, and the status with it."""
+    if status.error is None or "\x00" not in status.error:
+        return status
+    return dataclasses.replace(status, error=without_nul(status.error))
 
 
 def _log_refresh_failure(refresh: asyncio.Task[object]) -> None:

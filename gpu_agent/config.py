@@ -17,6 +17,10 @@ import yaml
 from gpu_agent.link import agent_ws_url
 
 SIM_MAX_DEVICES = 16
+# One label of a host name: ASCII letters, digits, '-' (not at either end) and '_' (container and
+# compose service names use it; httpx and the resolver accept it), 1..63 characters.
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+MAX_HOST_NAME = 253  # characters of a DNS name, without the trailing dot
 
 
 def default_address() -> str:
@@ -44,12 +48,72 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+def host_address(text: str, *, unspecified_ok: bool = False) -> str:
+    """``text`` as a host address: a host name, an IPv4 address or an IPv6 address (brackets
+    optional; returned without them). That is what the control plane builds an engine's URL from
+    (``http://<address>:<port>``, IPv6 bracketed, the port the agent's engine reports) and what
+    engines bind: a port, a scheme or a path in it would make every URL built from it wrong.
+
+    Args:
+        text: The value given.
+        unspecified_ok: Accept 0.0.0.0 and :: (a bind address, not one to be reached on).
+
+    Raises:
+        ValueError: why ``text`` is not one; the message names it.
+    """
+    why = _host_address_problem(text, unspecified_ok)
+    if why:
+        raise ValueError(f"{text!r} {why}")
+    return text[1:-1] if text.startswith("[") else text
+
+
+def _host_address_problem(text: str, unspecified_ok: bool) -> str:
+    alone = "give the host name or IP address alone"
+    if not text.strip():
+        return "is empty"
+    if any(c.isspace() for c in text):
+        return "contains whitespace"
+    if "://" in text or "/" in text:
+        return f"is a URL or path, not a host address; {alone} (the agent picks engine ports)"
+    bracketed = re.fullmatch(r"\[([^\]]*)\]", text)
+    if bracketed is None and text.startswith("[") and "]" not in text:
+        return "has an unclosed '['"
+    if bracketed is None and (text.startswith("[") or text.count(":") == 1):
+        return f"looks like HOST:PORT; {alone} (the agent picks engine ports)"
+    bare = bracketed.group(1) if bracketed else text
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError:
+        ip = None
+    if ip is None and (bracketed or ":" in bare):
+        return "is not an IPv6 address" if "%" not in bare else "has an IPv6 zone id (%...)"
+    if ip is not None:
+        if bracketed and ip.version == 4:
+            return "has brackets, which are for IPv6 addresses only"
+        if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
+            return "has an IPv6 zone id (%...): it names a network interface of one machine only"
+        if ip.is_unspecified and not unspecified_ok:
+            return "is the unspecified address: nothing can be reached on it; give this host's IP or name"
+        return ""
+    name = text[:-1] if text.endswith(".") else text
+    if len(name) > MAX_HOST_NAME:
+        return f"is {len(name)} characters; a host name has at most {MAX_HOST_NAME}"
+    labels = name.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        return "is not a host name (ASCII letters, digits, '-', '_' and '.') or an IP address"
+    if labels[-1].isdigit():
+        return "is not an IP address (and a host name's last label is not all digits)"
+    return ""
+
+
 def _check_url(url: str) -> None:
     """Refuse a control plane URL the link could never connect to (ValueError naming it)."""
-    parts = urlsplit(agent_ws_url(url))  # agent_ws_url raises on a bad scheme
     try:
+        parts = urlsplit(agent_ws_url(url))  # agent_ws_url raises on a bad scheme
         parts.port  # noqa: B018  (raises on a port that is not a number in 0..65535)
     except ValueError as exc:
+        if repr(url) in str(exc):
+            raise
         raise ValueError(f"control plane URL {url!r}: {exc}") from None
     if not parts.hostname:
         raise ValueError(f"control plane URL {url!r} has no host name")
@@ -97,8 +161,6 @@ class AgentConfig:
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
-        if self.engine_bind is None:
-            self.engine_bind = self.address if _is_ip(self.address) else "0.0.0.0"
         if not self.control_plane:
             raise ValueError("control_plane is required (--control-plane URL)")
         _check_url(self.control_plane)
@@ -109,6 +171,11 @@ class AgentConfig:
         for key in ("name", "address", "state_dir"):
             if not getattr(self, key).strip():
                 raise ValueError(f"{key}={getattr(self, key)!r} must not be empty")
+        self.address = _checked_address("address", self.address)
+        if self.engine_bind is None:
+            self.engine_bind = self.address if _is_ip(self.address) else "0.0.0.0"
+        else:
+            self.engine_bind = _checked_address("engine_bind", self.engine_bind, unspecified_ok=True)
         if not 0 < self.telemetry_interval_s < math.inf:  # also refuses nan
             raise ValueError(f"{self.telemetry_interval_s=} must be positive and finite")
         if not 1 <= self.buffer_size <= sys.maxsize:
@@ -124,12 +191,14 @@ class AgentConfig:
 
     @classmethod
     def build(cls, file_values: dict[str, Any], overrides: dict[str, Any]) -> AgentConfig:
-        """Merge a config file's values with command-line overrides (None = not given)."""
+        """Merge a config file's values with command-line overrides (None = not given, in both)."""
         names = {f.name: f for f in dataclasses.fields(cls)}
         for key in file_values:
             if key not in names:
                 raise ValueError(f"unknown config key {key!r}; known: {', '.join(sorted(names))}")
-        merged = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
+        # A key set to null (YAML `key:` or `key: null`) counts as not given, like an unset flag.
+        given = {k: v for k, v in file_values.items() if v is not None}
+        merged = {**given, **{k: v for k, v in overrides.items() if v is not None}}
         for key in ("control_plane", "token"):
             merged.setdefault(key, "")
         for key, value in merged.items():
@@ -137,10 +206,17 @@ class AgentConfig:
         return cls(**merged)
 
 
+def _checked_address(key: str, value: str, *, unspecified_ok: bool = False) -> str:
+    try:
+        return host_address(value, unspecified_ok=unspecified_ok)
+    except ValueError as exc:
+        raise ValueError(f"{key}={exc}") from None
+
+
 def _check_type(key: str, value: Any, annotation: Any) -> None:
     types: dict[str, tuple[type, ...]] = {
         "str": (str,),
-        "str | None": (str,),
+        "str | None": (str,),  # None never gets here: it means "not given"
         "int": (int,),
         "float": (int, float),
     }

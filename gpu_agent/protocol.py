@@ -18,9 +18,10 @@ Both directions:
   error               the peer sent something it could not accept; the link stays up.
 
 Values are bounded where the control plane stores them: integers fit in 64 bits (gpu_agent/schema.py),
-device indices in 0..MAX_DEVICE_INDEX, counts in 0..MAX_COUNT, times `ts` in [0, MAX_TS). A value
-out of range is a `ProtocolError` like any other, so the receiver answers with an `error` frame
-instead of failing later in its database.
+device indices in 0..MAX_DEVICE_INDEX, counts in 0..MAX_COUNT, times `ts` in [0, MAX_TS), and no
+string holds a NUL character (PostgreSQL refuses it). A value out of range is a `ProtocolError` like
+any other, as is a message nested too deeply to decode, so the receiver answers with an `error` frame
+instead of failing later in its database or its JSON decoder.
 
 `parse_frame(dict)` returns the typed frame or raises `ProtocolError` naming the bad field;
 `dumps`/`loads` do the JSON around it. This module imports nothing outside the standard library,
@@ -44,6 +45,7 @@ from gpu_agent.schema import (
     encode,
     non_negative,
     timestamp,
+    without_nul,
 )
 
 PROTOCOL_VERSION = 1
@@ -58,12 +60,18 @@ CLOSE_TOKEN_REFUSED = 4401  # the token is not, or no longer, a live token of th
 CLOSE_WRONG_HOST = 4403  # `register` named another host than the token's
 CLOSE_SUPERSEDED = 4409  # a newer connection of the same host registered; this one is dropped
 
+# The longest heartbeat interval an agent may announce in `register` (seconds). The control plane
+# waits that long times a few missed beats before it calls the host stale, so a longer one would let
+# a dead host look alive for minutes; an agent refuses to start with more.
+MAX_HEARTBEAT_INTERVAL_S = 60.0
+
 __all__ = [
     "CLOSE_SUPERSEDED",
     "CLOSE_TOKEN_REFUSED",
     "CLOSE_WRONG_HOST",
     "MAX_COUNT",
     "MAX_DEVICE_INDEX",
+    "MAX_HEARTBEAT_INTERVAL_S",
     "MAX_TS",
     "PROTOCOL_VERSION",
     "Command",
@@ -86,9 +94,11 @@ __all__ = [
     "ProtocolError",
     "Register",
     "Telemetry",
+    "decode_json",
     "dumps",
     "loads",
     "parse_frame",
+    "without_nul",
 ]
 
 
@@ -127,7 +137,9 @@ class DeviceInfo:
 
 @dataclass(frozen=True, slots=True)
 class Register(Frame):
-    """First frame of every connection."""
+    """First frame of every connection. `heartbeat_interval_s` is how often this agent sends
+    heartbeats (and telemetry); the control plane waits for a few missed beats of it before it
+    calls the host stale. Optional: an agent that leaves it out is taken to beat every second."""
 
     TYPE: ClassVar[str] = "register"
     SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
@@ -136,9 +148,13 @@ class Register(Frame):
     agent_version: str
     simulated: bool
     devices: list[DeviceInfo]
+    heartbeat_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         check(bool(self.host), "host", "must not be empty")
+        beat = self.heartbeat_interval_s
+        ok = beat is None or 0 < beat <= MAX_HEARTBEAT_INTERVAL_S
+        check(ok, "heartbeat_interval_s", f"must be in (0, {MAX_HEARTBEAT_INTERVAL_S:g}], got {beat!r}")
         indices = [d.index for d in self.devices]
         check(len(set(indices)) == len(indices), "devices", f"duplicate device index in {indices}")
 
@@ -473,13 +489,24 @@ def parse_frame(data: Any, sender: Sender | None = None) -> Frame:
     return decode(cls, body)
 
 
-def loads(text: str | bytes, sender: Sender | None = None) -> Frame:
-    """Parse one websocket message; invalid JSON is a ProtocolError too."""
+def decode_json(text: str | bytes) -> Any:
+    """The JSON value of one websocket message, before `parse_frame` checks it.
+
+    Raises:
+        ProtocolError: not valid JSON, or nested too deeply to decode (``json`` raises
+            RecursionError past about a thousand levels: ``"[" * 200000`` is a short message).
+    """
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError("", f"not valid JSON: {exc}") from None
-    return parse_frame(data, sender)
+    except RecursionError:
+        raise ProtocolError("", "not valid JSON: nested too deeply") from None
+
+
+def loads(text: str | bytes, sender: Sender | None = None) -> Frame:
+    """Parse one websocket message; invalid JSON is a ProtocolError too."""
+    return parse_frame(decode_json(text), sender)
 
 
 def dumps(frame: Frame) -> str:

@@ -4,9 +4,10 @@
 a decoder built once per class (see `_decoder`; telemetry frames arrive many times a second):
 `int` (never a bool), `float` (an int is accepted and widened), `str`, `bool`, `list[X]`,
 `dict[str, Any]` (any JSON object), `Literal[...]`, `X | None` and nested dataclasses. Unknown keys
-and missing required keys are errors. Integers must fit in a signed 64-bit integer and floats must
-be finite: the receiver stores them in database columns and builds datetimes from them, where a
-larger value raises far from the parser (an `OverflowError` in the database driver, say). Every
+and missing required keys are errors. Integers must fit in a signed 64-bit integer, floats must
+be finite, and strings (and object keys) must not contain NUL (U+0000): the receiver stores them in
+database columns and builds datetimes from them, where such a value raises far from the parser (an
+`OverflowError` in the database driver; PostgreSQL refuses NUL in text and jsonb). Every
 error is a `ProtocolError` whose `field` is the dotted path of the offending value, e.g.
 ``devices[2].memory_total_bytes``.
 """
@@ -150,6 +151,8 @@ def _dict_decoder(item: Decoder) -> Decoder:
             raise ProtocolError("", "expected an object with string keys")
         out = {}
         for k, v in value.items():
+            if "\x00" in k:
+                raise ProtocolError("", NUL_REASON)
             try:
                 out[k] = item(v)
             except ProtocolError as exc:
@@ -173,7 +176,7 @@ def _object_decoder(cls: type) -> Decoder:
             raise ProtocolError("", f"expected an object, got {type(data).__name__}")
         if not names.issuperset(data):
             unknown = next(key for key in data if key not in names)
-            raise ProtocolError(str(unknown), "unknown field")
+            raise ProtocolError(without_nul(str(unknown)), "unknown field")
         kwargs: dict[str, Any] = {}
         for name, required, field_decoder in specs:
             if name in data:
@@ -219,10 +222,21 @@ def _float(value: Any) -> float:
     return float(value)
 
 
+NUL_REASON = "must not contain a NUL character (U+0000)"
+
+
 def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise ProtocolError("", f"expected a string, got {type(value).__name__}")
+    if "\x00" in value:  # the message never echoes the value: it would carry the NUL back
+        raise ProtocolError("", NUL_REASON)
     return value
+
+
+def without_nul(text: str) -> str:
+    """``text`` with every NUL replaced by U+FFFD, for text a sender takes from elsewhere (an
+    engine's log lines, an exception's message) before it puts it in a frame the peer would refuse."""
+    return text.replace("\x00", "\ufffd")
 
 
 _SCALARS: dict[Any, Decoder] = {bool: _bool, int: _int, float: _float, str: _str}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 RESULTS: dict[str, Any] = {"checks": {}}
+DTYPES = ("float16", "bfloat16", "float32")  # dtypes vLLM takes for the tiny model on a GPU
 
 
 def check(name: str, ok: bool, detail: Any = None) -> bool:
@@ -95,11 +97,22 @@ def start_lender(
     return coord, prod, sock, leased
 
 
-def main() -> int:
+def tolerance(text: str) -> float:
+    """A logprob tolerance: a finite number >= 0 (nan or inf would make engine_exact meaningless)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Aqua GPU smoke check")
-    ap.add_argument("--dtype", default="float16")
-    ap.add_argument("--logprob-tol", type=float, default=0.05)
-    args = ap.parse_args()
+    ap.add_argument("--dtype", choices=DTYPES, default="float16", help="the engines' dtype")
+    ap.add_argument("--logprob-tol", type=tolerance, default=0.05, help="largest logprob difference")
+    args = ap.parse_args(argv)
     t0 = time.perf_counter()
     import torch
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -164,7 +165,12 @@ def orchestrate(device: str) -> int:
         print("RESULT FAIL", flush=True)
         return 1
     if device.startswith("cuda"):
-        print(f"INFO {torch.cuda.get_device_name(int(device.split(':')[1]))}, torch {torch.__version__}")
+        index, count = int(device.split(":")[1]), torch.cuda.device_count()
+        if index >= count:
+            report(False, "CUDA device present", f"{device} asked for; this machine has {count} GPU(s)")
+            print("RESULT FAIL", flush=True)
+            return 1
+        print(f"INFO {torch.cuda.get_device_name(index)}, torch {torch.__version__}")
     ok = dram_check()
     with tempfile.TemporaryDirectory(prefix="aqua-smoke-") as tmp:
         sock = os.path.join(tmp, "coord.sock")
@@ -221,14 +227,24 @@ def tell(proc: subprocess.Popen[str], cmd: dict[str, Any]) -> None:
     proc.stdin.flush()
 
 
-def main() -> int:
+def device_arg(text: str) -> str:
+    """``cuda:<N>``, or ``cpu0`` for the shared-memory dry run; anything else is an argparse error
+    (a typo such as ``gpu7`` must not quietly run, and pass, the dry run)."""
+    if re.fullmatch(r"cuda:\d+|cpu0", text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither cuda:<N> nor cpu0 (the dry run)")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--device", default="cuda:0", help="cuda:<N> (default cuda:0) or cpu0 (dry run)")
+    parser.add_argument(
+        "--device", type=device_arg, default="cuda:0", help="cuda:<N> (default cuda:0) or cpu0 (dry run)"
+    )
     parser.add_argument("--role", choices=["orchestrator", "producer", "consumer"], default="orchestrator")
     parser.add_argument("--socket", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.role == "producer":
         return producer(args.socket, args.device, 2 * ALLOC_BYTES)
     if args.role == "consumer":

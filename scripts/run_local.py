@@ -233,18 +233,44 @@ def wait_healthy(url: str, timeout_s: float, supervisor: Supervisor) -> bool:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
+    """The run's config from flags, else the environment (HOST, PORT, CELERY_CONCURRENCY), else
+    defaults. A bad value, in either, is an argparse error (exit 2) naming the flag or variable."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    parser.add_argument("--host", default=None, help="address to serve on (default $HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="TCP port (default $PORT or 8000)")
     parser.add_argument(
-        "--worker-concurrency", type=int, default=int(os.environ.get("CELERY_CONCURRENCY", "2"))
+        "--worker-concurrency",
+        type=int,
+        default=None,
+        help="Celery worker processes (default $CELERY_CONCURRENCY or 2)",
     )
     args = parser.parse_args(argv)
-    if not 0 < args.port < 65536:
-        parser.error(f"--port {args.port} is not a TCP port")
-    if args.worker_concurrency < 1:
-        parser.error(f"--worker-concurrency {args.worker_concurrency} must be >= 1")
-    return RunConfig(host=args.host, port=args.port, worker_concurrency=args.worker_concurrency)
+    host = args.host if args.host is not None else os.environ.get("HOST", "127.0.0.1")
+    port, port_given = _int_option(parser, args.port, "--port", "PORT", 8000)
+    workers, workers_given = _int_option(
+        parser, args.worker_concurrency, "--worker-concurrency", "CELERY_CONCURRENCY", 2
+    )
+    if not 0 < port < 65536:
+        parser.error(f"{port_given} is not a TCP port (1..65535)")
+    if workers < 1:
+        parser.error(f"{workers_given} must be >= 1")
+    return RunConfig(host=host, port=port, worker_concurrency=workers)
+
+
+def _int_option(
+    parser: argparse.ArgumentParser, given: int | None, flag: str, variable: str, default: int
+) -> tuple[int, str]:
+    """The flag's value, else the environment variable's as an integer, else ``default``; with
+    where it came from, for a message ("--port 0", "PORT='0'")."""
+    if given is not None:
+        return given, f"{flag} {given}"
+    raw = os.environ.get(variable)
+    if raw is None:
+        return default, f"{flag} {default}"
+    try:
+        return int(raw), f"environment variable {variable}={raw!r}"
+    except ValueError:
+        parser.error(f"environment variable {variable}={raw!r} is not an integer")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

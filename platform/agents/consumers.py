@@ -16,8 +16,11 @@ token was issued) with 4401; both at once through the group within this process,
 After `register`, the consumer sends `desired_deployments` (the full list) and re-sends it whenever
 it changes: at once when a deployment change in this process signals the host's group, and within
 ``AGENTS_DESIRED_POLL_S`` for changes made elsewhere (a Celery worker, another ASGI process). Every
-frame but `register` and `error` needs a `register` first. Malformed frames are answered with an
-`error` frame, counted and logged; the link stays up.
+frame but `register` and `error` needs a `register` first. Malformed frames (bad JSON, JSON nested
+too deeply to decode, a string with NUL, ...) and frames the database refuses are answered with an
+`error` frame, counted and logged; the link stays up. A `probe_result` refused so also fails the
+probe it names (when its `probe_id` is readable): the profiling worker waiting for it fails now
+instead of at its timeout.
 
 However a connection ends (a close, a newer connection, or a handler that raised: daphne then
 closes the socket with 1011 without calling `disconnect()`), `_release()` stops its tasks, leaves
@@ -53,8 +56,10 @@ from gpu_agent.protocol import (
     ProtocolError,
     Register,
     Telemetry,
+    decode_json,
     dumps,
-    loads,
+    parse_frame,
+    without_nul,
 )
 
 log = logging.getLogger(__name__)
@@ -157,10 +162,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if text_data is None:
             await self.reject("", "binary messages are not part of the protocol; send JSON text")
             return
+        data: Any = None
         try:
-            frame = loads(text_data, sender="agent")
+            data = decode_json(text_data)
+            frame = parse_frame(data, sender="agent")
         except ProtocolError as exc:
             await self.reject(exc.field, exc.reason)
+            if self.linked is not None and isinstance(data, dict) and data.get("type") == ProbeReport.TYPE:
+                await self.fail_probe(self.linked, data.get("probe_id"), data.get("deployment_id"), str(exc))
             return
         if isinstance(frame, Register):
             await self.on_register(frame)
@@ -248,15 +257,42 @@ class AgentConsumer(AsyncWebsocketConsumer):
         )
 
     async def on_probe_result(self, linked: services.LinkedHost, frame: ProbeReport) -> None:
-        if not await database_sync_to_async(store_probe_result)(linked.host_id, frame):
+        try:
+            stored = await database_sync_to_async(store_probe_result)(linked.host_id, frame)
+        except DatabaseError as exc:  # a value the database refuses; nothing was stored
+            await self.reject("", f"cannot store the probe result: {exc}")
+            await self.fail_probe(linked, frame.probe_id, frame.deployment_id, f"cannot store it: {exc}")
+            return
+        if not stored:
             log.warning("Agent of %s answered unknown probe %s", linked.name, frame.probe_id)
+
+    async def fail_probe(
+        self, linked: services.LinkedHost, probe_id: Any, deployment_id: Any, why: str
+    ) -> None:
+        """Fail the open probe ``probe_id`` of the host, whose `probe_result` was refused (``why``):
+        its profiling worker polls the probe's row and would otherwise wait out the probe's timeout
+        (ten minutes by default) for an answer that has come. Nothing to do when the id cannot be
+        one this control plane issued (not a string, empty, or holding NUL): no probe matches it."""
+        if not isinstance(probe_id, str) or not probe_id or "\x00" in probe_id:
+            return
+        dep = deployment_id if isinstance(deployment_id, str) else ""
+        reason = f"the control plane refused the agent's probe_result: {why}"
+        report = ProbeReport(
+            probe_id=probe_id, deployment_id=without_nul(dep), ok=False, error=without_nul(reason)
+        )
+        try:
+            if await database_sync_to_async(store_probe_result)(linked.host_id, report):
+                log.warning("Failed probe %s of %s: its answer was refused.", probe_id, linked.name)
+        except DatabaseError:
+            log.exception("Failing probe %s of %s after a refused answer failed", probe_id, linked.name)
 
     async def reject(self, field: str, reason: str, code: str = "bad_frame") -> None:
         """Answer a frame we cannot accept with an `error` frame; the link stays up."""
         host = self._host()
         log.warning("Rejected a frame from the agent of %s: %s: %s", host.name, field or "frame", reason)
         await database_sync_to_async(services.count_rejected)(host.pk)
-        await self.send_frame(ErrorFrame(code, reason, field or None))
+        # Never a NUL back (a database error may quote the value): the agent would refuse the frame.
+        await self.send_frame(ErrorFrame(code, without_nul(reason), without_nul(field) or None))
 
     async def reject_once(self, key: str, field: str, reason: str) -> None:
         """Like `reject`, once per connection for a repeated problem (e.g. in every telemetry tick)."""

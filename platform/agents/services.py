@@ -112,7 +112,8 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> str:
 def register(
     host: Host, frame: Register, now: datetime | None = None, *, token_id: int | None = None
 ) -> LinkedHost:
-    """Record the agent's host and devices (upsert by device index) and mark the host online.
+    """Record the agent's host (address, heartbeat interval: liveness waits for a few missed beats
+    of it) and devices (upsert by device index) and mark the host online.
 
     Devices the agent no longer reports are deleted unless a deployment still uses them (then they
     are kept, so the operator sees the deployment fail instead of silently losing its devices).
@@ -130,7 +131,9 @@ def register(
         )
     if token_id is not None and not agent_token_is_live(token_id):
         raise RegistrationRefused("the host token was revoked", CLOSE_TOKEN_REFUSED)
-    Host.objects.filter(pk=host.pk).update(address=frame.address, simulated=frame.simulated)
+    Host.objects.filter(pk=host.pk).update(
+        address=frame.address, simulated=frame.simulated, heartbeat_interval_s=frame.heartbeat_interval_s
+    )
     reported = {d.index for d in frame.devices}
     Device.objects.filter(host=host, deployments__isnull=True).exclude(index__in=reported).delete()
     _free_moved_uuids(host, frame)

@@ -302,6 +302,10 @@ AGENTS_SWEEP_IN_ASGI = env_bool("AGENTS_SWEEP_IN_ASGI", True)
 AGENTS_SWEEP_INTERVAL_S = env_float("AGENTS_SWEEP_INTERVAL_S", 1.0, minimum=0.1)
 TELEMETRY_DOWNSAMPLE_INTERVAL_S = env_float("TELEMETRY_DOWNSAMPLE_INTERVAL_S", 60.0, minimum=1.0)
 AGENTS_DESIRED_POLL_S = env_float("AGENTS_DESIRED_POLL_S", 2.0, minimum=0.1)
+# A dashboard websocket re-checks its user every DASHBOARD_AUTH_RECHECK_S: one whose session is gone
+# (signed out, expired, flushed) or whose user lost access (deactivated, role removed) is closed
+# with 4401. A check reads the session and the user; the socket's own updates read more every second.
+DASHBOARD_AUTH_RECHECK_S = env_float("DASHBOARD_AUTH_RECHECK_S", 5.0, minimum=0.1)
 # A running job's worker stamps it every JOBS_HEARTBEAT_S; one silent for JOBS_LOST_AFTER_S is failed
 # as lost (jobs/liveness.py) by the beat task below and by every worker at start.
 JOBS_HEARTBEAT_S = env_float("JOBS_HEARTBEAT_S", 10.0, minimum=0.1)

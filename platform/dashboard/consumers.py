@@ -13,6 +13,12 @@ Frames sent (JSON): ``{"type": "snapshot", "data": {key: value}}`` once, then
 ``{"type": "points", "deployment": id, "points": [...]}`` with new samples only, and the log
 socket ``{"type": "log", "deployment": id, "lines": [...]}``.
 
+Access is checked at the handshake (a platform role, from the session) and again every
+``DASHBOARD_AUTH_RECHECK_S`` (5 s) while the socket is open, from a fresh read of the session and
+the user: a socket whose session is gone (signed out, expired, flushed) or whose user lost access
+(deactivated, role removed, password changed) leaves its groups, sends nothing more and is closed
+with 4401 (``CLOSE_ACCESS_REVOKED``). One check per socket per period, not one per pushed message.
+
 The sockets only push: whatever a browser sends is ignored. A socket's polling task and groups are
 released however it ends, including when a handler raises (daphne then closes it with 1011 and
 `disconnect()` is never called); see `LiveConsumer.__call__`.
@@ -25,13 +31,17 @@ import contextlib
 import logging
 import time
 import uuid
+from importlib import import_module
 from typing import Any
 
+from accounts.models import User
 from accounts.roles import role_of
 from agents.services import agent_group
+from channels.auth import get_user
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from deployments.models import Deployment
+from django.conf import settings
 from django.utils import timezone
 from jobs.models import Job
 from registry.models import ServedModel
@@ -45,6 +55,10 @@ log = logging.getLogger(__name__)
 # Engine points kept per deployment for the model page's summary (attainment over these windows).
 SUMMARY_WINDOWS = 60
 
+# Close code of a socket whose user lost access while it was open: 401's, as the agent socket's for a
+# revoked token (gpu_agent.protocol.CLOSE_TOKEN_REFUSED).
+CLOSE_ACCESS_REVOKED = 4401
+
 
 def stream_group(stream: str) -> str:
     return f"dashboard.{stream}"
@@ -55,6 +69,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     stream = ""
     _loop: asyncio.Task[None] | None = None  # _run, from accept() on
+    _revoked = False  # a re-check found the user without access: nothing more is sent
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Channels' consumer loop, then `_release()` whatever ended it: a handler that raises ends
@@ -67,9 +82,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self._release()
 
     async def connect(self) -> None:
-        if role_of(self.scope.get("user")) is None:
+        user = self.scope.get("user")
+        if role_of(user) is None:
             await self.close()  # before accept(): the handshake is answered with HTTP 403
             return
+        self._user_pk = user.pk
+        self._recheck_at = time.monotonic() + float(settings.DASHBOARD_AUTH_RECHECK_S)
         self._wake = asyncio.Event()
         self._throttle = Throttle(interval_s=push_interval_s())
         if not await self.prepare():
@@ -83,6 +101,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         await self._release()
+
+    async def send_json(self, content: Any, close: bool = False) -> None:
+        """Send, unless the user lost access: a group message (a log tail) may still arrive between
+        the close and the end of the socket. Every push of these sockets goes through here."""
+        if not self._revoked:
+            await super().send_json(content, close)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """Browsers send nothing on these sockets; anything that arrives is dropped, so a stray or
@@ -101,6 +125,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
+        await self._leave_groups()
+
+    async def _leave_groups(self) -> None:
         groups, self._groups = self._groups, []
         try:
             for group in groups:
@@ -131,10 +158,56 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             if wait > 0:
                 await asyncio.sleep(wait)
             last = time.monotonic()
+            if await self._access_lost():
+                await self._revoke()
+                return
             try:
                 await self.tick()
             except Exception:
                 log.exception("Dashboard stream %s failed a tick", self.stream or type(self).__name__)
+
+    async def _access_lost(self) -> bool:
+        """Whether a re-check, when one is due (every ``DASHBOARD_AUTH_RECHECK_S``, checked before a
+        tick so nothing is pushed past it), finds the user without access. A check that fails (the
+        database is away) is logged and tried again before the next tick; the socket stays."""
+        if time.monotonic() < self._recheck_at:
+            return False
+        try:
+            allowed = await self._still_allowed()
+        except Exception:
+            log.exception(
+                "Re-checking the user of dashboard stream %s failed", self.stream or type(self).__name__
+            )
+            return False
+        self._recheck_at = time.monotonic() + float(settings.DASHBOARD_AUTH_RECHECK_S)
+        return not allowed
+
+    async def _still_allowed(self) -> bool:
+        """Whether the socket's user still has a platform role, read afresh. With a session (the browser
+        stack's sockets): from a new read of the session, as at the handshake (channels' `get_user`),
+        so a deleted, expired or flushed session, or a changed password, counts. Without one (a user
+        put in the scope directly): from the user's row."""
+        session = self.scope.get("session")
+        if session is None:
+            user: Any = await database_sync_to_async(User.objects.filter(pk=self._user_pk).first)()
+        else:
+            key = session.session_key
+            if not key:
+                return False
+            fresh = import_module(settings.SESSION_ENGINE).SessionStore(key)  # read on first use
+            user = await get_user({"session": fresh})
+        return user is not None and user.pk == self._user_pk and role_of(user) is not None
+
+    async def _revoke(self) -> None:
+        """The user lost access: leave the groups, send nothing more, close with 4401."""
+        log.info(
+            "Closing dashboard stream %s of user %s: access revoked.",
+            self.stream or type(self).__name__,
+            self._user_pk,
+        )
+        self._revoked = True
+        await self._leave_groups()
+        await self.close(code=CLOSE_ACCESS_REVOKED)
 
     async def dashboard_changed(self, event: dict[str, Any]) -> None:
         """Group message: something changed; push at the next allowed moment."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from inventory.validators import validate_host_address
+
 
 class HostStatus(models.TextChoices):
     ONLINE = "online", "online"
@@ -20,9 +22,21 @@ class Host(models.Model):
     """A machine running one GPU agent. ``name`` is the agent's identity."""
 
     name = models.SlugField(max_length=100, unique=True)
-    address = models.CharField(max_length=255, blank=True, help_text="host:port the agent is reachable on")
+    # Set by the agent's `register` (its --address); the gateway reaches a replica of this host at
+    # http://<address>:<port>, the port its agent reports (agents.services.replica_url).
+    address = models.CharField(
+        max_length=255,
+        blank=True,
+        validators=[validate_host_address],
+        help_text="host name or IP address (no port) the gateway reaches this host's engines on",
+    )
     status = models.CharField(max_length=16, choices=HostStatus.choices, default=HostStatus.OFFLINE)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # Set by the agent's `register`; null when it did not say (agents before the field: 1 s beats).
+    # Liveness waits a few missed beats of it (inventory.services.stale_after_s).
+    heartbeat_interval_s = models.FloatField(
+        null=True, blank=True, help_text="seconds between the agent's heartbeats, as it registered"
+    )
     simulated = models.BooleanField(default=False, help_text="a simulated host for the cluster view")
     created_at = models.DateTimeField(auto_now_add=True)
 

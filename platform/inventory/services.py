@@ -59,14 +59,36 @@ def agent_token_is_live(token_id: int) -> bool:
     return AgentToken.objects.filter(pk=token_id, revoked=False).exists()
 
 
-def status_at(last_seen_at: datetime | None, now: datetime) -> HostStatus:
-    """Liveness from the last heartbeat: online, then stale, then offline as silence grows."""
+# A host is stale after this many of its heartbeat intervals without one: two missed beats and half
+# a beat of jitter, as HOST_STALE_AFTER_S's default (2.5 s) is for the agents' default 1 s beat.
+STALE_AFTER_BEATS = 2.5
+
+
+def stale_after_s(heartbeat_interval_s: float | None) -> float:
+    """How long a host whose agent beats every ``heartbeat_interval_s`` (None: it did not say, the
+    default 1 s) may stay silent and still be online: ``HOST_STALE_AFTER_S``, or
+    ``STALE_AFTER_BEATS`` beats of a slower agent. Without the latter an agent started with
+    ``--telemetry-interval-s 5`` went stale between every two beats, and the gateway, which routes
+    to online hosts only, dropped its replicas half the time."""
+    beats = STALE_AFTER_BEATS * heartbeat_interval_s if heartbeat_interval_s else 0.0
+    return max(float(settings.HOST_STALE_AFTER_S), beats)
+
+
+def status_at(
+    last_seen_at: datetime | None, now: datetime, heartbeat_interval_s: float | None = None
+) -> HostStatus:
+    """Liveness from the last heartbeat: online, then stale, then offline as silence grows.
+
+    Stale after `stale_after_s` (the agent's registered beat counts), offline after
+    ``HOST_OFFLINE_AFTER_S``, or at once when a slow agent's stale time is beyond it.
+    """
     if last_seen_at is None:
         return HostStatus.OFFLINE
     silent_s = (now - last_seen_at).total_seconds()
-    if silent_s <= settings.HOST_STALE_AFTER_S:
+    stale_s = stale_after_s(heartbeat_interval_s)
+    if silent_s <= stale_s:
         return HostStatus.ONLINE
-    if silent_s <= settings.HOST_OFFLINE_AFTER_S:
+    if silent_s <= max(float(settings.HOST_OFFLINE_AFTER_S), stale_s):
         return HostStatus.STALE
     return HostStatus.OFFLINE
 
@@ -84,7 +106,7 @@ def refresh_statuses(now: datetime | None = None) -> int:
     now = now or timezone.now()
     changed = 0
     for host in Host.objects.order_by("id"):
-        status = status_at(host.last_seen_at, now)
+        status = status_at(host.last_seen_at, now, host.heartbeat_interval_s)
         if status != host.status:
             changed += Host.objects.filter(pk=host.pk).update(status=status)
     return changed

@@ -44,6 +44,8 @@ from serving.aqua.memory.shm import ShmRegion
 
 log = logging.getLogger(__name__)
 KEEP_INTERVAL_S = 0.1  # how often the lender process checks that its lease still stands
+MAX_NBYTES = (1 << 63) - 1  # a region's size travels as a signed 64-bit integer (off_t, torch sizes)
+SHM_DIR = "/dev/shm"  # where POSIX shared-memory segments (cpu* devices) live on Linux
 
 
 class LenderAgent:
@@ -189,11 +191,32 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _nbytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes") from None
+    if not 1 <= value <= MAX_NBYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in 1..{MAX_NBYTES}")
+    return value
+
+
+def _shm_free_bytes() -> int | None:
+    """Bytes free (to this user) in the shared-memory file system; None where it is not there."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.aqua.producer", description=__doc__)
     parser.add_argument("--socket", required=True, help="the coordinator's Unix socket")
     parser.add_argument("--device", default="cpu0", help="cpu<N> (shared memory) or cuda:<N>")
-    parser.add_argument("--nbytes", type=int, required=True, help="bytes to lend")
+    parser.add_argument(
+        "--nbytes", type=_nbytes, required=True, help=f"bytes to lend (cpu*: at most what {SHM_DIR} has free)"
+    )
     parser.add_argument("--producer-id", default=None, help="producer name (default producer-<pid>)")
     parser.add_argument(
         "--reclaim-after", type=_seconds, default=None, help="reclaim after this many seconds"
@@ -203,8 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         "--call-timeout", type=_seconds, default=5.0, help="seconds to wait for each coordinator reply"
     )
     args = parser.parse_args(argv)
-    if args.nbytes <= 0:
-        parser.error(f"--nbytes {args.nbytes} must be positive")
+    # A segment is sparse: creating one larger than the free space succeeds, and the lender (or a
+    # consumer writing into it) is killed by SIGBUS once the space runs out.
+    free = _shm_free_bytes() if args.device.startswith("cpu") else None
+    if free is not None and args.nbytes > free:
+        parser.error(f"--nbytes {args.nbytes} is more than the {free} bytes {SHM_DIR} has free")
     if args.call_timeout <= 0:
         parser.error(f"--call-timeout {args.call_timeout} must be positive")
 

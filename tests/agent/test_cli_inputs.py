@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gpu_agent.cli import make_config, make_host
+from gpu_agent.cli import UNIX_PATH_MAX, main, make_config, make_host
+from gpu_agent.host import LocalHost
 
 BASE = ["--control-plane", "http://cp", "--token", "t"]
+
+
+def never_started(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the agent was started with a value it should have refused")
 
 
 @pytest.mark.parametrize(
@@ -61,3 +66,53 @@ def test_it_refuses_a_state_dir_it_cannot_create_before_starting(tmp_path: Path)
     with pytest.raises(ValueError, match="--state-dir") as err:
         make_host(cfg)
     assert repr(str(blocker / "state")) in str(err.value)
+
+
+def test_it_refuses_a_state_dir_whose_aqua_socket_path_the_kernel_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The coordinator used to log "AF_UNIX path too long" on every restart, for the agent's life.
+    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
+    state = tmp_path / ("d" * (UNIX_PATH_MAX - len(str(tmp_path)) - len("/aqua.sock")))
+    sock = str(state / "aqua.sock")
+    assert len(sock) == UNIX_PATH_MAX + 1
+    assert main([*BASE, "--state-dir", str(state)]) == 2
+    err = capsys.readouterr().err
+    assert repr(sock) in err and f"{UNIX_PATH_MAX}-byte limit" in err
+    assert not state.exists()  # refused before anything was made
+    shorter = tmp_path / ("d" * (len(state.name) - 1))
+    host = make_host(make_config([*BASE, "--state-dir", str(shorter)]))
+    assert isinstance(host, LocalHost) and host.aqua is not None
+    assert host.aqua.requested_socket == str(shorter / "aqua.sock")  # the path the check measured
+    host.inventory.close()
+
+
+def test_a_simulated_host_runs_no_coordinator_so_any_state_dir_path_will_do(tmp_path: Path) -> None:
+    long_dir = str(tmp_path / ("d" * (UNIX_PATH_MAX + 10)))
+    assert make_host(make_config([*BASE, "--simulate", "1xH100", "--state-dir", long_dir]))
+
+
+@pytest.mark.parametrize("key", ["simulate", "engine_bind", "name", "sim_seed", "state_dir"])
+def test_a_null_in_the_config_file_counts_as_not_given(tmp_path: Path, key: str) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"control_plane: http://cp\ntoken: t\n{key}: null\n")
+    assert getattr(make_config(["--config", str(path)]), key) == getattr(make_config(BASE), key)
+
+
+def test_a_null_token_in_the_config_file_falls_back_to_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("control_plane: http://cp\ntoken:\n")
+    monkeypatch.setenv("GPU_AGENT_TOKEN", "from-env")
+    assert make_config(["--config", str(path)]).token == "from-env"
+    monkeypatch.delenv("GPU_AGENT_TOKEN")
+    with pytest.raises(ValueError, match="token is required"):
+        make_config(["--config", str(path)])
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://[not-ipv6]:8000"])
+def test_a_control_plane_url_that_does_not_parse_is_named(url: str) -> None:
+    with pytest.raises(ValueError) as err:
+        make_config(["--control-plane", url, "--token", "t"])
+    assert repr(url) in str(err.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from serving.aqua.coordinator import AquaClient, UnknownRegion
 from serving.aqua.memory import RegionUnavailable, open_region
+from serving.aqua.producer import main as producer_main
 from tests.aqua.conftest import REPO
 
 
@@ -95,3 +97,45 @@ def test_it_rejects_a_bad_device_with_a_message(sock_path: str) -> None:
         text=True,
     )
     assert out.returncode == 1 and "tpu0" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "why"),
+    [
+        ("99999999999999999999", f"must be in 1..{(1 << 63) - 1}"),  # used to be an OverflowError
+        ("0", "must be in 1.."),
+        ("-1", "must be in 1.."),
+        ("1e9", "is not a whole number of bytes"),
+    ],
+)
+def test_it_refuses_nbytes_out_of_range_naming_the_value(
+    nbytes: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        producer_main(["--socket", "/nonexistent.sock", "--nbytes", nbytes, "--device", "cuda:0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--nbytes: {nbytes!r} {why}" in err
+
+
+def test_it_refuses_more_shared_memory_than_dev_shm_has_free(capsys: pytest.CaptureFixture[str]) -> None:
+    st = os.statvfs("/dev/shm")
+    too_many = st.f_bavail * st.f_frsize + (1 << 30)  # the segment is sparse: creating it succeeds
+    with pytest.raises(SystemExit) as exit_:
+        producer_main(["--socket", "/nonexistent.sock", "--nbytes", str(too_many), "--device", "cpu0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--nbytes {too_many} is more than the" in err and "/dev/shm" in err
+
+
+@pytest.mark.usefixtures("server")
+def test_a_huge_cpu_region_is_refused_before_anything_is_leased(sock_path: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "serving.aqua.producer", "--socket", sock_path, "--nbytes", str(1 << 50)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and f"--nbytes {1 << 50}" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    with AquaClient(sock_path) as client:
+        assert client.stats()["regions"] == []

@@ -6,7 +6,8 @@ import secrets
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Q
 
 from accounts.models import Role
@@ -19,13 +20,20 @@ class Command(BaseCommand):
         parser.add_argument("--username", default="admin")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        users = get_user_model().objects
+        username = options["username"]
+        model = get_user_model()
+        check_username(model, username)
+        users = model.objects
         if users.filter(Q(role=Role.ADMIN) | Q(is_superuser=True), is_active=True).exists():
             self.stdout.write("An admin user exists; not creating another.")
             return
+        if users.filter(**{model.USERNAME_FIELD: username}).exists():
+            raise CommandError(
+                f"a user named {username!r} exists and is not an active admin; give another --username"
+            )
         password = secrets.token_urlsafe(12)
         users.create_user(
-            username=options["username"],
+            username=username,
             password=password,
             role=Role.ADMIN,
             is_staff=True,
@@ -33,7 +41,21 @@ class Command(BaseCommand):
         )
         self.stdout.write(
             self.style.SUCCESS(
-                f"Created admin user {options['username']!r} with password: {password}\n"
+                f"Created admin user {username!r} with password: {password}\n"
                 "(shown only now; change it at /admin/password_change/)"
             )
         )
+
+
+def check_username(model: Any, username: str) -> None:
+    """CommandError naming ``--username`` unless the user model's username field takes it."""
+    field = model._meta.get_field(model.USERNAME_FIELD)
+    if not username:
+        raise CommandError("--username '' is empty")
+    if field.max_length is not None and len(username) > field.max_length:
+        cut = f"{username[:40]!r}... ({len(username)} characters)"
+        raise CommandError(f"--username {cut} is longer than the limit of {field.max_length} characters")
+    try:
+        field.run_validators(username)
+    except ValidationError as exc:
+        raise CommandError(f"--username {username!r}: {' '.join(exc.messages)}") from None

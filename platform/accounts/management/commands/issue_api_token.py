@@ -7,6 +7,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.models import ApiToken
 from accounts.services import issue_api_token
 
 
@@ -18,8 +19,15 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="cli")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        name = options["name"]
+        limit = ApiToken._meta.get_field("name").max_length
+        if not name.strip():
+            raise CommandError(f"--name {name!r} is blank")
+        if limit is not None and len(name) > limit:
+            cut = f"{name[:40]!r}... ({len(name)} characters)"
+            raise CommandError(f"--name {cut} is longer than the limit of {limit} characters")
         try:
             user = get_user_model().objects.get(username=options["username"])
         except get_user_model().DoesNotExist:
             raise CommandError(f"no user named {options['username']!r}") from None
-        self.stdout.write(issue_api_token(user, options["name"]).plaintext)
+        self.stdout.write(issue_api_token(user, name).plaintext)

@@ -18,9 +18,9 @@ from deployments.models import Deployment, DesiredState
 from deployments.services import create_deployment
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
-from django.utils.text import slugify
 from inventory.models import Device, DeviceKind, Host
 from inventory.services import issue_agent_token, register_host
+from inventory.validators import host_name_error
 from registry.models import ServedModel
 
 TINY_MODEL = "tiny-llama"
@@ -39,8 +39,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"]
-        if slugify(name) != name:
-            raise CommandError(f"host name {name!r} must be a slug (letters, digits, '-', '_')")
+        if error := host_name_error(name):
+            raise CommandError(error)
         tiny = options["tiny_model"]
         if tiny is not None and not os.path.isdir(tiny):
             raise CommandError(f"--tiny-model {tiny!r} is not a directory")

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.utils.text import slugify
+from django.db import transaction
 
+from gpu_agent.config import host_address
 from inventory.services import issue_agent_token, register_host
+from inventory.validators import host_address_error, host_name_error
 
 
 class Command(BaseCommand):
@@ -15,12 +17,21 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("name")
-        parser.add_argument("--address", default="")
+        parser.add_argument(
+            "--address",
+            help="host name or IP address (no port) the gateway reaches its engines on; the agent's"
+            " --address replaces it when the agent registers",
+        )
         parser.add_argument("--simulated", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        name = options["name"]
-        if slugify(name) != name:
-            raise CommandError(f"host name {name!r} must be a slug (letters, digits, '-', '_')")
-        host = register_host(name, options["address"], simulated=options["simulated"])
-        self.stdout.write(issue_agent_token(host).plaintext)
+        name, address = options["name"], options["address"]
+        if error := host_name_error(name):
+            raise CommandError(error)
+        if address is not None and (error := host_address_error(address)):
+            raise CommandError(f"--address {error}")
+        address = "" if address is None else host_address(address)  # "[::1]" -> "::1", as agents send
+        with transaction.atomic():  # no host without its token
+            host = register_host(name, address, simulated=options["simulated"])
+            token = issue_agent_token(host).plaintext
+        self.stdout.write(token)

@@ -1,0 +1,147 @@
+"""Management commands refuse bad arguments with a CommandError naming them, and write nothing.
+
+Each of these used to end in a traceback (on PostgreSQL, ``value too long for type character
+varying(N)``; ``ValueError`` for an empty username) or quietly store a value nothing could use: a
+host named '' or an address ``10.0.0.5:9000`` the gateway then built ``http://[10.0.0.5:9000]:8001``
+from. Limits are read from the model fields, as the commands read them.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from accounts.models import ApiToken, Role, User
+from agents.services import replica_url
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from inventory.models import AgentToken, Host
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue().strip()
+
+
+def refused(*args: str) -> str:
+    with pytest.raises(CommandError) as err:
+        run(*args)
+    return str(err.value)
+
+
+def limit(model: type, field: str) -> int:
+    max_length = model._meta.get_field(field).max_length  # type: ignore[attr-defined]
+    assert isinstance(max_length, int)
+    return max_length
+
+
+@pytest.mark.parametrize("command", ["register_host", "local_agent"])
+def test_a_host_name_must_be_a_non_empty_slug_within_the_limit(command: str) -> None:
+    assert refused(command, "") == "host name '' is empty"
+    too_long = "h" * (limit(Host, "name") + 1)
+    message = refused(command, too_long)
+    assert f"limit of {limit(Host, 'name')} characters" in message and "'hhhh" in message
+    assert "slug" in refused(command, "Not A Slug")
+    assert not Host.objects.exists() and not AgentToken.objects.exists()
+    run(command, "h" * limit(Host, "name"))  # the limit itself is fine
+    assert Host.objects.get().name == "h" * limit(Host, "name")
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("10.0.0.5:9000", "HOST:PORT"),
+        ("[::1]:9000", "HOST:PORT"),
+        ("http://10.0.0.5", "URL"),
+        ("", "empty"),
+        ("   ", "empty"),
+        ("gpu 1", "whitespace"),
+        ("[10.0.0.5]", "IPv6 addresses only"),
+    ],
+)
+def test_register_host_refuses_an_address_the_gateway_could_not_use(address: str, why: str) -> None:
+    message = refused("register_host", "gpu-1", "--address", address)
+    assert message.startswith(f"--address {address!r}") and why in message
+    assert not Host.objects.exists() and not AgentToken.objects.exists()
+
+
+def test_register_host_refuses_an_address_over_the_field_limit() -> None:
+    message = refused("register_host", "gpu-1", "--address", "a" * 300)
+    assert message.startswith("--address 'aaa") and "(300 characters)" in message
+    assert f"limit of {limit(Host, 'address')} characters" in message
+    assert not Host.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("address", "stored", "url"),
+    [
+        ("10.0.0.5", "10.0.0.5", "http://10.0.0.5:8001"),
+        ("gpu-1.example.com", "gpu-1.example.com", "http://gpu-1.example.com:8001"),
+        ("2001:db8::5", "2001:db8::5", "http://[2001:db8::5]:8001"),
+        ("[2001:db8::5]", "2001:db8::5", "http://[2001:db8::5]:8001"),  # stored as agents send it
+    ],
+)
+def test_register_host_stores_an_address_replica_urls_are_built_from(
+    address: str, stored: str, url: str
+) -> None:
+    token = run("register_host", "gpu-1", "--address", address)
+    host = Host.objects.get(name="gpu-1")
+    assert host.address == stored and AgentToken.objects.filter(host=host, revoked=False).count() == 1
+    assert token.startswith("agt")
+    assert replica_url(host.address, 8001) == url
+
+
+def test_register_host_without_an_address_leaves_it_to_the_agent() -> None:
+    run("register_host", "gpu-1")
+    assert Host.objects.get(name="gpu-1").address == ""
+
+
+def test_the_host_model_validates_its_address() -> None:
+    host = Host(name="gpu-1", address="10.0.0.5:9000")
+    with pytest.raises(ValidationError) as err:
+        host.full_clean()
+    assert "address" in err.value.message_dict
+    Host(name="gpu-1", address="gpu-1.example.com").full_clean()
+    Host(name="gpu-2", address="").full_clean()  # not known until the agent registers
+
+
+@pytest.mark.parametrize(
+    ("username", "named"),
+    [("", "--username '' is empty"), ("bad name!", "--username 'bad name!'")],
+)
+def test_bootstrap_admin_refuses_a_username_the_user_model_would_not_take(username: str, named: str) -> None:
+    assert refused("bootstrap_admin", "--username", username).startswith(named)
+    assert not User.objects.exists()
+
+
+def test_bootstrap_admin_refuses_a_username_over_the_field_limit() -> None:
+    message = refused("bootstrap_admin", "--username", "u" * 200)
+    assert message.startswith("--username 'uuu") and "(200 characters)" in message
+    assert f"limit of {limit(User, 'username')} characters" in message
+    assert not User.objects.exists()
+
+
+def test_bootstrap_admin_refuses_the_name_of_a_user_who_is_not_an_admin() -> None:
+    User.objects.create_user(username="bob", password="bob-pw-9f2k", role=Role.VIEWER)
+    assert "'bob' exists" in refused("bootstrap_admin", "--username", "bob")
+    assert list(User.objects.values_list("username", "role")) == [("bob", Role.VIEWER)]
+    assert "Created admin user 'root'" in run("bootstrap_admin", "--username", "root")
+
+
+@pytest.mark.parametrize(("name", "named"), [("", "--name '' is blank"), (" ", "--name ' ' is blank")])
+def test_issue_api_token_refuses_a_blank_name(name: str, named: str) -> None:
+    User.objects.create_user(username="bob", password="bob-pw-9f2k")
+    assert refused("issue_api_token", "bob", "--name", name) == named
+    assert not ApiToken.objects.exists()
+
+
+def test_issue_api_token_refuses_a_name_over_the_field_limit() -> None:
+    User.objects.create_user(username="bob", password="bob-pw-9f2k")
+    message = refused("issue_api_token", "bob", "--name", "n" * (limit(ApiToken, "name") + 1))
+    assert message.startswith("--name 'nnn") and f"limit of {limit(ApiToken, 'name')} characters" in message
+    assert not ApiToken.objects.exists()
+    assert run("issue_api_token", "bob", "--name", "n" * limit(ApiToken, "name")).startswith("tok")
