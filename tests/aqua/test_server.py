@@ -79,6 +79,7 @@ def test_it_rejects_malformed_frames_without_dropping_the_connection(
     for raw, code in [
         (b"not json\n", "ProtocolError"),
         (b"[1, 2]\n", "ProtocolError"),
+        (b"[" * 200_000 + b"]" * 200_000 + b"\n", "ProtocolError"),  # json.loads: RecursionError
         (encode({"id": 1, "op": "format_disk"}), "InvalidArgument"),
         (encode({"id": 2, "op": "lease", "args": {"session": "s1"}}), "InvalidArgument"),
         (encode({"id": 3, "op": "lease", "args": {"producer_id": "p"}}), "InvalidArgument"),

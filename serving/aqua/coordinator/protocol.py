@@ -48,8 +48,8 @@ def decode(line: bytes) -> dict[str, Any]:
     """Parse one JSON line into a frame dict; anything else raises ProtocolError."""
     try:
         frame = json.loads(line)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError(f"undecodable frame: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: deep nesting
+        raise ProtocolError(f"undecodable frame: {type(exc).__name__}") from None
     if not isinstance(frame, dict):
         raise ProtocolError(f"a frame must be a JSON object, got {type(frame).__name__}")
     return frame
