@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """`make run`: the whole platform on one machine, as a small process supervisor.
 
-Prepares the database (migrate, first admin user), then starts every process in ``process_specs``
-(the ASGI server, a Celery worker with embedded beat on the filesystem broker, local GPU agents)
-and watches them. Ctrl-C (SIGINT) or SIGTERM stops them all: each child runs in its own process
-group, gets SIGTERM, and whatever is left after a grace period gets SIGKILL. If one child dies on
-its own, the others are stopped too and the exit status is non-zero.
+Prepares the database (migrate, first admin user) and the agents' hosts, then starts every
+process in ``process_specs`` (the ASGI server, a Celery worker with embedded beat on the filesystem
+broker, local GPU agents) and watches them. A set-up command that fails stops the run before
+anything starts, with its output and a line naming it (exit status 1). Ctrl-C (SIGINT) or SIGTERM
+stops them all: each child runs in its own process group, gets SIGTERM, and whatever is left after
+a grace period gets SIGKILL. If one child dies on its own, the others are stopped too and the exit
+status is non-zero.
 
 Environment: HOST / PORT (default 127.0.0.1:8000), CELERY_CONCURRENCY (default 2), plus every
 setting config/settings.py reads (DATABASE_URL, REDIS_URL, ...). A local GPU agent always runs
@@ -19,6 +21,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -97,11 +100,46 @@ def process_specs(config: RunConfig) -> list[ProcessSpec]:
     ]
 
 
+class SetupFailed(Exception):
+    """A set-up command (run before any process starts) failed; the message names it."""
+
+
+def setup_command(argv: list[str], env: dict[str, str], *, capture: bool = False) -> str:
+    """Run one set-up command to completion. With ``capture``, returns its stdout and relays its
+    stderr (notes for the operator) as ``[run]`` lines; without, both go straight to the terminal.
+
+    Raises:
+        SetupFailed: it exited non-zero; what it wrote, if captured, is printed first."""
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=capture, text=True)
+    if result.returncode != 0:
+        if capture:
+            for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+                if text.strip():
+                    print(
+                        f"[run] {name} of the failed command:\n{text.rstrip()}", file=sys.stderr, flush=True
+                    )
+        raise SetupFailed(f"`{command_line(argv)}` exited with status {result.returncode}")
+    if not capture:
+        return ""
+    for line in result.stderr.splitlines():
+        print(f"[run] {line}", flush=True)
+    return result.stdout
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """``argv`` as a shell line, for a message: the interpreter left out, a script under the
+    repository root relative to it ("manage.py local_agent local")."""
+    shown = list(argv[1:]) if argv and argv[0] == sys.executable else list(argv)
+    if shown and Path(shown[0]).is_relative_to(ROOT):
+        shown[0] = str(Path(shown[0]).relative_to(ROOT))
+    return shlex.join(shown)
+
+
 def prepare(env: dict[str, str]) -> None:
     """Apply migrations and create the first admin user (its password is printed once)."""
     manage = [sys.executable, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "--noinput"], cwd=ROOT, env=env, check=True)
-    subprocess.run([*manage, "bootstrap_admin"], cwd=ROOT, env=env, check=True)
+    setup_command([*manage, "migrate", "--noinput"], env)
+    setup_command([*manage, "bootstrap_admin"], env)
 
 
 def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
@@ -119,18 +157,13 @@ def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
     has_vllm = importlib.util.find_spec("vllm") is not None
     if with_local and has_vllm:
         build = [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")]
-        built = subprocess.run(
-            [*build, "--out", str(state / "models" / "tiny-llama")],
-            cwd=ROOT, env=env, check=True, capture_output=True, text=True,
-        )  # fmt: skip
-        local += ["--tiny-model", built.stdout.strip().splitlines()[-1]]
+        built = setup_command([*build, "--out", str(state / "models" / "tiny-llama")], env, capture=True)
+        local += ["--tiny-model", built.strip().splitlines()[-1]]
     elif with_local:
         print("[run] vLLM's CPU build is not installed (make venv-vllm): the local agent serves no model")
 
     def agent(name: str, prepare_args: list[str], extra: list[str]) -> ProcessSpec:
-        token = subprocess.run(
-            [*manage, *prepare_args], cwd=ROOT, env=env, check=True, capture_output=True, text=True
-        ).stdout.strip()
+        token = setup_command([*manage, *prepare_args], env, capture=True).strip()
         argv = [sys.executable, "-m", "gpu_agent", "--control-plane", url, "--name", prepare_args[0]]
         argv += ["--address", "127.0.0.1", "--state-dir", str(state / "agents" / prepare_args[0]), *extra]
         return ProcessSpec(name, argv, {"GPU_AGENT_TOKEN": token})
@@ -276,8 +309,13 @@ def _int_option(
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     env = base_env()
-    prepare(env)
-    supervisor = Supervisor(process_specs(config) + agent_specs(config, env), env)
+    try:
+        prepare(env)
+        specs = process_specs(config) + agent_specs(config, env)
+    except SetupFailed as error:
+        print(f"[run] set-up failed, nothing was started: {error}", file=sys.stderr, flush=True)
+        return 1
+    supervisor = Supervisor(specs, env)
     signal.signal(signal.SIGINT, supervisor.request_stop)
     signal.signal(signal.SIGTERM, supervisor.request_stop)
     supervisor.start()

@@ -3,30 +3,48 @@
     manage.py local_agent NAME [--simulated] [--tiny-model DIR]
 
 Creates or updates host NAME (address 127.0.0.1) and rotates its agent token (earlier tokens are
-revoked), printing the new one alone on stdout. With ``--tiny-model DIR`` it also makes sure the
-served model ``tiny-llama`` (source DIR, vLLM's CPU build) is deployed on the host's device 0. The
-device row is created ahead of the agent's first `register` (which then updates it with what the
-agent reports), so the deployment exists when the agent first asks for its desired list.
+revoked), printing the new one alone on stdout. With ``--tiny-model DIR`` it also prepares the
+served model ``tiny-llama`` (source DIR, vLLM's CPU build, the Aqua scheduler and KV connector) and
+its deployment on the host's device 0 (`prepare_tiny_model`). The device row is created ahead of
+the agent's first `register` (which then updates it with what the agent reports), so the deployment
+exists when the agent first asks for its desired list.
+
+Safe to run again: an operator's changes stand. The model's settings are the defaults below only
+when it is created; a deployment of it on the host, running or stopped, is left as it is; and when
+the device is taken by another deployment the model stays undeployed. What was not started, and
+why, is one line on stderr.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from deployments.models import Deployment, DesiredState
-from deployments.services import create_deployment
+from deployments.services import PlacementError, create_deployment
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from inventory.models import Device, DeviceKind, Host
 from inventory.services import issue_agent_token, register_host
 from inventory.validators import host_name_error
 from registry.models import ServedModel
+from registry.services import update_served_model
 
 TINY_MODEL = "tiny-llama"
 # vLLM CPU engine options for the tiny model: 1 GiB KV cache, a fixed seed, no torch.compile warm-up
-# (minutes on a busy 2-core machine, for a model this small).
-TINY_OPTIONS = {"cpu_kvcache_space_gib": 1, "seed": 0, "enforce_eager": True}
+# (minutes on a busy 2-core machine, for a model this small), and Aqua's scheduler and KV connector
+# (gpu_agent/engines/command.py turns "aqua" into --scheduler-cls and --kv-transfer-config).
+TINY_OPTIONS = {"cpu_kvcache_space_gib": 1, "seed": 0, "enforce_eager": True, "aqua": True}
+# The tiny model's settings when `prepare_tiny_model` creates it (its source aside).
+TINY_DEFAULTS: dict[str, Any] = {
+    "dtype": "float32",
+    "tensor_parallel_size": 1,
+    "max_context_length": 256,
+    "slo_ttft_p99_ms": 2000.0,
+    "slo_tbt_p99_ms": 500.0,
+    "engine_options": TINY_OPTIONS,
+}
 
 
 class Command(BaseCommand):
@@ -44,28 +62,37 @@ class Command(BaseCommand):
         tiny = options["tiny_model"]
         if tiny is not None and not os.path.isdir(tiny):
             raise CommandError(f"--tiny-model {tiny!r} is not a directory")
+        notice = ""
         with transaction.atomic():
             host = register_host(name, "127.0.0.1", simulated=options["simulated"])
             if tiny is not None:
-                deploy_tiny_model(host, os.path.abspath(tiny))
+                _, notice = prepare_tiny_model(host, os.path.abspath(tiny))
             token = issue_agent_token(host).plaintext
+        if notice:
+            # stderr: stdout is the token alone (`make run` passes it to the agent).
+            self.stderr.write(notice, style_func=self.style.WARNING)
         self.stdout.write(token)
 
 
-def deploy_tiny_model(host: Host, source: str) -> Deployment:
-    """The running deployment of the tiny model on the host's device 0 (created if missing)."""
-    model, _ = ServedModel.objects.update_or_create(
-        name=TINY_MODEL,
-        defaults={
-            "source": source,
-            "dtype": "float32",
-            "tensor_parallel_size": 1,
-            "max_context_length": 256,
-            "slo_ttft_p99_ms": 2000.0,
-            "slo_tbt_p99_ms": 500.0,
-            "engine_options": TINY_OPTIONS,
-        },
+def prepare_tiny_model(host: Host, source: str) -> tuple[Deployment | None, str]:
+    """The tiny model registered (from ``source``) and its deployment on ``host``'s device 0.
+
+    The model is created with `TINY_DEFAULTS` if missing; an existing one keeps its settings, but
+    for its source, kept at ``source`` (the bundled model's current path) through
+    `registry.services.update_served_model`, which has the agent restart a running engine.
+
+    Its deployment on ``host`` is created, meant to run, only if the host has none (running or
+    stopped: an operator who stopped it keeps it stopped) and the device is free.
+
+    Returns:
+        The host's deployment of the model (``None`` if it could not be placed) and, when it is not
+        meant to run, a line for the operator saying why and how to start it; else "".
+    """
+    model, created = ServedModel.objects.get_or_create(
+        name=TINY_MODEL, defaults={"source": source, **TINY_DEFAULTS}
     )
+    if not created and model.source != source:
+        model = update_served_model(model, {"source": source})
     device, _ = Device.objects.get_or_create(
         host=host,
         index=0,
@@ -76,5 +103,21 @@ def deploy_tiny_model(host: Host, source: str) -> Deployment:
             "memory_total_bytes": 0,  # the agent's register fills in the real figure
         },
     )
-    existing = Deployment.objects.filter(model=model, host=host, desired_state=DesiredState.RUNNING).first()
-    return existing or create_deployment(model, host, [device])
+    deployments = Deployment.objects.filter(model=model, host=host)
+    running = deployments.filter(desired_state=DesiredState.RUNNING).order_by("pk").first()
+    if running is not None:
+        return running, ""
+    stopped = deployments.order_by("-pk").first()
+    if stopped is not None:
+        return stopped, (
+            f"{stopped} (deployment {stopped.pk}) is stopped and stays so; to start it: "
+            f"PATCH /api/v1/deployments/{stopped.pk}/ {json.dumps({'desired_state': 'running'})}"
+        )
+    try:
+        return create_deployment(model, host, [device]), ""
+    except PlacementError as error:
+        body = json.dumps({"model": model.name, "host": host.name, "devices": [device.pk]})
+        return None, (
+            f"{model.name} is registered but not deployed on {host.name}: {error} "
+            f"To deploy it once the device is free: POST /api/v1/deployments/ {body}"
+        )

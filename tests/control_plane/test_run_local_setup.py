@@ -1,0 +1,39 @@
+"""`make run`'s set-up commands (scripts/run_local.py): one that fails stops the run before anything
+starts, with what it wrote and a line naming it (it was a CalledProcessError traceback, the
+command's own error captured and never shown); one that succeeds has its notes relayed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import run_local
+
+
+def test_a_failed_set_up_command_is_named_with_its_error_and_nothing_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(run_local, "prepare", lambda env: None)  # local_agent fails before any query
+    monkeypatch.setattr(run_local.Supervisor, "start", lambda self: pytest.fail("a process was started"))
+    monkeypatch.setenv("VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("LOCAL_AGENT", "0")
+    monkeypatch.setenv("SIMULATE", "Bad Kind")  # host "sim-bad kind": not a slug
+    assert run_local.main(["--port", "8000"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "[run] set-up failed, nothing was started: "
+        "`manage.py local_agent 'sim-bad kind' --simulated` exited with status 1"
+    ) in err
+    assert "[run] stderr of the failed command:\nCommandError: " in err and "slug" in err
+    assert "Traceback" not in err
+
+
+def test_a_set_up_commands_notes_are_relayed_and_its_output_returned(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script = "import sys; print('the-token'); print('tiny-llama is not deployed', file=sys.stderr)"
+    out = run_local.setup_command([sys.executable, "-c", script], run_local.base_env(), capture=True)
+    assert out == "the-token\n"
+    assert capsys.readouterr().out == "[run] tiny-llama is not deployed\n"
