@@ -14,13 +14,20 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gpu_agent.address import host_address
 from gpu_agent.link import agent_ws_url
+from gpu_agent.protocol import MAX_HEARTBEAT_INTERVAL_S
 
 SIM_MAX_DEVICES = 16
-# One label of a host name: ASCII letters, digits, '-' (not at either end) and '_' (container and
-# compose service names use it; httpx and the resolver accept it), 1..63 characters.
-_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
-MAX_HOST_NAME = 253  # characters of a DNS name, without the trailing dot
+# The shortest --telemetry-interval-s. Each beat is a telemetry frame and a heartbeat; the control
+# plane ingested about 1,000 telemetry frames/s in all on 2 CPUs (benchmarks/results/
+# telemetry_ingest.json), so one agent at 0.05 s (20 frames/s) takes a few percent of it, while a
+# shorter one (1e-300 was accepted) sends as fast as its loop runs and starves every other host.
+MIN_TELEMETRY_INTERVAL_S = 0.05
+# The largest --sim-seed: a 32-bit seed. The simulated workloads are numpy generators seeded from
+# it (gpu_agent.sim_engine.WorkloadStream -> numpy.random.SeedSequence, which takes any size), but
+# 32 bits is what every numpy seeding API takes (RandomState's limit) and ample for a simulation.
+MAX_SIM_SEED = 2**32 - 1
 
 
 def default_address() -> str:
@@ -46,64 +53,6 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def host_address(text: str, *, unspecified_ok: bool = False) -> str:
-    """``text`` as a host address: a host name, an IPv4 address or an IPv6 address (brackets
-    optional; returned without them). That is what the control plane builds an engine's URL from
-    (``http://<address>:<port>``, IPv6 bracketed, the port the agent's engine reports) and what
-    engines bind: a port, a scheme or a path in it would make every URL built from it wrong.
-
-    Args:
-        text: The value given.
-        unspecified_ok: Accept 0.0.0.0 and :: (a bind address, not one to be reached on).
-
-    Raises:
-        ValueError: why ``text`` is not one; the message names it.
-    """
-    why = _host_address_problem(text, unspecified_ok)
-    if why:
-        raise ValueError(f"{text!r} {why}")
-    return text[1:-1] if text.startswith("[") else text
-
-
-def _host_address_problem(text: str, unspecified_ok: bool) -> str:
-    alone = "give the host name or IP address alone"
-    if not text.strip():
-        return "is empty"
-    if any(c.isspace() for c in text):
-        return "contains whitespace"
-    if "://" in text or "/" in text:
-        return f"is a URL or path, not a host address; {alone} (the agent picks engine ports)"
-    bracketed = re.fullmatch(r"\[([^\]]*)\]", text)
-    if bracketed is None and text.startswith("[") and "]" not in text:
-        return "has an unclosed '['"
-    if bracketed is None and (text.startswith("[") or text.count(":") == 1):
-        return f"looks like HOST:PORT; {alone} (the agent picks engine ports)"
-    bare = bracketed.group(1) if bracketed else text
-    try:
-        ip = ipaddress.ip_address(bare)
-    except ValueError:
-        ip = None
-    if ip is None and (bracketed or ":" in bare):
-        return "is not an IPv6 address" if "%" not in bare else "has an IPv6 zone id (%...)"
-    if ip is not None:
-        if bracketed and ip.version == 4:
-            return "has brackets, which are for IPv6 addresses only"
-        if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
-            return "has an IPv6 zone id (%...): it names a network interface of one machine only"
-        if ip.is_unspecified and not unspecified_ok:
-            return "is the unspecified address: nothing can be reached on it; give this host's IP or name"
-        return ""
-    name = text[:-1] if text.endswith(".") else text
-    if len(name) > MAX_HOST_NAME:
-        return f"is {len(name)} characters; a host name has at most {MAX_HOST_NAME}"
-    labels = name.split(".")
-    if not all(_LABEL.fullmatch(label) for label in labels):
-        return "is not a host name (ASCII letters, digits, '-', '_' and '.') or an IP address"
-    if labels[-1].isdigit():
-        return "is not an IP address (and a host name's last label is not all digits)"
-    return ""
 
 
 def _check_url(url: str) -> None:
@@ -150,8 +99,14 @@ class AgentConfig:
     simulate: str | None = field(default=None, metadata={"help": "simulate a host, e.g. 8xH100"})
     sim_model: str = field(default="llama-2-13b", metadata={"help": "model preset of simulated consumers"})
     sim_rate: float = field(default=6.0, metadata={"help": "requests/s per simulated consumer engine"})
-    sim_seed: int = field(default=0, metadata={"help": "seed of the simulated workloads"})
-    telemetry_interval_s: float = field(default=1.0, metadata={"help": "seconds between telemetry frames"})
+    sim_seed: int = field(default=0, metadata={"help": f"seed of the simulated workloads, 0..{MAX_SIM_SEED}"})
+    telemetry_interval_s: float = field(
+        default=1.0,
+        metadata={
+            "help": "seconds between telemetry frames and heartbeats,"
+            f" {MIN_TELEMETRY_INTERVAL_S:g}..{MAX_HEARTBEAT_INTERVAL_S:g}"
+        },
+    )
     buffer_size: int = field(default=300, metadata={"help": "telemetry frames kept while disconnected"})
     engine_bind: str | None = field(
         default=None,
@@ -176,14 +131,19 @@ class AgentConfig:
             self.engine_bind = self.address if _is_ip(self.address) else "0.0.0.0"
         else:
             self.engine_bind = _checked_address("engine_bind", self.engine_bind, unspecified_ok=True)
-        if not 0 < self.telemetry_interval_s < math.inf:  # also refuses nan
-            raise ValueError(f"{self.telemetry_interval_s=} must be positive and finite")
+        interval = self.telemetry_interval_s
+        if not MIN_TELEMETRY_INTERVAL_S <= interval <= MAX_HEARTBEAT_INTERVAL_S:  # also refuses nan
+            raise ValueError(
+                f"{self.telemetry_interval_s=} must be in [{MIN_TELEMETRY_INTERVAL_S:g},"
+                f" {MAX_HEARTBEAT_INTERVAL_S:g}] seconds: the control plane refuses a longer"
+                " heartbeat interval, and a shorter one floods it with telemetry"
+            )
         if not 1 <= self.buffer_size <= sys.maxsize:
             raise ValueError(f"{self.buffer_size=} must be in 1..{sys.maxsize}")
         if not 0 < self.sim_rate < math.inf:
             raise ValueError(f"{self.sim_rate=} must be positive and finite")
-        if self.sim_seed < 0:
-            raise ValueError(f"{self.sim_seed=} must be >= 0")
+        if not 0 <= self.sim_seed <= MAX_SIM_SEED:
+            raise ValueError(f"{self.sim_seed=} must be in 0..{MAX_SIM_SEED} (a 32-bit seed)")
         if not 0 < self.health_timeout_s < math.inf:
             raise ValueError(f"{self.health_timeout_s=} must be positive and finite")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -18,10 +18,15 @@ Both directions:
   error               the peer sent something it could not accept; the link stays up.
 
 Values are bounded where the control plane stores them: integers fit in 64 bits (gpu_agent/schema.py),
-device indices in 0..MAX_DEVICE_INDEX, counts in 0..MAX_COUNT, times `ts` in [0, MAX_TS), and no
-string holds a NUL character (PostgreSQL refuses it). A value out of range is a `ProtocolError` like
-any other, as is a message nested too deeply to decode, so the receiver answers with an `error` frame
-instead of failing later in its database or its JSON decoder.
+device indices in 0..MAX_DEVICE_INDEX, counts in 0..MAX_COUNT, times `ts` in [0, MAX_TS), no
+string holds a NUL character (PostgreSQL refuses it), and `register`'s `address` is a host name or IP
+address alone of at most MAX_ADDRESS_LENGTH characters (`host_address`). A value out of range is a
+`ProtocolError` like any other, as is a message nested too deeply to decode, so the receiver answers
+with an `error` frame instead of failing later in its database or its JSON decoder.
+
+The profiling frames (`probe`, `probe_result`) are in gpu_agent/probe_frames.py, host addresses in
+gpu_agent/address.py, the frame base and the field decoding in gpu_agent/schema.py; all are
+re-exported here.
 
 `parse_frame(dict)` returns the typed frame or raises `ProtocolError` naming the bad field;
 `dumps`/`loads` do the JSON around it. This module imports nothing outside the standard library,
@@ -34,26 +39,27 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from gpu_agent.address import MAX_ADDRESS_LENGTH, MAX_HOST_NAME, address_problem, host_address, quoted
+from gpu_agent.probe_frames import IterationSample, Probe, ProbeReport, ProbeRequestSpec
 from gpu_agent.schema import (
     MAX_COUNT,
     MAX_DEVICE_INDEX,
     MAX_TS,
+    PROTOCOL_VERSION,
+    Frame,
     ProtocolError,
+    Sender,
     at_most,
     check,
     decode,
-    encode,
     non_negative,
     timestamp,
     without_nul,
 )
 
-PROTOCOL_VERSION = 1
-
 DeviceKind = Literal["gpu", "cpu"]
 AquaRole = Literal["producer", "consumer", "none"]
 DeploymentState = Literal["starting", "running", "failed", "stopped"]
-Sender = Literal["agent", "control_plane"]
 
 # Close codes the control plane uses after accepting the socket (see PROTOCOL.md).
 CLOSE_TOKEN_REFUSED = 4401  # the token is not, or no longer, a live token of the host
@@ -69,9 +75,11 @@ __all__ = [
     "CLOSE_SUPERSEDED",
     "CLOSE_TOKEN_REFUSED",
     "CLOSE_WRONG_HOST",
+    "MAX_ADDRESS_LENGTH",
     "MAX_COUNT",
     "MAX_DEVICE_INDEX",
     "MAX_HEARTBEAT_INTERVAL_S",
+    "MAX_HOST_NAME",
     "MAX_TS",
     "PROTOCOL_VERSION",
     "Command",
@@ -96,21 +104,11 @@ __all__ = [
     "Telemetry",
     "decode_json",
     "dumps",
+    "host_address",
     "loads",
     "parse_frame",
     "without_nul",
 ]
-
-
-class Frame:
-    """Base of every frame type. `TYPE` is the "type" tag; `SENDERS` who may send it."""
-
-    TYPE: ClassVar[str]
-    SENDERS: ClassVar[tuple[Sender, ...]]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The frame as a JSON-ready object, with "v" and "type"."""
-        return {"v": PROTOCOL_VERSION, "type": self.TYPE, **encode(self)}
 
 
 # ---- agent -> control plane -------------------------------------------------------------------
@@ -137,9 +135,11 @@ class DeviceInfo:
 
 @dataclass(frozen=True, slots=True)
 class Register(Frame):
-    """First frame of every connection. `heartbeat_interval_s` is how often this agent sends
-    heartbeats (and telemetry); the control plane waits for a few missed beats of it before it
-    calls the host stale. Optional: an agent that leaves it out is taken to beat every second."""
+    """First frame of every connection. `address` is where the gateway reaches this host's engines:
+    a host name or IP address alone (`host_address`), or "" when not known. `heartbeat_interval_s`
+    is how often this agent sends heartbeats (and telemetry); the control plane waits for a few
+    missed beats of it before it calls the host stale. Optional: an agent that leaves it out is
+    taken to beat every second."""
 
     TYPE: ClassVar[str] = "register"
     SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
@@ -152,6 +152,13 @@ class Register(Frame):
 
     def __post_init__(self) -> None:
         check(bool(self.host), "host", "must not be empty")
+        # "" is allowed: the address is not known (the host's replicas get no URL until it is).
+        why = address_problem(self.address, False) if self.address else ""
+        check(
+            not why,
+            "address",
+            f"must be a host name or IP address, with no port or scheme: {quoted(self.address)} {why}",
+        )
         beat = self.heartbeat_interval_s
         ok = beat is None or 0 < beat <= MAX_HEARTBEAT_INTERVAL_S
         check(ok, "heartbeat_interval_s", f"must be in (0, {MAX_HEARTBEAT_INTERVAL_S:g}], got {beat!r}")
@@ -353,95 +360,6 @@ class ErrorFrame(Frame):
     code: str
     message: str
     field: str | None = None
-
-
-# ---- profiling: control plane -> agent `probe`, agent -> control plane `probe_result` ----------
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeRequestSpec:
-    """One request of a replayed workload: sent `arrival_s` after the replay starts, with a prompt
-    of `prompt_tokens` tokens, generating exactly `max_tokens` tokens (EOS ignored)."""
-
-    arrival_s: float
-    prompt_tokens: int
-    max_tokens: int
-
-    def __post_init__(self) -> None:
-        non_negative(self, "arrival_s")
-        check(self.prompt_tokens >= 1, "prompt_tokens", f"must be >= 1, got {self.prompt_tokens}")
-        check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
-
-
-@dataclass(frozen=True, slots=True)
-class Probe(Frame):
-    """Replay `requests` against deployment `deployment_id`'s engine (streaming OpenAI completions)
-    and answer with a `probe_result` carrying the same `probe_id`. Requests still running after
-    `timeout_s` count as unfinished."""
-
-    TYPE: ClassVar[str] = "probe"
-    SENDERS: ClassVar[tuple[Sender, ...]] = ("control_plane",)
-    probe_id: str
-    deployment_id: str
-    rate: float
-    requests: list[ProbeRequestSpec]
-    timeout_s: float = 600.0
-    seed: int = 0  # seeds the prompt token ids
-
-    def __post_init__(self) -> None:
-        check(bool(self.probe_id), "probe_id", "must not be empty")
-        check(self.rate > 0, "rate", f"must be > 0, got {self.rate}")
-        check(bool(self.requests), "requests", "must hold at least one request")
-        check(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
-
-
-@dataclass(frozen=True, slots=True)
-class IterationSample:
-    """One engine step as a client saw it: the batch's prompt lengths (prefill) or context lengths
-    (decode), and its duration in seconds; for fitting a cost model (serving.costmodel.fit)."""
-
-    lens: list[int]
-    seconds: float
-
-    def __post_init__(self) -> None:
-        check(bool(self.lens), "lens", "must not be empty")
-        check(self.seconds > 0, "seconds", f"must be > 0, got {self.seconds}")
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeReport(Frame):
-    """What a replay saw. Percentiles are seconds; null means infinitely late (more than 1% of the
-    requests produced no token, or no inter-token gap was seen). KV figures are bytes; 0 when the
-    engine does not expose them. `peak_kv_demand_bytes` adds, at each sample, the prompts of
-    requests sent but not yet answered to the KV in use (what the engine would hold with room).
-    `prefill_samples` / `decode_samples` are engine steps timed from the client side (see
-    gpu_agent/probe.py). `ok` is False, with `error`, when the replay could not run at all."""
-
-    TYPE: ClassVar[str] = "probe_result"
-    SENDERS: ClassVar[tuple[Sender, ...]] = ("agent",)
-    probe_id: str
-    deployment_id: str
-    ok: bool
-    error: str | None = None
-    rate: float = 0.0
-    num_requests: int = 0
-    finished: int = 0
-    ttft_p99_s: float | None = None
-    tbt_p99_s: float | None = None
-    ttft_p50_s: float | None = None
-    tbt_p50_s: float | None = None
-    kv_capacity_bytes: int = 0
-    peak_kv_used_bytes: int = 0
-    peak_kv_demand_bytes: int = 0
-    kv_bytes_per_token: int = 0
-    duration_s: float = 0.0
-    prefill_samples: list[IterationSample] = field(default_factory=list)
-    decode_samples: list[IterationSample] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        non_negative(self, "num_requests", "finished", "kv_capacity_bytes", "peak_kv_used_bytes")
-        non_negative(self, "peak_kv_demand_bytes", "kv_bytes_per_token", "duration_s")
-        non_negative(self, "ttft_p99_s", "tbt_p99_s", "ttft_p50_s", "tbt_p50_s")
 
 
 FRAME_TYPES: dict[str, type[Frame]] = {

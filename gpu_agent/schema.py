@@ -20,7 +20,7 @@ import math
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 T = TypeVar("T")
 
@@ -288,3 +288,21 @@ def at_most(obj: Any, high: int, *names: str) -> None:
 def timestamp(ts: float) -> None:
     if not 0 <= ts < MAX_TS:
         raise ProtocolError("ts", f"must be seconds since the epoch in [0, 2**32), got {ts!r}")
+
+
+# ---- frames ------------------------------------------------------------------------------------
+
+PROTOCOL_VERSION = 1
+
+Sender = Literal["agent", "control_plane"]
+
+
+class Frame:
+    """Base of every frame type. `TYPE` is the "type" tag; `SENDERS` who may send it."""
+
+    TYPE: ClassVar[str]
+    SENDERS: ClassVar[tuple[Sender, ...]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The frame as a JSON-ready object, with "v" and "type"."""
+        return {"v": PROTOCOL_VERSION, "type": self.TYPE, **encode(self)}

@@ -5,11 +5,11 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.utils.text import slugify
 
-from gpu_agent.config import host_address
+from gpu_agent.address import host_address
 
 
 def validate_host_address(value: str) -> None:
-    """A host name or an IP address, nothing more (see ``gpu_agent.config.host_address``): the
+    """A host name or an IP address, nothing more (see ``gpu_agent.address.host_address``): the
     gateway reaches a replica at ``http://<address>:<port>`` with the port its agent reports."""
     try:
         host_address(value)
@@ -39,12 +39,8 @@ def host_name_error(name: str) -> str:
 
 
 def host_address_error(address: str) -> str:
-    """Why ``address`` cannot be a host's address (the message names it), or "" when it can."""
-    from inventory.models import Host  # models import this module
-
-    limit = Host._meta.get_field("address").max_length
-    if limit is not None and len(address) > limit:
-        return f"{shown(address)} is longer than the limit of {limit} characters"
+    """Why ``address`` cannot be a host's address (the message names it, cut short when it is
+    long), or "" when it can. ``host_address`` bounds its length to Host.address's max_length too."""
     try:
         host_address(address)
     except ValueError as exc:

@@ -6,11 +6,16 @@ Each of these used to be accepted and then crashed or misbehaved inside the runn
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpu_agent import cli
+from gpu_agent.agent import Agent
 from gpu_agent.cli import UNIX_PATH_MAX, main, make_config, make_host
+from gpu_agent.config import MAX_SIM_SEED, MIN_TELEMETRY_INTERVAL_S
 from gpu_agent.host import LocalHost
+from gpu_agent.protocol import MAX_HEARTBEAT_INTERVAL_S
 
 BASE = ["--control-plane", "http://cp", "--token", "t"]
 
@@ -116,3 +121,59 @@ def test_a_control_plane_url_that_does_not_parse_is_named(url: str) -> None:
     with pytest.raises(ValueError) as err:
         make_config(["--control-plane", url, "--token", "t"])
     assert repr(url) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "bound"),
+    [
+        # Agent(...) raised ValueError outside cli.main's try: a traceback instead of exit 2.
+        (["--telemetry-interval-s", "600"], "telemetry_interval_s=600.0", "[0.05, 60] seconds"),
+        (["--telemetry-interval-s", "60.5"], "telemetry_interval_s=60.5", "[0.05, 60] seconds"),
+        # Accepted: the agent sent telemetry frames and heartbeats as fast as its loop ran.
+        (["--telemetry-interval-s", "1e-300"], "telemetry_interval_s=1e-300", "[0.05, 60] seconds"),
+        (["--telemetry-interval-s", "0.04"], "telemetry_interval_s=0.04", "[0.05, 60] seconds"),
+        # Accepted, far past any seed range (numpy's RandomState takes 32 bits).
+        (["--sim-seed", "99999999999999999999999"], "sim_seed=99999999999999999999999", "0..4294967295"),
+        (["--sim-seed", str(2**32)], f"sim_seed={2**32}", "0..4294967295"),
+    ],
+)
+def test_the_command_line_exits_2_naming_an_interval_or_seed_out_of_range_and_its_bound(
+    args: list[str],
+    named: str,
+    bound: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
+    assert main([*BASE, "--simulate", "1xH100", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m gpu_agent: error: ") and named in err and bound in err
+    assert "Traceback" not in err
+
+
+def test_a_config_file_interval_or_seed_out_of_range_is_refused_too(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("control_plane: http://cp\ntoken: t\ntelemetry_interval_s: 600\n")
+    with pytest.raises(ValueError, match=r"telemetry_interval_s=600 must be in \[0\.05, 60\]"):
+        make_config(["--config", str(path)])
+    path.write_text(f"control_plane: http://cp\ntoken: t\nsim_seed: {2**64}\n")
+    with pytest.raises(ValueError, match=f"sim_seed={2**64} must be in 0..{2**32 - 1}"):
+        make_config(["--config", str(path)])
+
+
+def test_the_bounds_themselves_are_accepted_and_the_agent_starts_with_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[float] = []
+    monkeypatch.setattr("gpu_agent.cli.asyncio.run", lambda coro: coro.close())
+    real_agent = cli.Agent
+
+    def agent(*args: Any, **kwargs: Any) -> Agent:
+        started.append(kwargs["telemetry_interval_s"])
+        return real_agent(*args, **kwargs)
+
+    monkeypatch.setattr("gpu_agent.cli.Agent", agent)
+    for interval, seed in ((MIN_TELEMETRY_INTERVAL_S, 0), (MAX_HEARTBEAT_INTERVAL_S, MAX_SIM_SEED)):
+        argv = ["--telemetry-interval-s", str(interval), "--sim-seed", str(seed)]
+        assert main([*BASE, "--simulate", "1xH100", *argv]) == 0
+    assert started == [0.05, 60.0]

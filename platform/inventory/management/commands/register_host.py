@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from gpu_agent.config import host_address
+from gpu_agent.address import host_address
 from inventory.services import issue_agent_token, register_host
 from inventory.validators import host_address_error, host_name_error
 
