@@ -50,6 +50,7 @@ from gpu_agent.schema import (
     ProtocolError,
     Sender,
     at_most,
+    at_most_chars,
     check,
     decode,
     non_negative,
@@ -65,6 +66,14 @@ DeploymentState = Literal["starting", "running", "failed", "stopped"]
 CLOSE_TOKEN_REFUSED = 4401  # the token is not, or no longer, a live token of the host
 CLOSE_WRONG_HOST = 4403  # `register` named another host than the token's
 CLOSE_SUPERSEDED = 4409  # a newer connection of the same host registered; this one is dropped
+
+# Lengths of the strings `register` carries, as the control plane's columns hold them
+# (inventory.models.Host.name, Device.uuid/name, agents.models.AgentLink.agent_version;
+# tests/fleet/test_register_lengths.py keeps them equal: this module cannot import Django).
+MAX_HOST_NAME_LENGTH = 100
+MAX_DEVICE_UUID_LENGTH = 64
+MAX_DEVICE_NAME_LENGTH = 200
+MAX_AGENT_VERSION_LENGTH = 64
 
 # The longest heartbeat interval an agent may announce in `register` (seconds). The control plane
 # waits that long times a few missed beats before it calls the host stale, so a longer one would let
@@ -129,6 +138,8 @@ class DeviceInfo:
         at_most(self, MAX_DEVICE_INDEX, "index")
         non_negative(self, "memory_total_bytes")
         check(bool(self.uuid), "uuid", "must not be empty")
+        at_most_chars(self, MAX_DEVICE_UUID_LENGTH, "uuid")
+        at_most_chars(self, MAX_DEVICE_NAME_LENGTH, "name")
         peers_ok = all(0 <= p <= MAX_DEVICE_INDEX for p in self.nvlink_peers)
         check(peers_ok, "nvlink_peers", f"indices must be in 0..{MAX_DEVICE_INDEX}")
 
@@ -152,6 +163,8 @@ class Register(Frame):
 
     def __post_init__(self) -> None:
         check(bool(self.host), "host", "must not be empty")
+        at_most_chars(self, MAX_HOST_NAME_LENGTH, "host")
+        at_most_chars(self, MAX_AGENT_VERSION_LENGTH, "agent_version")
         # "" is allowed: the address is not known (the host's replicas get no URL until it is).
         why = address_problem(self.address, False) if self.address else ""
         check(

@@ -285,6 +285,14 @@ def at_most(obj: Any, high: int, *names: str) -> None:
             raise ProtocolError(name, f"must be in 0..{high}, got {value!r}")
 
 
+def at_most_chars(obj: Any, high: int, *names: str) -> None:
+    # Strings stored in columns of `high` characters (a longer one is a database error).
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and len(value) > high:
+            raise ProtocolError(name, f"must be at most {high} characters, got {len(value)}")
+
+
 def timestamp(ts: float) -> None:
     if not 0 <= ts < MAX_TS:
         raise ProtocolError("ts", f"must be seconds since the epoch in [0, 2**32), got {ts!r}")
