@@ -29,6 +29,7 @@ from gpu_agent.engines.logs import LOG_TAIL_BYTES, cap_lines, unreadable_note
 from gpu_agent.host import Host
 from gpu_agent.link import AgentLink
 from gpu_agent.protocol import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
     MAX_HEARTBEAT_INTERVAL_S,
     Command,
     DeploymentStatus,
@@ -109,7 +110,8 @@ class Agent:
             agent_version=__version__,
             simulated=self.host.simulated,
             devices=self.host.describe(),
-            heartbeat_interval_s=self._interval,
+            # The default every control plane assumes goes unsaid (Register.to_dict leaves it out).
+            heartbeat_interval_s=None if self._interval == DEFAULT_HEARTBEAT_INTERVAL_S else self._interval,
         )
 
     def _hello(self) -> list[Frame]:

@@ -79,11 +79,14 @@ MAX_AGENT_VERSION_LENGTH = 64
 # waits that long times a few missed beats before it calls the host stale, so a longer one would let
 # a dead host look alive for minutes; an agent refuses to start with more.
 MAX_HEARTBEAT_INTERVAL_S = 60.0
+# What the control plane assumes of an agent whose `register` carries no interval.
+DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 
 __all__ = [
     "CLOSE_SUPERSEDED",
     "CLOSE_TOKEN_REFUSED",
     "CLOSE_WRONG_HOST",
+    "DEFAULT_HEARTBEAT_INTERVAL_S",
     "MAX_ADDRESS_LENGTH",
     "MAX_COUNT",
     "MAX_DEVICE_INDEX",
@@ -177,6 +180,14 @@ class Register(Frame):
         check(ok, "heartbeat_interval_s", f"must be in (0, {MAX_HEARTBEAT_INTERVAL_S:g}], got {beat!r}")
         indices = [d.index for d in self.devices]
         check(len(set(indices)) == len(indices), "devices", f"duplicate device index in {indices}")
+
+    def to_dict(self) -> dict[str, Any]:
+        # Without an interval the key is left out, not sent as null: control planes older than the
+        # field refuse unknown fields, and an agent beating every second must still register there.
+        out = Frame.to_dict(self)
+        if self.heartbeat_interval_s is None:
+            del out["heartbeat_interval_s"]
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,30 @@ def test_the_agent_announces_its_interval_and_refuses_one_the_control_plane_woul
         make_agent(tmp_path, server, telemetry_interval_s=61.0)
 
 
+# The fields of `register` before `heartbeat_interval_s`: a control plane of that time refuses
+# any other (unknown fields are errors), whatever its value, null included.
+REGISTER_FIELDS_BEFORE_THE_INTERVAL = {
+    "v",
+    "type",
+    "host",
+    "address",
+    "agent_version",
+    "simulated",
+    "devices",
+}
+
+
+def test_an_agent_on_the_default_beat_still_registers_with_a_control_plane_that_predates_the_interval(
+    tmp_path: Path,
+    server: ControlPlaneStub,  # noqa: F811
+) -> None:
+    frame = make_agent(tmp_path, server, telemetry_interval_s=1.0).register_frame()
+    assert set(json.loads(dumps(frame))) <= REGISTER_FIELDS_BEFORE_THE_INTERVAL
+    assert parse_frame(json.loads(dumps(frame))) == frame  # and reads back as the default
+    slow = make_agent(tmp_path, server, telemetry_interval_s=5.0).register_frame()
+    assert json.loads(dumps(slow))["heartbeat_interval_s"] == 5.0  # the one case that must say it
+
+
 @pytest.mark.asyncio
 async def test_the_agent_answers_a_deeply_nested_frame_with_an_error_and_keeps_the_link(
     server: ControlPlaneStub,  # noqa: F811
