@@ -13,6 +13,9 @@ class DeviceInline(admin.TabularInline):
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
     list_display = ("name", "address", "status", "last_seen_at", "simulated")
+    # Reported by the host's agent (register) and by the liveness sweep: an edit here would be
+    # overwritten, and an interval set by hand (unbounded) could keep a dead host online.
+    readonly_fields = ("status", "last_seen_at", "heartbeat_interval_s")
     inlines = [DeviceInline]
 
 
