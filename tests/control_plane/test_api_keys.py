@@ -75,6 +75,25 @@ def test_it_lets_only_admins_set_quotas(viewer_client: APIClient, admin_client: 
     assert key.owner == bob
 
 
+def test_the_playgrounds_key_name_is_reserved(viewer_client: APIClient, admin_client: APIClient) -> None:
+    # The playground replaces the oldest key of this name at the key limit: a key of the user's own
+    # named so would be revoked without a word.
+    for name in ("playground", " playground "):
+        refused = viewer_client.post(URL, {"name": name}, format="json")
+        assert refused.status_code == 400 and "reserved" in refused.data["name"][0]
+    assert ApiKey.objects.count() == 0
+    key_id = viewer_client.post(URL, {"name": "ci"}, format="json").data["id"]
+    renamed = viewer_client.patch(f"{URL}{key_id}/", {"name": "playground"}, format="json")
+    assert renamed.status_code == 400 and "name" in renamed.data
+    assert ApiKey.objects.get(pk=key_id).name == "ci"
+    # A playground key itself may still be edited (an admin setting its quotas names it unchanged).
+    ApiKey.objects.filter(pk=key_id).update(name="playground")
+    kept = admin_client.patch(
+        f"{URL}{key_id}/", {"name": "playground", "requests_per_minute": 5}, format="json"
+    )
+    assert kept.status_code == 200
+
+
 def test_it_rejects_unknown_and_read_only_fields(viewer_client: APIClient) -> None:
     response = viewer_client.post(URL, {"name": "x", "revoked": True, "scope": "all"}, format="json")
     assert response.status_code == 400

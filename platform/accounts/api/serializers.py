@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from accounts.models import ApiKey, ApiToken
 from accounts.roles import is_admin
+from accounts.services import PLAYGROUND_KEY_NAME
 from core.serializers import StrictModelSerializer
 
 QUOTA_FIELDS = ("requests_per_minute", "tokens_per_day")
@@ -35,6 +36,16 @@ class ApiKeySerializer(StrictModelSerializer):
             "last_used_at",
         ]
         read_only_fields = ["id", "owner", "prefix", "revoked", "created_at", "last_used_at"]
+
+    def validate_name(self, value: str) -> str:
+        # The playground's keys are known by this name: it replaces the oldest of them when the
+        # user is at the key limit, so a key of the user's own under it could be revoked silently.
+        unchanged = self.instance is not None and self.instance.name == value
+        if value.strip() == PLAYGROUND_KEY_NAME and not unchanged:
+            raise serializers.ValidationError(
+                f"{PLAYGROUND_KEY_NAME!r} is reserved for the chat playground's own keys; choose another name."
+            )
+        return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         request = self.context.get("request")
