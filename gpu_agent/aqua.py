@@ -7,6 +7,10 @@ producer_id/consumer_id = AQUA_ENGINE_ID, and name devices by host index ("cuda:
 or "cpu:0"): inside an engine CUDA_VISIBLE_DEVICES renumbers GPUs from 0, so the agent maps ids to
 devices through the deployments it started first and only falls back to the device string.
 
+A real host's coordinator listens on `<state_dir>/aqua.sock` unless that path is longer than an
+AF_UNIX socket path may be; it then listens in a short, private runtime directory instead (see
+`coordinator_socket`).
+
 When the coordinator module is not importable the agent runs without it and every device reports
 role "none".
 """
@@ -24,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_agent.aqua_socket import coordinator_socket, private_dir
 from gpu_agent.protocol import AquaRole
 from serving.backoff import Backoff
 
@@ -109,6 +114,7 @@ class AquaHost:
 
     Args:
         socket_path: Where the coordinator listens.
+        private: Make (and check) the socket's directory with `private_dir` at every start.
         backoff: Delays between failed starts; default 1 s doubling to 60 s.
         probe_timeout_s: Seconds a liveness probe waits for each reply.
         probe_failures: Failed probes in a row after which the coordinator is restarted.
@@ -120,6 +126,7 @@ class AquaHost:
         socket_path: str,
         backoff: Backoff | None = None,
         *,
+        private: bool = False,
         probe_timeout_s: float = 0.5,
         probe_failures: int = 3,
         stop_timeout_s: float = 2.0,
@@ -131,6 +138,7 @@ class AquaHost:
         if not (stop_timeout_s >= 0 and math.isfinite(stop_timeout_s)):
             raise ValueError(f"{stop_timeout_s=} must be >= 0 and finite")
         self.requested_socket = socket_path
+        self.private = private
         self.probe_timeout_s = probe_timeout_s
         self.probe_failures = probe_failures
         self.stop_timeout_s = stop_timeout_s
@@ -146,6 +154,13 @@ class AquaHost:
         self._next_try = 0.0  # monotonic time of the next restart attempt
         self._failed_probes = 0  # in a row
         self.restarts = 0
+
+    @classmethod
+    def for_state_dir(cls, state_dir: str, **kwargs: Any) -> AquaHost:
+        """The coordinator of the agent whose state dir is `state_dir`, on `coordinator_socket`'s
+        path; `kwargs` as for the constructor."""
+        path, private = coordinator_socket(state_dir)
+        return cls(path, private=private, **kwargs)
 
     @property
     def socket_path(self) -> str | None:
@@ -176,7 +191,11 @@ class AquaHost:
         if not self._wanted:
             return False
         try:
-            os.makedirs(os.path.dirname(self.requested_socket) or ".", exist_ok=True)
+            directory = os.path.dirname(self.requested_socket) or "."
+            if self.private:  # made again should a temp cleaner have removed it
+                private_dir(directory)
+            else:
+                os.makedirs(directory, exist_ok=True)
             server.start()
         except (OSError, RuntimeError) as exc:
             log.error("Aqua coordinator failed to start on %s: %s", self.requested_socket, exc)

@@ -16,10 +16,6 @@ from gpu_agent.config import AgentConfig, load_config_file, sim_gpu_kinds
 from gpu_agent.host import Host
 
 log = logging.getLogger("gpu_agent")
-# The longest path an AF_UNIX socket can bind: sun_path less its terminating NUL (108 bytes on
-# Linux, 104 on macOS and the BSDs).
-UNIX_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
-AQUA_SOCKET = "aqua.sock"  # LocalHost's Aqua coordinator socket, in the state dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,14 +56,6 @@ def make_host(cfg: AgentConfig) -> Host:
     from gpu_agent.host import LocalHost
     from gpu_agent.inventory import detect_inventory
 
-    # The Aqua coordinator (always hosted by a real host) binds this socket; a path the kernel
-    # refuses would fail on every restart of it, for the agent's whole life.
-    sock = os.path.join(cfg.state_dir, AQUA_SOCKET)
-    if (size := len(os.fsencode(sock))) > UNIX_PATH_MAX:
-        raise ValueError(
-            f"--state-dir {cfg.state_dir!r}: the Aqua socket path {sock!r} is {size} bytes, over the"
-            f" {UNIX_PATH_MAX}-byte limit of Unix socket paths; use a shorter --state-dir"
-        )
     try:  # now, not from inside the running agent
         os.makedirs(cfg.state_dir, exist_ok=True)
     except OSError as exc:

@@ -80,7 +80,8 @@ class LocalHost(Host):
         """
         Args:
             inventory: The devices.
-            state_dir: Where logs (logs/<deployment>.log), the Aqua socket and counters live.
+            state_dir: Where logs (logs/<deployment>.log), the Aqua socket (unless its path is too
+                long: `gpu_agent.aqua_socket.coordinator_socket`) and counters live.
             engine_bind: Address engines listen on.
             launcher: Builds each engine's command; default: vLLM's OpenAI server.
             health_timeout_s: How long an engine may take to answer /health.
@@ -93,7 +94,7 @@ class LocalHost(Host):
         self._launcher = launcher
         self._health_timeout_s = health_timeout_s
         self._grace_s = grace_s
-        self.aqua = AquaHost(os.path.join(state_dir, "aqua.sock")) if with_aqua else None
+        self.aqua = AquaHost.for_state_dir(state_dir) if with_aqua else None
         self._devices = inventory.describe()
         self.engines: EngineManager | None = None
 

@@ -5,17 +5,21 @@ Each of these used to be accepted and then crashed or misbehaved inside the runn
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
 
 from gpu_agent import cli
 from gpu_agent.agent import Agent
-from gpu_agent.cli import UNIX_PATH_MAX, main, make_config, make_host
+from gpu_agent.aqua_socket import UNIX_PATH_MAX
+from gpu_agent.cli import main, make_config, make_host
 from gpu_agent.config import MAX_SIM_SEED, MIN_TELEMETRY_INTERVAL_S
-from gpu_agent.host import LocalHost
+from gpu_agent.host import Host, LocalHost
 from gpu_agent.protocol import MAX_HEARTBEAT_INTERVAL_S
+from tests.agent.test_aqua_socket_path import runtime  # noqa: F401
 
 BASE = ["--control-plane", "http://cp", "--token", "t"]
 
@@ -73,22 +77,46 @@ def test_it_refuses_a_state_dir_it_cannot_create_before_starting(tmp_path: Path)
     assert repr(str(blocker / "state")) in str(err.value)
 
 
-def test_it_refuses_a_state_dir_whose_aqua_socket_path_the_kernel_would_refuse(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+class StartedAgent:
+    """Stands in for `Agent`: records the host it was given and returns at once."""
+
+    hosts: ClassVar[list[Host]] = []
+
+    def __init__(self, host: Host, *args: object, **kwargs: object) -> None:
+        self.hosts.append(host)
+        self.link = SimpleNamespace(url="ws://cp/agent")
+
+    async def run(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+
+def test_it_runs_with_a_state_dir_whose_aqua_socket_path_is_over_the_unix_limit(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    runtime: str,  # noqa: F811
 ) -> None:
-    # The coordinator used to log "AF_UNIX path too long" on every restart, for the agent's life.
-    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
-    state = tmp_path / ("d" * (UNIX_PATH_MAX - len(str(tmp_path)) - len("/aqua.sock")))
-    sock = str(state / "aqua.sock")
-    assert len(sock) == UNIX_PATH_MAX + 1
-    assert main([*BASE, "--state-dir", str(state)]) == 2
-    err = capsys.readouterr().err
-    assert repr(sock) in err and f"{UNIX_PATH_MAX}-byte limit" in err
-    assert not state.exists()  # refused before anything was made
-    shorter = tmp_path / ("d" * (len(state.name) - 1))
-    host = make_host(make_config([*BASE, "--state-dir", str(shorter)]))
+    # make run's <checkout>/var/agents/local under a long checkout path: it used to exit 2 (and,
+    # before that, the coordinator logged "AF_UNIX path too long" for the agent's whole life).
+    monkeypatch.setattr("gpu_agent.cli.Agent", StartedAgent)
+    monkeypatch.setattr(StartedAgent, "hosts", [])
+    fits = tmp_path / ("d" * (UNIX_PATH_MAX - len(str(tmp_path)) - len("/") - len("/aqua.sock")))
+    assert len(os.fsencode(fits / "aqua.sock")) == UNIX_PATH_MAX  # the longest that fits...
+    host = make_host(make_config([*BASE, "--state-dir", str(fits)]))
     assert isinstance(host, LocalHost) and host.aqua is not None
-    assert host.aqua.requested_socket == str(shorter / "aqua.sock")  # the path the check measured
+    assert host.aqua.requested_socket == str(fits / "aqua.sock") and not host.aqua.private
+    host.inventory.close()
+    state = tmp_path / (fits.name + "d")  # ...and one byte over it
+    assert main([*BASE, "--state-dir", str(state)]) == 0
+    assert "error" not in capsys.readouterr().err
+    (host,) = StartedAgent.hosts
+    assert isinstance(host, LocalHost) and host.aqua is not None and state.is_dir()
+    assert host.aqua.private and os.path.dirname(host.aqua.requested_socket) == os.path.join(
+        runtime, f"gpu-agent-{os.geteuid()}"
+    )
     host.inventory.close()
 
 
