@@ -3,6 +3,10 @@
 The server closes a socket with 4401 once its session or user lost access (consumers.py), and
 refuses the handshake (HTTP 403) of one without; live.js used to reconnect to either every 10 s
 forever. A socket dropped or refused while the user is still signed in is retried as before.
+
+A 4401 also closes the socket of a browser that is still signed in under a new session key (Django
+rotates the key when the user changes their own password); such a page reconnects instead, and a
+server that keeps closing its new sockets with 4401 is retried with back-off.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 import pytest
 from accounts.models import User
 from django.contrib.sessions.models import Session
+from inventory.models import Host
 
 from tests.browser.conftest import PASSWORD, db_call, sign_in
 from tests.fleet.servers import AsgiServer
@@ -20,11 +25,38 @@ from tests.fleet.servers import AsgiServer
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 SIGN_IN_AGAIN = "/accounts/login/?next=%2Fjobs%2F"
-# Records the page's sockets (real ones) so that the test can drop the open one.
+NEW_PASSWORD = "rotated-pw-5Tz8"
+# Records the page's sockets (real ones) so that the test can drop the open one, with the frames
+# each received and the codes they were closed with.
 RECORD_SOCKETS = """
 window.__sockets = [];
+window.__closes = [];
 window.WebSocket = class extends window.WebSocket {
-  constructor(url) { super(url); window.__sockets.push(this); }
+  constructor(url) {
+    super(url);
+    window.__sockets.push(this);
+    this.__frames = 0;
+    this.addEventListener("message", () => this.__frames++);
+    this.addEventListener("close", (event) => window.__closes.push(event.code));
+  }
+};
+"""
+# Sockets that open and are closed with 4401 at once, as by a server that keeps refusing the session
+# while the page itself still loads; and the waits live.js schedules its reconnects with.
+REVOKED_SOCKETS = """
+window.__sockets = [];
+window.__waits = [];
+const schedule = window.setTimeout;
+window.setTimeout = function (fn, ms, ...args) {
+  if (fn.name === "connect") window.__waits.push(ms);
+  return schedule(fn, ms, ...args);
+};
+window.WebSocket = class {
+  constructor(url) {
+    window.__sockets.push(this);
+    schedule(() => { this.onopen(); this.onclose({ code: 4401 }); }, 0);
+  }
+  close() {}
 };
 """
 # Sockets whose handshake always fails, as a refused one or a server that is down: closed (1006)
@@ -109,3 +141,49 @@ def test_refused_handshakes_are_retried_while_signed_in_and_not_once_signed_out(
 
     db_call(lambda: Session.objects.all().delete())
     page.wait_for_url(slow_recheck.url + SIGN_IN_AGAIN, timeout=15_000)
+
+
+def test_a_password_change_in_the_same_browser_keeps_the_overview_live_and_on_its_page(
+    users: dict[str, User], quick_recheck: AsgiServer, browser: Any
+) -> None:
+    # Django's password change keeps the browser signed in under a new session key
+    # (update_session_auth_hash); the overview's socket, holding the old key, is closed with 4401.
+    db_call(lambda: User.objects.filter(username="ada").update(is_staff=True))  # may use /admin/
+    page = sign_in(browser, quick_recheck.url, "ada")
+    page.context.add_init_script(RECORD_SOCKETS)
+    page.goto("/")
+    page.wait_for_selector("#live-status[data-state=live]")
+    visited: list[str] = []
+    page.on("framenavigated", lambda frame: visited.append(frame.url) if frame == page.main_frame else None)
+
+    admin = page.context.new_page()
+    admin.goto("/admin/password_change/")
+    admin.fill("input[name=old_password]", PASSWORD)
+    admin.fill("input[name=new_password1]", NEW_PASSWORD)
+    admin.fill("input[name=new_password2]", NEW_PASSWORD)
+    admin.click("input[type=submit]")
+    admin.wait_for_url(quick_recheck.url + "/admin/password_change/done/")
+
+    # The old socket is closed with 4401; a new one is let in with the new cookie and gets its snapshot.
+    page.wait_for_function(
+        "() => window.__sockets.length === 2 && window.__sockets[1].__frames > 0", timeout=15_000
+    )
+    db_call(lambda: Host.objects.create(name="after-the-password-change"))
+    page.wait_for_selector('section.host[data-host="after-the-password-change"]')
+    assert page.evaluate("() => [window.__sockets.length, window.__closes]") == [2, [4401]]
+    assert page.url == quick_recheck.url + "/"
+    assert visited == []  # never sent to the sign-in page
+    assert page.get_attribute("#live-status", "data-state") == "live"
+
+
+def test_a_server_that_keeps_closing_new_sockets_with_4401_is_retried_with_back_off(
+    users: dict[str, User], slow_recheck: AsgiServer, browser: Any
+) -> None:
+    page = sign_in(browser, slow_recheck.url, "vic")
+    page.context.add_init_script(REVOKED_SOCKETS)
+    page.goto("/")
+    # The first 4401 is answered by an immediate reconnect (the page still loads); the next ones,
+    # closed at once again, wait as other reconnects do: 0.5 s, doubled each time.
+    page.wait_for_function("() => window.__sockets.length >= 5", timeout=15_000)
+    assert page.evaluate("() => window.__waits.slice(0, 3)") == [500, 1000, 2000]
+    assert page.url == slow_recheck.url + "/"

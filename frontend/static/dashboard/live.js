@@ -5,6 +5,10 @@
 window.Live = (function () {
   const LOGIN_URL = "/accounts/login/";  // settings.LOGIN_URL
   const CLOSE_ACCESS_REVOKED = 4401;  // dashboard/consumers.py: the server's re-check found access gone
+  // A 4401 within this long of the previous one is the server refusing again, not a new rotation:
+  // longer than the server's re-check period (DASHBOARD_AUTH_RECHECK_S, 5 s) plus the longest
+  // back-off (10 s), so a server that keeps closing new sockets with 4401 stays backed off.
+  const REVOKED_AGAIN_MS = 30000;
   function setStatus(state, text) {
     const el = document.getElementById("live-status");
     if (!el) return;
@@ -16,21 +20,28 @@ window.Live = (function () {
     const next = location.pathname + location.search;
     location.assign(LOGIN_URL + "?" + new URLSearchParams({ next: next }).toString());
   }
-  // A refused handshake (HTTP 403: no session, or no platform role) reaches the page as a close
-  // with code 1006 before any open, as a server that is down or restarting does. The page itself
-  // tells them apart: it is redirected to the sign-in page (or refused) once access is gone, and
-  // unreachable while the server is down (retried then, as any other drop).
-  function accessGone() {
+  // Whether this browser may still see the page: "gone" once the page is redirected to the sign-in
+  // page or refused (401/403), "ok" while it loads (2xx), "unknown" while the server is down or
+  // failing. A socket's close does not tell these apart by itself:
+  // - a refused handshake (HTTP 403: no session, or no platform role) reaches the page as a close
+  //   with code 1006 before any open, as a server that is down or restarting does;
+  // - a 4401 says the session the socket got at its handshake is gone, which it also is when the
+  //   browser is still signed in under a new key: Django rotates the key when the user changes
+  //   their own password (update_session_auth_hash) or signs in again.
+  function pageAccess() {
     return fetch(location.href, { credentials: "same-origin", cache: "no-store" }).then(
       function (response) {
-        if (response.status === 401 || response.status === 403) return true;
-        return response.redirected && new URL(response.url).pathname === LOGIN_URL;
+        if (response.status === 401 || response.status === 403) return "gone";
+        if (response.redirected && new URL(response.url).pathname === LOGIN_URL) return "gone";
+        return response.ok ? "ok" : "unknown";
       },
-      function () { return false; }
+      function () { return "unknown"; }
     );
   }
   function open(path, onMessage) {
-    let delay = 500;
+    let delay = 500;  // wait before the next retry of a drop; back to 500 once a socket opens
+    let revokedAt = -Infinity;  // Date.now() of the last 4401
+    let revokedWait = 0;  // wait before reconnecting after a 4401 while the page still loads
     function connect() {
       const scheme = location.protocol === "https:" ? "wss://" : "ws://";
       const ws = new WebSocket(scheme + location.host + path);
@@ -38,15 +49,32 @@ window.Live = (function () {
       ws.onopen = function () { opened = true; delay = 500; setStatus("live", "live"); };
       ws.onmessage = function (event) { onMessage(JSON.parse(event.data)); };
       ws.onclose = function (event) {
-        if (event.code === CLOSE_ACCESS_REVOKED) { signIn(); return; }
+        if (event.code === CLOSE_ACCESS_REVOKED) { revoked(); return; }
         setStatus("down", "disconnected; retrying…");
         const wait = delay;
         delay = Math.min(delay * 2, 10000);
         if (opened) { setTimeout(connect, wait); return; }
-        accessGone().then(function (gone) {
-          if (gone) signIn(); else setTimeout(connect, wait);
+        pageAccess().then(function (access) {
+          if (access === "gone") signIn(); else setTimeout(connect, wait);
         });
       };
+    }
+    // A 4401 close: signed out for good goes to the sign-in page; still signed in (a rotated key)
+    // reconnects at once, the new socket carrying the browser's new session cookie. Every socket
+    // opens before its 4401, so the back-off here is its own (not reset by an open): after the
+    // first 4401 in a while, reconnects wait 0.5 s, doubled up to 10 s, as other reconnects do.
+    function revoked() {
+      setStatus("down", "re-checking access…");
+      const now = Date.now();
+      if (now - revokedAt >= REVOKED_AGAIN_MS) revokedWait = 0;
+      revokedAt = now;
+      const wait = revokedWait;
+      revokedWait = Math.min(Math.max(wait * 2, 500), 10000);
+      pageAccess().then(function (access) {
+        if (access === "gone") signIn();
+        else if (access === "ok" && wait === 0) connect();
+        else setTimeout(connect, Math.max(wait, 500));  // the server is failing, or keeps refusing
+      });
     }
     connect();
   }
