@@ -77,3 +77,17 @@ def test_it_refuses_a_context_length_beyond_the_bound_on_create_and_edit(
     served_model.refresh_from_db()
     assert served_model.max_context_length == 256
     assert list(ServedModel.objects.values_list("name", flat=True)) == [served_model.name]
+
+
+def test_a_refused_job_form_names_the_jobs_page_for_its_live_socket(admin_client: Client) -> None:
+    # The refused form is rendered at POST-only /jobs/start/ with the jobs socket on it. live.js
+    # checks access at, and signs in back to, the page the body names: a GET of /jobs/start/ is a
+    # 405 signed in or not, so a signed-out tab could not tell and retried for ever.
+    page = admin_client.post("/jobs/start/", {"kind": "bogus", "params": "{}"})
+    assert page.status_code == 400
+    text = page.content.decode()
+    assert 'data-socket="/ws/dashboard/jobs/"' in text and 'data-page="/jobs/"' in text
+    admin_client.logout()
+    named = admin_client.get("/jobs/")  # what live.js fetches now: a signed-out browser is told so
+    assert named.status_code == 302 and named["Location"].startswith("/accounts/login/")
+    assert admin_client.get("/jobs/start/").status_code == 405  # what it fetched before

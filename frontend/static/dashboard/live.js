@@ -15,9 +15,14 @@ window.Live = (function () {
     el.dataset.state = state;
     el.textContent = text;
   }
+  // The page to check access at and to come back to after signing in: the one shown, unless the
+  // template names another (a page rendered in answer to a POST names the page a GET loads).
+  function pageUrl() {
+    return document.body.dataset.page || location.pathname + location.search;
+  }
   function signIn() {
     setStatus("down", "signed out; opening the sign-in page…");
-    const next = location.pathname + location.search;
+    const next = pageUrl();
     location.assign(LOGIN_URL + "?" + new URLSearchParams({ next: next }).toString());
   }
   // Whether this browser may still see the page: "gone" once the page is redirected to the sign-in
@@ -29,7 +34,7 @@ window.Live = (function () {
   //   browser is still signed in under a new key: Django rotates the key when the user changes
   //   their own password (update_session_auth_hash) or signs in again.
   function pageAccess() {
-    return fetch(location.href, { credentials: "same-origin", cache: "no-store" }).then(
+    return fetch(pageUrl(), { credentials: "same-origin", cache: "no-store" }).then(
       function (response) {
         if (response.status === 401 || response.status === 403) return "gone";
         if (response.redirected && new URL(response.url).pathname === LOGIN_URL) return "gone";
