@@ -150,6 +150,18 @@ def test_it_starts_no_coordinator_when_stopped_during_a_restart(tmp_path: Path) 
 LAG_LIMIT_S = 0.2  # how late a task on the agent's loop may wake while the coordinator is hung
 
 
+def measure_loop_lag(lags: list[float]) -> asyncio.Task[None]:
+    """A task on this loop that appends, every 50 ms, how much later than asked it woke."""
+
+    async def measure() -> None:
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(0.05)
+            lags.append(time.monotonic() - t0 - 0.05)
+
+    return asyncio.create_task(measure())
+
+
 @pytest.mark.asyncio
 async def test_it_keeps_the_agent_loop_responsive_while_it_restarts_a_hung_coordinator(
     tmp_path: Path,
@@ -175,16 +187,9 @@ async def test_it_keeps_the_agent_loop_responsive_while_it_restarts_a_hung_coord
         assert aqua is not None
         path, old = aqua.requested_socket, aqua._server
         lags: list[float] = []
-
-        async def measure_lag() -> None:
-            while True:
-                t0 = time.monotonic()
-                await asyncio.sleep(0.05)
-                lags.append(time.monotonic() - t0 - 0.05)
-
         with hung(old):
             t_hung = time.monotonic()
-            lagger = asyncio.create_task(measure_lag())
+            lagger = measure_loop_lag(lags)
             await wait_for(lambda: aqua.restarts == 1 and aqua._server is not None, timeout=15)
             lagger.cancel()
             t_restarted = time.monotonic()
@@ -210,17 +215,10 @@ async def test_it_stops_a_hung_coordinator_off_the_agent_loop(tmp_path: Path) ->
     aqua = host.aqua
     assert aqua is not None and aqua.stop_timeout_s >= 1.0  # the default, long enough to see
     lags: list[float] = []
-
-    async def measure_lag() -> None:
-        while True:
-            t0 = time.monotonic()
-            await asyncio.sleep(0.05)
-            lags.append(time.monotonic() - t0 - 0.05)
-
     old = aqua._server
     assert old is not None
     with hung(old):
-        lagger = asyncio.create_task(measure_lag())
+        lagger = measure_loop_lag(lags)
         t0 = time.monotonic()
         await host.stop()
         took = time.monotonic() - t0

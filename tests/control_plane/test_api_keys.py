@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import threading
-from typing import Any
 
 import pytest
 from accounts.models import ApiKey, User
@@ -13,6 +11,8 @@ from accounts.services import authenticate_api_key
 from django.db import connection
 from django.test import override_settings
 from rest_framework.test import APIClient
+
+from tests.control_plane.key_races import count_live_keys_in_lockstep
 
 URL = "/api/v1/api-keys/"
 pytestmark = pytest.mark.django_db
@@ -125,16 +125,7 @@ def test_concurrent_creations_cannot_pass_the_limit_together(
 
     for i in range(2):
         services.create_api_key(bob, f"k{i}")
-    both_counted = threading.Barrier(2)
-    count = services.live_api_keys
-
-    def slow_count(owner: Any) -> int:
-        live = count(owner)
-        with contextlib.suppress(threading.BrokenBarrierError):
-            both_counted.wait(timeout=1.0)
-        return live
-
-    monkeypatch.setattr(services, "live_api_keys", slow_count)
+    count_live_keys_in_lockstep(monkeypatch)
     statuses: list[int] = []
 
     def create(name: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any
 
@@ -18,6 +17,8 @@ from accounts.services import (
 from django.db import connection
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
+
+from tests.control_plane.key_races import count_live_keys_in_lockstep
 
 
 @pytest.fixture
@@ -135,19 +136,9 @@ def test_concurrent_issuers_cannot_pass_the_limit_together(
     """One slot left; a playground session and an API request take it at once. Each waits (up to
     1 s) after counting the live keys for the other to have counted too: without a lock both see
     a free slot and the user ends up with 11 live keys."""
-    from accounts import services
 
     fill_keys(bob, 9)
-    both_counted = threading.Barrier(2)
-    count = services.live_api_keys
-
-    def slow_count(owner: Any) -> int:
-        live = count(owner)
-        with contextlib.suppress(threading.BrokenBarrierError):
-            both_counted.wait(timeout=1.0)
-        return live
-
-    monkeypatch.setattr(services, "live_api_keys", slow_count)
+    count_live_keys_in_lockstep(monkeypatch)
     outcomes: list[str] = []
     api = APIClient()
     api.force_authenticate(bob)
