@@ -5,15 +5,16 @@ kept a dead host online until its agent registered again), and the others are ov
 from __future__ import annotations
 
 import pytest
+from accounts.models import User
 from django.test import Client
 from inventory.models import Host, HostStatus
 
 
 @pytest.mark.django_db
-def test_the_reported_fields_of_a_host_are_read_only_in_the_admin(django_user_model: type) -> None:
+def test_the_reported_fields_of_a_host_are_read_only_in_the_admin() -> None:
     host = Host.objects.create(name="gpu-a", address="10.0.0.5", heartbeat_interval_s=5.0)
     client = Client()
-    client.force_login(django_user_model.objects.create_superuser("root", password="root-pw-8d1x"))
+    client.force_login(User.objects.create_superuser("root", password="root-pw-8d1x"))
     page = client.get(f"/admin/inventory/host/{host.pk}/change/")
     assert page.status_code == 200
     html = page.content.decode()

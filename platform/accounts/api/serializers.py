@@ -43,7 +43,8 @@ class ApiKeySerializer(StrictModelSerializer):
         unchanged = self.instance is not None and self.instance.name == value
         if value.strip() == PLAYGROUND_KEY_NAME and not unchanged:
             raise serializers.ValidationError(
-                f"{PLAYGROUND_KEY_NAME!r} is reserved for the chat playground's own keys; choose another name."
+                f"{PLAYGROUND_KEY_NAME!r} is reserved for the chat playground's own keys; "
+                "choose another name."
             )
         return value
 
