@@ -7,6 +7,9 @@ forever. A socket dropped or refused while the user is still signed in is retrie
 A 4401 also closes the socket of a browser that is still signed in under a new session key (Django
 rotates the key when the user changes their own password); such a page reconnects instead, and a
 server that keeps closing its new sockets with 4401 is retried with back-off.
+
+A page whose subject was deleted (a model, a deployment) answers 404, and the handshake of its
+socket is refused; live.js used to retry it every 10 s forever. It now says so and stops.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 from accounts.models import User
 from django.contrib.sessions.models import Session
 from inventory.models import Host
+from registry.models import ServedModel
 
 from tests.browser.conftest import PASSWORD, db_call, sign_in
 from tests.fleet.servers import AsgiServer
@@ -187,3 +191,31 @@ def test_a_server_that_keeps_closing_new_sockets_with_4401_is_retried_with_back_
     page.wait_for_function("() => window.__sockets.length >= 5", timeout=15_000)
     assert page.evaluate("() => window.__waits.slice(0, 3)") == [500, 1000, 2000]
     assert page.url == slow_recheck.url + "/"
+
+
+def test_a_page_whose_model_was_deleted_stops_reconnecting_and_says_so(
+    users: dict[str, User], slow_recheck: AsgiServer, browser: Any
+) -> None:
+    model = db_call(
+        lambda: ServedModel.objects.create(
+            name="doomed", source="/m/doomed", max_context_length=256, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+        )
+    )
+    page = sign_in(browser, slow_recheck.url, "vic")
+    page.context.add_init_script(RECORD_SOCKETS)
+    page.goto(f"/models/{model.pk}/")
+    page.wait_for_selector("#live-status[data-state=live]")
+    db_call(lambda: ServedModel.objects.filter(pk=model.pk).delete())  # the open socket stays open
+    page.evaluate("() => window.__sockets.at(-1).close()")  # a drop: the reconnect is refused
+
+    status = page.locator("#live-status")
+    page.wait_for_function(
+        "() => document.getElementById('live-status').textContent.includes('no longer exists')",
+        timeout=15_000,
+    )
+    assert status.get_attribute("data-state") == "down"
+    assert status.text_content() == "this no longer exists; nothing more will arrive"
+    assert page.evaluate("() => window.__sockets.length") == 2  # the open one and the refused reconnect
+    page.wait_for_timeout(3_000)  # longer than the back-off live.js would wait before a retry
+    assert page.evaluate("() => window.__sockets.length") == 2
+    assert page.url == slow_recheck.url + f"/models/{model.pk}/"

@@ -1,6 +1,7 @@
 // Shared helpers: one websocket per live view, reconnecting with back-off; byte formatting.
 // A socket whose access is gone (the session signed out or expired, the user deactivated or left
 // without a role) is not retried: the browser goes to the sign-in page, and back here after it.
+// Nor is one whose page's subject was deleted (a model, a deployment): the page says so and stops.
 "use strict";
 window.Live = (function () {
   const LOGIN_URL = "/accounts/login/";  // settings.LOGIN_URL
@@ -25,9 +26,13 @@ window.Live = (function () {
     const next = pageUrl();
     location.assign(LOGIN_URL + "?" + new URLSearchParams({ next: next }).toString());
   }
+  function stop() {
+    setStatus("down", "this no longer exists; nothing more will arrive");
+  }
   // Whether this browser may still see the page: "gone" once the page is redirected to the sign-in
-  // page or refused (401/403), "ok" while it loads (2xx), "unknown" while the server is down or
-  // failing. A socket's close does not tell these apart by itself:
+  // page or refused (401/403), "missing" once what it shows was deleted (404/410: the socket's
+  // handshake is refused for the same reason), "ok" while it loads (2xx), "unknown" while the
+  // server is down or failing. A socket's close does not tell these apart by itself:
   // - a refused handshake (HTTP 403: no session, or no platform role) reaches the page as a close
   //   with code 1006 before any open, as a server that is down or restarting does;
   // - a 4401 says the session the socket got at its handshake is gone, which it also is when the
@@ -37,6 +42,7 @@ window.Live = (function () {
     return fetch(pageUrl(), { credentials: "same-origin", cache: "no-store" }).then(
       function (response) {
         if (response.status === 401 || response.status === 403) return "gone";
+        if (response.status === 404 || response.status === 410) return "missing";
         if (response.redirected && new URL(response.url).pathname === LOGIN_URL) return "gone";
         return response.ok ? "ok" : "unknown";
       },
@@ -60,7 +66,9 @@ window.Live = (function () {
         delay = Math.min(delay * 2, 10000);
         if (opened) { setTimeout(connect, wait); return; }
         pageAccess().then(function (access) {
-          if (access === "gone") signIn(); else setTimeout(connect, wait);
+          if (access === "gone") signIn();
+          else if (access === "missing") stop();
+          else setTimeout(connect, wait);
         });
       };
     }
@@ -77,6 +85,7 @@ window.Live = (function () {
       revokedWait = Math.min(Math.max(wait * 2, 500), 10000);
       pageAccess().then(function (access) {
         if (access === "gone") signIn();
+        else if (access === "missing") stop();
         else if (access === "ok" && wait === 0) connect();
         else setTimeout(connect, Math.max(wait, 500));  // the server is failing, or keeps refusing
       });
