@@ -6,10 +6,12 @@ plaintext is returned once, when issued (see core/secrets.py and accounts/servic
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.core.validators import MinValueValidator
-from django.db import models
+from django.db import models, transaction
 
 
 class Role(models.TextChoices):
@@ -18,9 +20,24 @@ class Role(models.TextChoices):
 
 
 class User(AbstractUser):
-    """A platform user. ``role`` decides what the API lets them do; superusers count as admins."""
+    """A platform user. ``role`` decides what the API lets them do; superusers count as admins.
+
+    Changing the password (``set_password`` then ``save``: the password change page, the admin's
+    form, ``manage.py changepassword``) deletes the user's operator API tokens, as Django ends the
+    user's other sessions then: a token issued with a leaked password must not outlive the new one
+    (users cannot list or revoke their tokens themselves). A hash upgrade on sign-in is no change.
+    """
 
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # set_password() keeps the raw password in _password until AbstractBaseUser.save() has run
+        # (check_password()'s hash upgrade clears it first); a new user has no tokens yet.
+        password_changed = getattr(self, "_password", None) is not None and not self._state.adding
+        with transaction.atomic():
+            super().save(*args, **kwargs)
+            if password_changed:
+                ApiToken.objects.filter(user=self).delete()
 
 
 class ApiToken(models.Model):

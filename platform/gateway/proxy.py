@@ -43,7 +43,7 @@ from gateway import services
 from gateway.errors import GatewayError, engine_error, upstream_lost
 from gateway.routing import Router, Target
 from gateway.streaming import StreamMeter, upstream_body
-from gateway.validation import CompletionRequest, parse_body, validate
+from gateway.validation import MAX_BODY_BYTES, CompletionRequest, body_too_large, parse_body, validate
 
 log = logging.getLogger(__name__)
 # httpx logs every request at INFO: one line per proxied request is noise and per-request cost.
@@ -284,12 +284,19 @@ class GatewayApp:
 
 
 async def _read_body(receive: Receive) -> bytes:
+    """The request body, refused (413) as soon as it passes MAX_BODY_BYTES: a client cannot make
+    this process hold more than the limit by sending a larger body."""
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise body_too_large()
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
 

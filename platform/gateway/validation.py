@@ -46,6 +46,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def body_too_large() -> GatewayError:
+    return GatewayError(413, f"request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The JSON object in ``raw``; 400 if it is not one, nests too deeply or holds a non-finite number.
 
@@ -54,7 +58,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     that is not JSON, or a value no client can have meant. They are refused here, for every field.
     """
     if len(raw) > MAX_BODY_BYTES:
-        raise GatewayError(413, f"request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+        raise body_too_large()
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -4,10 +4,13 @@ kept a dead host online until its agent registered again), and the others are ov
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from accounts.models import User
 from django.test import Client
-from inventory.models import Host, HostStatus
+from inventory.models import AgentToken, Host, HostStatus
+from inventory.services import agent_tokens_revoked, authenticate_agent, issue_agent_token, register_host
 
 
 @pytest.mark.django_db
@@ -26,3 +29,30 @@ def test_the_reported_fields_of_a_host_are_read_only_in_the_admin() -> None:
     host.refresh_from_db()
     assert host.address == "10.0.0.6"  # the editable field was saved ...
     assert host.heartbeat_interval_s == 5.0 and host.status == HostStatus.OFFLINE  # ... these were not
+
+
+@pytest.mark.django_db
+def test_the_admin_cannot_move_an_agent_token_to_another_host_or_revive_it() -> None:
+    a, b = register_host("gpu-a"), register_host("gpu-b")
+    issued = issue_agent_token(a)
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="root-pw-8d1x"))
+    url = f"/admin/inventory/agenttoken/{issued.record.pk}/change/"
+    assert 'name="host"' not in client.get(url).content.decode()
+    sent: list[dict[str, Any]] = []
+
+    def record(sender: Any, **kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    agent_tokens_revoked.connect(record, sender=AgentToken)
+    try:
+        assert client.post(url, {"host": b.pk, "revoked": "on"}).status_code == 302
+    finally:
+        agent_tokens_revoked.disconnect(record, sender=AgentToken)
+    assert authenticate_agent(issued.plaintext) is None  # revoking works ...
+    assert [s["token_ids"] for s in sent] == [[issued.record.pk]]  # ... its open connections told
+    token = AgentToken.objects.get(pk=issued.record.pk)
+    assert token.host_id == a.pk and token.revoked  # ... moving does not
+    assert client.post(url, {}).status_code == 302  # un-ticking "revoked"
+    assert AgentToken.objects.get(pk=issued.record.pk).revoked  # stays revoked
+    assert client.get("/admin/inventory/agenttoken/add/").status_code == 403
