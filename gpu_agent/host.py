@@ -143,7 +143,7 @@ class LocalHost(Host):
                 else d
                 for d in devices
             ]
-        return devices, manager.samples()
+        return devices, manager.take_samples()
 
     async def apply(self, deployments: list[DeploymentSpec]) -> None:
         await self._manager().apply(deployments)

@@ -12,6 +12,12 @@ A `restart()` (operator command) terminates the process and starts it again at o
 `restarts` like a crash restart but without the backoff. Every state change is reported through
 `on_status`. While running, /metrics is scraped every `scrape_interval_s`.
 
+Telemetry takes `take_sample()` once a tick: its latencies are those observed since the scrape the
+previous take reported up to, so every observation is reported exactly once however the scrapes
+and the ticks drift apart (a scrape every `scrape_interval_s` *plus* its own duration against ticks
+on the wall clock). Reporting each scrape's own window instead sent a window twice when no scrape
+fell between two ticks and lost one when two did. `sample()` peeks at the latest scrape's window.
+
 An exception while building or launching the engine is a `failed` status with the error, never a
 silently dead supervisor (which left the deployment `starting` for ever):
     starting --launcher raises--> failed --backoff--> starting ...
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -121,8 +128,9 @@ class EngineSupervisor:
         self._kick = asyncio.Event()
         self._ran_stable_since: float | None = None
         self._offload_stats: str | None = None
-        self._metrics: EngineMetrics | None = None
-        self._window: EngineSample | None = None
+        self._metrics: EngineMetrics | None = None  # the latest scrape of this run
+        self._window: EngineSample | None = None  # its sample: latencies since the scrape before
+        self._taken: EngineMetrics | None = None  # the scrape the last take_sample() reported up to
 
     # ---- control ------------------------------------------------------------------------------
 
@@ -167,6 +175,19 @@ class EngineSupervisor:
         if self.state == "running" and self._window is not None:
             return self._window
         return EngineSample(deployment_id=self.spec.id, state=self.state)
+
+    def take_sample(self) -> EngineSample:
+        """The engine since the previous `take_sample()`, for one telemetry frame: latencies
+        observed between the scrape that call reported up to and the latest one (a count of 0 when
+        no scrape came in between), gauges and counters as of the latest scrape. Metrics only
+        while running; the first take of an engine run covers it from its start."""
+        latest, current = self._window, self._metrics
+        if self.state != "running" or latest is None or current is None:
+            return self.sample()
+        earlier, self._taken = self._taken, current
+        return dataclasses.replace(
+            latest, ttft=_latencies(TTFT, current, earlier), itl=_latencies(ITL, current, earlier)
+        )
 
     def tail(self, n: int) -> list[str]:
         return tail_lines(self.log_path, n)
@@ -237,7 +258,7 @@ class EngineSupervisor:
             # Counters are "since the engine started": drop the previous process's file.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(launch.offload_stats)
-        self.port, self._metrics, self._window = port, None, None
+        self.port, self._metrics, self._window, self._taken = port, None, None, None
         self._ran_stable_since = None
         try:
             rotate(self.log_path, self._log_max_bytes, self._log_backups)
@@ -314,19 +335,11 @@ class EngineSupervisor:
             log.debug("Scraping %s failed: %s", self.spec.id, exc)
             return
         previous, self._metrics = self._metrics, current
-
-        def window(name: str) -> LatencySummary | None:
-            hist = current.histograms.get(name)
-            if hist is None:
-                return None
-            earlier = previous.histograms.get(name) if previous is not None else None
-            return summarize(hist.minus(earlier))
-
         self._window = EngineSample(
             deployment_id=self.spec.id,
             state="running",
-            ttft=window(TTFT),
-            itl=window(ITL),
+            ttft=_latencies(TTFT, current, previous),
+            itl=_latencies(ITL, current, previous),
             kv_cache_usage=current.kv_cache_usage,
             running=current.running,
             waiting=current.waiting,
@@ -350,6 +363,15 @@ class EngineSupervisor:
         left of it when the leader has already exited."""
         if self._proc is not None:
             await end_group(self._proc, self._grace_s, self.spec.id)
+
+
+def _latencies(name: str, current: EngineMetrics, earlier: EngineMetrics | None) -> LatencySummary | None:
+    """p50/p99 of histogram `name` over the observations made between two scrapes of one engine
+    run (since its start without `earlier`); None when the engine exposes no such histogram."""
+    hist = current.histograms.get(name)
+    if hist is None:
+        return None
+    return summarize(hist.minus(earlier.histograms.get(name) if earlier is not None else None))
 
 
 def _url_host(host: str) -> str:

@@ -26,6 +26,9 @@ Snapshot = dict[str, Any]
 JOBS_SHOWN = 50
 # Engine samples the model page loads as history.
 HISTORY_WINDOW = timedelta(minutes=10)
+# Windows the SLO attainment is computed over: the last minute, what the model page's socket holds
+# (dashboard.consumers.SUMMARY_WINDOWS one-second windows).
+ATTAINMENT_WINDOW = timedelta(seconds=60)
 
 
 def _latest_samples(device_ids: list[int]) -> dict[int, DeviceSample]:
@@ -177,14 +180,27 @@ def model_history(model: ServedModel) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
-def attainment(model: ServedModel, points: list[dict[str, Any]]) -> float | None:
-    """Share of telemetry windows (percent) whose p99 TTFT and p99 TBT met the model's SLOs."""
-    judged = [p for p in points if p["ttft_p99"] is not None and p["tbt_p99"] is not None]
+def attainment(model: ServedModel, points: list[dict[str, Any]], now: datetime | None = None) -> float | None:
+    """Share of telemetry windows (percent) of the last ``ATTAINMENT_WINDOW`` that met the model's
+    SLOs: p99 TTFT within ``slo_ttft_p99_ms`` if the window had first tokens, p99 TBT within
+    ``slo_tbt_p99_ms`` if it had inter-token gaps (a window of decoding only is judged on its TBT, one
+    of single-token answers on its TTFT); windows with neither are not judged.
+
+    Only recent windows count, whatever the caller holds: the model page (10 minutes of history)
+    and its socket (the last ``SUMMARY_WINDOWS`` points per deployment, kept even for a deployment
+    that stopped reporting) then show the same figure, and old windows are forgotten."""
+    since = (now or timezone.now()) - ATTAINMENT_WINDOW
+    judged = [
+        p
+        for p in points
+        if (p["ttft_p99"] is not None or p["tbt_p99"] is not None) and datetime.fromisoformat(p["ts"]) > since
+    ]
     if not judged:
         return None
     ok = sum(
         1
         for p in judged
-        if p["ttft_p99"] * 1000 <= model.slo_ttft_p99_ms and p["tbt_p99"] * 1000 <= model.slo_tbt_p99_ms
+        if (p["ttft_p99"] is None or p["ttft_p99"] * 1000 <= model.slo_ttft_p99_ms)
+        and (p["tbt_p99"] is None or p["tbt_p99"] * 1000 <= model.slo_tbt_p99_ms)
     )
     return round(100.0 * ok / len(judged), 1)
