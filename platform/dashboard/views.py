@@ -22,6 +22,7 @@ from django.views.decorators.http import require_POST
 from jobs import services as jobs_services
 from jobs.api.serializers import describe_kinds
 from jobs.models import Job
+from jobs.registry import JobRefused
 from planning.applying import PlanConflict, PlanNotApplicable, apply_plan
 from planning.models import PlacementPlan
 from registry.models import ServedModel
@@ -144,16 +145,23 @@ def job_list(request: HttpRequest) -> HttpResponse:
 def job_start(request: HttpRequest) -> HttpResponse:
     serializer, errors = forms.job_serializer(request.POST)
     if serializer is None or errors:
-        context = {
-            "jobs": Job.objects.order_by("-pk")[: snapshots.JOBS_SHOWN],
-            "kinds": describe_kinds(),
-            "errors": errors,
-            "values": {"kind": request.POST.get("kind", ""), "params": request.POST.get("params", "")},
-        }
-        return _page(request, "jobs.html", context, status=400)
+        return _refused_job_form(request, errors)
     data = serializer.validated_data
-    job = jobs_services.create_job(data["kind"], data["params"], request.user)
+    try:
+        job = jobs_services.create_job(data["kind"], data["params"], request.user)
+    except JobRefused as exc:  # e.g. another profile job of the model was stored since validation
+        return _refused_job_form(request, forms.field_errors(exc.detail))
     return HttpResponseRedirect(reverse("dashboard:job-detail", args=[job.pk]))
+
+
+def _refused_job_form(request: HttpRequest, errors: forms.Errors) -> HttpResponse:
+    context = {
+        "jobs": Job.objects.order_by("-pk")[: snapshots.JOBS_SHOWN],
+        "kinds": describe_kinds(),
+        "errors": errors,
+        "values": {"kind": request.POST.get("kind", ""), "params": request.POST.get("params", "")},
+    }
+    return _page(request, "jobs.html", context, status=400)
 
 
 @role_required

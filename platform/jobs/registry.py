@@ -20,6 +20,17 @@ class JobCancelled(Exception):
     """Raised at a cancellation point when the job's row says it was cancelled."""
 
 
+class JobRefused(serializers.ValidationError):
+    """A kind's ``admit`` refuses the job: ``errors`` maps parameter names to messages.
+
+    A ValidationError of the ``params`` field, so that the API answers it as a 400 like the
+    params serializer's own errors."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__({"params": errors})
+        self.errors = errors
+
+
 class JobContext(ABC):
     """What a runner may do besides computing: report progress, check for cancellation."""
 
@@ -47,12 +58,18 @@ class JobKind:
         params_serializer: validates the ``params`` object; unknown keys must be rejected.
         run: the work; returns a JSON-serialisable result stored on the job.
         description: one line for the API schema and the dashboard.
+        admit: called with the validated params inside the transaction that stores the job, just
+            before the row is written; raises ``JobRefused`` to refuse it. What the params
+            serializer checks against other rows (another active job, say) can change before
+            the row is written, so a kind that must not run twice at once locks a row here and
+            checks again: concurrent posts then wait for each other's commit.
     """
 
     name: str
     params_serializer: type[serializers.Serializer]
     run: Runner
     description: str = ""
+    admit: Callable[[dict[str, Any]], None] | None = None
 
 
 _KINDS: dict[str, JobKind] = {}

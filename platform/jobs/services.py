@@ -37,11 +37,15 @@ class JobNotActive(Exception):
 def create_job(kind: str, params: dict[str, Any], user: Any | None) -> Job:
     """Store a queued job and send it to the workers once the transaction commits.
 
-    ``params`` must already be validated by the kind's params serializer. If the broker cannot
-    take the message, the job is marked failed with the reason instead of staying queued forever.
+    ``params`` must already be validated by the kind's params serializer. The kind's ``admit``
+    (if any) runs in the same transaction as the insert and may refuse the job (``JobRefused``;
+    nothing is written). If the broker cannot take the message, the job is marked failed with the
+    reason instead of staying queued forever.
     """
-    get_kind(kind)  # KeyError for an unknown kind: callers validate first
+    job_kind = get_kind(kind)  # KeyError for an unknown kind: callers validate first
     with transaction.atomic():
+        if job_kind.admit is not None:
+            job_kind.admit(params)
         job = Job.objects.create(kind=kind, params=params, created_by=user, celery_id=str(uuid.uuid4()))
         transaction.on_commit(partial(_enqueue, job.pk, job.celery_id))
     return job

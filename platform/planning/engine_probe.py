@@ -56,10 +56,15 @@ def _samples(raw: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
 
 def running_deployment(model: ServedModel, deployment_id: int | None = None) -> Deployment:
     """The deployment an engine profile of `model` probes: `deployment_id`, or the model's first
-    running one. Checked when the job is posted (jobs.kinds.profile) and again when it runs.
+    running one on a real host. Checked when the job is posted (jobs.kinds.profile) and again when
+    it runs.
+
+    A simulated host's agent has no engine to replay requests against (it answers every probe
+    "cannot be probed on this host"), so its deployments are never probed.
 
     Raises:
-        ProfilingError: no such deployment of the model, or it is not running.
+        ProfilingError: no such deployment of the model, it is not running, or its host is
+            simulated.
     """
     running = Deployment.objects.filter(
         model=model, desired_state=DesiredState.RUNNING, observed_state=ObservedState.RUNNING
@@ -71,13 +76,21 @@ def running_deployment(model: ServedModel, deployment_id: int | None = None) -> 
             raise ProfilingError(
                 f"deployment {deployment_id} is not a running deployment of model {model.name!r}"
             )
-    else:
-        deployment = running.order_by("pk").first()
-        if deployment is None:
+        if deployment.host.simulated:
             raise ProfilingError(
-                f"model {model.name!r} has no running deployment to profile (deploy it, or use the "
-                "simulator backend)"
+                f"deployment {deployment_id} runs on simulated host {deployment.host.name!r}, which "
+                "has no engine to probe (profile a deployment on a real host, or use the simulator "
+                "backend)"
             )
+        return deployment
+    deployment = running.filter(host__simulated=False).order_by("pk").first()
+    if deployment is None:
+        simulated = running.exists()
+        raise ProfilingError(
+            f"model {model.name!r} has no running deployment "
+            f"{'on a real host ' if simulated else ''}to profile (deploy it"
+            f"{' on a host with an engine' if simulated else ''}, or use the simulator backend)"
+        )
     return deployment
 
 
@@ -115,10 +128,10 @@ class AgentEngineProbe(EngineProbe):
     def for_model(
         cls, model: ServedModel, workload: WorkloadSpec, *, deployment_id: int | None = None, **kw: Any
     ) -> AgentEngineProbe:
-        """A probe of `deployment_id` (or of the model's first running deployment).
+        """A probe of `deployment_id` (or of the model's first running deployment on a real host).
 
         Raises:
-            ProfilingError: no such deployment of the model, or it is not running.
+            ProfilingError: see `running_deployment`.
         """
         return cls(running_deployment(model, deployment_id), workload, **kw)
 

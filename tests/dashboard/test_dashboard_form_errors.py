@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
 
 import pytest
+from dashboard import forms
 from django.test import Client
 from jobs.models import Job
+from jobs.services import create_job
 from registry.models import MAX_CONTEXT_LENGTH, ServedModel
 from rest_framework.validators import UniqueValidator
 
 from tests.dashboard.test_dashboard_pages import FORM
+from tests.planning.helpers import make_model
 
 pytestmark = pytest.mark.django_db
 
@@ -91,3 +95,28 @@ def test_a_refused_job_form_names_the_jobs_page_for_its_live_socket(admin_client
     named = admin_client.get("/jobs/")  # what live.js fetches now: a signed-out browser is told so
     assert named.status_code == 302 and named["Location"].startswith("/accounts/login/")
     assert admin_client.get("/jobs/start/").status_code == 405  # what it fetched before
+
+
+def test_a_profile_job_refused_when_stored_shows_the_form_again(
+    admin_client: Client, admin_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two operators start a profile of one model together: both forms pass validation, the first
+    # job is stored, and the second is refused when it is stored (jobs.kinds.profile.admit): the
+    # form again with the reason, not a 500.
+    make_model("llama-3-8b")
+    params = '{"model": "llama-3-8b", "preset_gpu": "h100"}'
+    validate = forms.job_serializer
+    first: list[Job] = []
+
+    def validate_then_race(post: Any) -> Any:
+        checked = validate(post)
+        first.append(create_job("profile", {"model": "llama-3-8b", "preset_gpu": "h100"}, admin_user))
+        return checked
+
+    monkeypatch.setattr(forms, "job_serializer", validate_then_race)
+    response = admin_client.post("/jobs/start/", {"kind": "profile", "params": params})
+    assert response.status_code == 400
+    assert field_errors(response)["params"] == [
+        f"model: Profile job {first[0].pk} of this model is already queued; wait for it or cancel it."
+    ]
+    assert list(Job.objects.all()) == first

@@ -14,7 +14,7 @@ from rest_framework import serializers
 
 from jobs.kinds.params import MAX_BURST_LEVEL, StrictParams
 from jobs.models import ACTIVE_STATUSES, Job
-from jobs.registry import JobContext, JobKind, register
+from jobs.registry import JobContext, JobKind, JobRefused, register
 from serving.costmodel.config import MODEL_CONFIGS
 from serving.costmodel.gpus import GPU_SPECS
 from serving.profiler import ProfilerConfig, ProfilingError
@@ -113,14 +113,9 @@ class ProfileParams(StrictParams):
         if "workload" in attrs:
             attrs["workload"] = dict(attrs["workload"])
         errors = what_the_worker_would_refuse(attrs)
-        busy = active_profile_job(attrs["model"])
+        busy = busy_error(attrs["model"])
         if busy is not None:
-            # Two profiles of one model race for its stored profile, and two engine probes of one
-            # deployment load it at once: each would measure the other's requests too.
-            job_id, status = busy
-            errors.setdefault("model", []).append(
-                f"Profile job {job_id} of this model is already {status}; wait for it or cancel it."
-            )
+            errors.setdefault("model", []).append(busy)
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
@@ -179,6 +174,32 @@ def active_profile_job(model: str) -> tuple[int, str] | None:
     )
 
 
+def busy_error(model: str) -> str | None:
+    """Why a profile job of `model` cannot start now: another one is queued or running.
+
+    Two profiles of one model race for its stored profile, and two engine probes of one deployment
+    load it at once: each would measure the other's requests too."""
+    busy = active_profile_job(model)
+    if busy is None:
+        return None
+    job_id, status = busy
+    return f"Profile job {job_id} of this model is already {status}; wait for it or cancel it."
+
+
+def admit(params: dict[str, Any]) -> None:
+    """Refuse the job if another profile job of its model became active after `validate` checked.
+
+    Runs in the transaction that stores the job (jobs.services.create_job). The model's row lock
+    (PostgreSQL; SQLite's immediate transactions serialise writers anyway) makes concurrent posts
+    for one model wait for each other's commit, so the second sees the first's job."""
+    name = params["model"]
+    if not list(ServedModel.objects.select_for_update(no_key=True).filter(name=name).values_list("pk")):
+        raise JobRefused({"model": [f"No served model named {name!r}."]})
+    busy = busy_error(name)
+    if busy is not None:
+        raise JobRefused({"model": [busy]})
+
+
 def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return run_profile(params, ctx)
 
@@ -188,6 +209,7 @@ PROFILE = register(
         name="profile",
         params_serializer=ProfileParams,
         run=run,
+        admit=admit,
         description="Find a model's max request rate under its SLO (simulator or real engine), its "
         "producer/consumer role and memory figures; stores the curve and the model's profile.",
     )
