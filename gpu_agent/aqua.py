@@ -46,8 +46,9 @@ class AquaDeviceState:
 
 
 def _device_index(device: str) -> int | None:
-    """ "cuda:3" / "gpu:3" / "3" -> 3; "cpu" -> 0; anything else -> None."""
-    if device.strip().lower() == "cpu":
+    """ "cuda:3" / "gpu:3" / "3" -> 3; "cpu", "cpu0", "cpu:1" (host memory, which a CPU host
+    reports as its one device, index 0) -> 0; anything else -> None."""
+    if re.fullmatch(r"cpu(?::?\d+)?", device.strip().lower()):
         return 0
     match = re.fullmatch(r"(?:[a-z]+:)?(\d+)", device.strip().lower())
     return int(match.group(1)) if match else None
@@ -73,16 +74,17 @@ def device_states(stats: dict[str, Any], engine_devices: dict[str, int]) -> dict
         producer = engine_devices.get(str(region.get("producer_id")))
         if producer is None:
             producer = _device_index(str(region.get("device", "")))
-        if producer is None:
-            continue
-        lent[producer] = lent.get(producer, 0) + int(region.get("nbytes", 0))
+        if producer is not None:
+            lent[producer] = lent.get(producer, 0) + int(region.get("nbytes", 0))
         consumer_id = region.get("consumer_id")
         consumer = engine_devices.get(str(consumer_id)) if consumer_id is not None else None
         used = int(region.get("allocated_bytes", 0))
+        # A consumer's borrowed bytes count even when the lender's device cannot be placed.
         if consumer is not None and used > 0:
             borrowed[consumer] = borrowed.get(consumer, 0) + used
-            pair_of.setdefault(producer, consumer)
-            pair_of.setdefault(consumer, producer)
+            if producer is not None:
+                pair_of.setdefault(producer, consumer)
+                pair_of.setdefault(consumer, producer)
     out: dict[int, AquaDeviceState] = {}
     for dev in sorted(set(lent) | set(borrowed)):
         role: AquaRole = "consumer" if borrowed.get(dev) else "producer"

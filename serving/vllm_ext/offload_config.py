@@ -20,7 +20,8 @@ class OffloadConfig:
         dram_bytes: Host DRAM the worker may hold for offloaded KV (the fallback tier).
         coordinator: Socket path of the aqua coordinator; None disables lent regions.
         consumer_id: This engine's id at the coordinator.
-        lent_bytes: Size of the allocation requested from a lent region.
+        lent_bytes: Size of the allocation requested from a lent region; when no producer lends
+            that much, the engine takes the largest piece one lends that holds the request at hand.
         coordinator_timeout_s: Seconds any one coordinator call may take (they run on the engine's
             step); one that times out ends the session and the engine uses DRAM until a new one.
         stats_dir: Directory for the counters files; defaults to $AQUA_STATS_DIR, else none.

@@ -101,10 +101,23 @@ class AquaClient:
 
     # ----------------------------------------------------------------- consumer
     def allocate(
-        self, consumer_id: str, nbytes: int, device_hint: str | None = None, *, strict: bool = False
+        self,
+        consumer_id: str,
+        nbytes: int,
+        device_hint: str | None = None,
+        *,
+        min_nbytes: int | None = None,
+        strict: bool = False,
     ) -> Allocation | None:
-        """`nbytes` contiguous bytes of one lent region, or None (InsufficientMemory if `strict`)."""
-        data = self._call("allocate", consumer_id=consumer_id, nbytes=nbytes, device_hint=device_hint)
+        """`nbytes` contiguous bytes of one lent region, or None (InsufficientMemory if `strict`).
+
+        With `min_nbytes`, the largest piece of at least that size when no region holds `nbytes`
+        (check the allocation's `nbytes`). A coordinator older than that argument refuses it
+        (InvalidArgument)."""
+        args: dict[str, Any] = {"consumer_id": consumer_id, "nbytes": nbytes, "device_hint": device_hint}
+        if min_nbytes is not None:  # only when asked: older coordinators refuse the argument
+            args["min_nbytes"] = min_nbytes
+        data = self._call("allocate", **args)
         if data is None:
             if strict:
                 raise InsufficientMemory(f"no lent region can hold {nbytes} bytes for {consumer_id!r}")

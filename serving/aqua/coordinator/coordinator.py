@@ -9,9 +9,10 @@ operation atomic. The rules (the protocol of Aqua, ASPLOS'25, with the choices t
   it (never below the end of its highest allocation) and *unlease* it (refused while any
   allocation remains; the producer files a reclaim and waits instead).
 - A consumer *allocates* `nbytes` all-or-nothing inside ONE region (first fit, offsets aligned to
-  `ALIGNMENT`), or gets None. Regions under reclaim are never used. At most one consumer per region:
-  a region with allocations serves only their consumer; it is free for any consumer again once
-  the last one is freed.
+  `ALIGNMENT`), or gets None; one that names a `min_nbytes` gets, when no region can hold
+  `nbytes`, the largest piece of at least that many bytes. Regions under reclaim are never used.
+  At most one consumer per region: a region with allocations serves only their consumer; it is
+  free for any consumer again once the last one is freed.
 - *request_reclaim* closes a region to new allocations; *reclaim_status* is "pending" while
   allocations remain and "done" from the moment the last is freed. Consumers learn what to give
   back from *pending_reclaims*. Producers are notified, never forced: nothing is freed for them.
@@ -84,6 +85,18 @@ class _Region:
                 return cursor
             cursor = _align(alloc.end)
         return cursor if cursor + nbytes <= self.nbytes else None
+
+    def largest_gap(self) -> tuple[int, int]:
+        """(offset, size) of the largest free aligned run of bytes; the first one on ties."""
+        best = (0, 0)
+        cursor = 0
+        for alloc in self.allocs.values():
+            if alloc.offset - cursor > best[1]:
+                best = (cursor, alloc.offset - cursor)
+            cursor = _align(alloc.end)
+        if self.nbytes - cursor > best[1]:
+            best = (cursor, self.nbytes - cursor)
+        return best
 
 
 def _align(n: int) -> int:
@@ -190,17 +203,24 @@ class Coordinator:
         nbytes: int,
         device_hint: str | None = None,
         *,
+        min_nbytes: int | None = None,
         session: str = LOCAL_SESSION,
     ) -> Allocation | None:
         """Give `consumer_id` `nbytes` contiguous bytes of one region, or None if none can.
 
         Candidates: regions not under reclaim and not held by another consumer. They are tried in
         order: on `device_hint` first, then already held by this consumer, then lease order.
+        With `min_nbytes` (at most `nbytes`), when no candidate can hold `nbytes`, the largest
+        contiguous piece of at least `min_nbytes` bytes any candidate has (the first one in that
+        order on ties) is given instead: a consumer asking for more than any producer lends still
+        gets what there is.
         """
         _name("consumer_id", consumer_id)
         _positive_int("nbytes", nbytes)
         if device_hint is not None:
             _name("device_hint", device_hint)
+        if min_nbytes is not None and _positive_int("min_nbytes", min_nbytes) > nbytes:
+            raise InvalidArgument(f"{min_nbytes=} must be at most {nbytes=}")
         candidates = [
             r for r in self._regions.values() if not r.reclaiming and r.consumer_id in (None, consumer_id)
         ]
@@ -213,24 +233,35 @@ class Coordinator:
         )
         for region in candidates:
             offset = region.first_fit(nbytes)
-            if offset is None:
-                continue
-            alloc = Allocation(
-                alloc_id=f"a{self._next_alloc}",
-                region_id=region.region_id,
-                producer_id=region.producer_id,
-                consumer_id=consumer_id,
-                device=region.device,
-                offset=offset,
-                nbytes=nbytes,
-                handle=region.handle,
-            )
-            self._next_alloc += 1
-            region.allocs[alloc.alloc_id] = alloc
-            region.allocs = dict(sorted(region.allocs.items(), key=lambda kv: kv[1].offset))
-            self._allocs[alloc.alloc_id] = (alloc, session)
-            return alloc
-        return None
+            if offset is not None:
+                return self._place(region, consumer_id, offset, nbytes, session)
+        if min_nbytes is None:
+            return None
+        best: tuple[_Region, int, int] | None = None  # (region, offset, size) of the largest gap
+        for region in candidates:
+            offset, size = region.largest_gap()
+            if size >= min_nbytes and (best is None or size > best[2]):
+                best = (region, offset, size)
+        if best is None:
+            return None
+        return self._place(best[0], consumer_id, best[1], min(nbytes, best[2]), session)
+
+    def _place(self, region: _Region, consumer_id: str, offset: int, nbytes: int, session: str) -> Allocation:
+        alloc = Allocation(
+            alloc_id=f"a{self._next_alloc}",
+            region_id=region.region_id,
+            producer_id=region.producer_id,
+            consumer_id=consumer_id,
+            device=region.device,
+            offset=offset,
+            nbytes=nbytes,
+            handle=region.handle,
+        )
+        self._next_alloc += 1
+        region.allocs[alloc.alloc_id] = alloc
+        region.allocs = dict(sorted(region.allocs.items(), key=lambda kv: kv[1].offset))
+        self._allocs[alloc.alloc_id] = (alloc, session)
+        return alloc
 
     def free(self, alloc_id: str, consumer_id: str | None = None, *, session: str = LOCAL_SESSION) -> None:
         """Release an allocation; with `consumer_id`, refuse (NotOwner) if it belongs to another."""

@@ -1,8 +1,9 @@
 """KV store in a region lent by a paired producer, leased through the aqua coordinator.
 
 Protocol (aqua-lib, consumer side):
-  * allocate `lent_bytes` all-or-nothing from the coordinator, attach the region through the
-    allocation's handle, and carve per-request buffers out of it (first fit);
+  * allocate `lent_bytes` from the coordinator (or, when no producer lends that much, the
+    largest piece that holds the request at hand), attach the region through the allocation's
+    handle, and carve per-request buffers out of it (first fit);
   * a watcher thread asks the coordinator for `pending_reclaims` every WATCH_INTERVAL_S; once the
     allocation is listed, no new buffer is handed out and the engine's next `poll()` returns every
     held key for evacuation (the worker copies each to DRAM, then discards it here). A reclaim is
@@ -15,7 +16,10 @@ Protocol (aqua-lib, consumer side):
   * when the last key is discarded the region is detached and the allocation freed, which lets the
     producer's reclaim finish. After that nothing is read from the region: `get` returns None.
 The watcher also frees an allocation that is being reclaimed while holding no key, so an idle
-engine does not keep a producer waiting.
+engine does not keep a producer waiting. A *withdrawn* allocation (the producer's session ended,
+perhaps with its process) is evacuated like a reclaim only from host memory, whose mapping outlives
+the producer; from device memory (CUDA IPC), freed with the producer's process, the stored keys
+are dropped unread and the allocation freed: the requests recompute.
 
 The coordinator may go away and a fresh, empty one start on the same socket (the host agent
 restarts it). The ended session's allocation is gone with it: it is never freed on, nor mixed with,
@@ -103,6 +107,7 @@ class LentRegionStore(KVStore):
         self._entries: dict[str, tuple[int, int]] = {}  # key -> (offset, nbytes) in the allocation
         self._reclaiming = False
         self._next_try = 0.0
+        self._min_nbytes_known = True  # the coordinator takes allocate's min_nbytes
         self.allocations = 0
         self.releases = 0
         self.sessions_lost = 0
@@ -121,7 +126,9 @@ class LentRegionStore(KVStore):
         return client
 
     # -- allocation lifecycle -----------------------------------------------------------------------
-    def _ensure_allocation(self) -> bool:
+    def _ensure_allocation(self, need: int) -> bool:
+        """Whether an allocation is there to reserve from; if there is none, and an attempt is due,
+        ask for `nbytes`, or, when no region lends that much, the largest piece that holds `need`."""
         if self._alloc is not None:
             return not self._reclaiming and self._session_up()
         now = time.monotonic()
@@ -132,7 +139,7 @@ class LentRegionStore(KVStore):
             return False
         self._next_try = now + self.retry_seconds
         try:
-            alloc = client.allocate(self.consumer_id, self.nbytes)
+            alloc = self._allocate(client, need)
         except Exception as exc:  # coordinator gone or silent: DRAM fallback
             # On a timeout the client has hung up: whatever the call may have allocated dies with
             # the session (the watcher opens a new one), and its id was never learnt here.
@@ -155,6 +162,17 @@ class LentRegionStore(KVStore):
         self.allocations += 1
         logger.info("aqua: allocated %d B of lent region %s", alloc.nbytes, alloc.region_id)
         return True
+
+    def _allocate(self, client: AquaClient, need: int) -> Allocation | None:
+        if self._min_nbytes_known:
+            from serving.aqua.coordinator.errors import InvalidArgument
+
+            least = min(self.nbytes, -(-need // ALIGN) * ALIGN)
+            try:
+                return client.allocate(self.consumer_id, self.nbytes, min_nbytes=least)
+            except InvalidArgument:  # a coordinator older than min_nbytes: whole allocations only
+                self._min_nbytes_known = False
+        return client.allocate(self.consumer_id, self.nbytes)
 
     def _session_up(self) -> bool:
         """Whether the session that made the allocation is still up; if not, drop what it held."""
@@ -191,7 +209,11 @@ class LentRegionStore(KVStore):
         """
         with self._lock:
             alloc, client = self._alloc, self._alloc_client
-            if alloc is None or client is None or self._reclaiming:
+            if alloc is None or client is None:
+                return
+            # Under reclaim, host memory needs no more checks; device memory is still watched for
+            # a withdrawal (the producer gave up waiting and exited) until it is given back.
+            if self._reclaiming and self._readable_after_withdrawal():
                 return
         try:
             pending = client.pending_reclaims(self.consumer_id)
@@ -201,16 +223,33 @@ class LentRegionStore(KVStore):
         with self._lock:
             if self._alloc is not alloc:  # released meanwhile (by the step)
                 return
+            mine = next((a for a in pending if a.alloc_id == alloc.alloc_id), None)
             if error is not None:
                 self._session_lost(f"pending_reclaims failed ({error})")
-            elif any(a.alloc_id == alloc.alloc_id for a in pending):
+            elif mine is not None and mine.withdrawn and not self._readable_after_withdrawal():
+                # The producer's session is gone, and its process may be: device memory it
+                # exported is then freed under our mapping. Evacuating would copy garbage.
+                self._drop_entries("the producer withdrew the region (its session ended)")
+            elif mine is not None:
                 self._reclaiming = True
+
+    def _readable_after_withdrawal(self) -> bool:
+        """Whether our mapping of the region outlives its producer: a host-memory mapping (shared
+        memory) does; device memory (CUDA IPC) is freed with the producer's process."""
+        from serving.aqua.memory.base import HostRegion
+
+        return isinstance(self._region, HostRegion)
 
     def _session_lost(self, why: str) -> None:
         """Our session is over, and with it the allocation: the coordinator has freed it and may
         already have given the bytes to another consumer. Nothing stored there can be trusted, so
         nothing is evacuated: the requests recompute (get() now misses). The region is detached
         at once; the allocation is not freed (it died with the session)."""
+        self.sessions_lost += 1
+        self._drop_entries(why)
+
+    def _drop_entries(self, why: str) -> None:
+        """Forget every stored key unread (their requests recompute) and give the region back."""
         assert self._alloc is not None
         logger.warning(
             "aqua: %s; dropping %d stored request(s) of lent region %s",
@@ -218,7 +257,6 @@ class LentRegionStore(KVStore):
             len(self._entries),
             self._alloc.region_id,
         )
-        self.sessions_lost += 1
         self._entries.clear()
         self._reclaiming = True
         self._release()
@@ -235,7 +273,7 @@ class LentRegionStore(KVStore):
     def reserve(self, key: str, nbytes: int) -> torch.Tensor | None:
         with self._lock:
             self.discard(key)
-            if not self._ensure_allocation() or self._base is None:
+            if not self._ensure_allocation(nbytes) or self._base is None:
                 return None
             offset = self._first_fit(nbytes)
             if offset is None:

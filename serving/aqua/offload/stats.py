@@ -58,6 +58,7 @@ class StatsFile:
         self._pending: dict[str, Any] | None = None
         self._wake = threading.Event()
         self._closed = False
+        self._failing = False  # the last write failed (logged once, until one succeeds)
         self._thread = threading.Thread(target=self._run, name=f"stats-{self.path.name}", daemon=True)
         self._thread.start()
 
@@ -73,7 +74,22 @@ class StatsFile:
         try:
             write_json_atomic(self.path, data, indent=None, sort_keys=True)
         except OSError as e:
-            logger.warning("could not write %s: %s", self.path, e)
+            # Once per run of failures: an unwritable stats dir (read-only, full) would otherwise
+            # add a line per write, ten a second under load, to an engine log that only rotates
+            # when the engine starts.
+            if self._failing:
+                logger.debug("could not write %s: %s", self.path, e)
+            else:
+                logger.warning(
+                    "could not write %s: %s (repeats are logged at DEBUG until a write succeeds)",
+                    self.path,
+                    e,
+                )
+            self._failing = True
+            return
+        if self._failing:
+            logger.info("writing %s again", self.path)
+            self._failing = False
 
     def _take(self) -> dict[str, Any] | None:
         with self._lock:
