@@ -214,8 +214,14 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 6 * 3600, minimum=1)
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_RESULT_BACKEND: str | None = REDIS_URL
+    # The layer waits for messages with BRPOP, 5 s at a time (channels_redis' brpop_timeout);
+    # redis-py 8 gives sockets a 5 s read timeout by default, which an empty BRPOP outlasted: every
+    # idle websocket closed with 1011 every 5-6 s. Reads may take up to 30 s here: a wait, not a hang.
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]},
+        }
     }
 else:
     # Embedded: a real broker shared by processes through files. Task outcomes are written to the
@@ -310,6 +316,8 @@ DASHBOARD_AUTH_RECHECK_S = env_float("DASHBOARD_AUTH_RECHECK_S", 5.0, minimum=0.
 # as lost (jobs/liveness.py) by the beat task below and by every worker at start.
 JOBS_HEARTBEAT_S = env_float("JOBS_HEARTBEAT_S", 10.0, minimum=0.1)
 JOBS_LOST_AFTER_S = env_float("JOBS_LOST_AFTER_S", 120.0, minimum=1.0)
+if JOBS_LOST_AFTER_S < 2.5 * JOBS_HEARTBEAT_S:  # else a healthy job between two stamps is "lost"
+    raise ImproperlyConfigured(f"{JOBS_LOST_AFTER_S=} must be at least 2.5 x {JOBS_HEARTBEAT_S=}")
 CELERY_BEAT_SCHEDULE = {
     "jobs-lost": {"task": "jobs.fail_lost_jobs", "schedule": 30.0},
     "agents-liveness": {"task": "agents.sweep_liveness", "schedule": 5.0},

@@ -113,6 +113,14 @@ def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path) -> None:
     assert "ImproperlyConfigured" in str(bad["error"]) and "DEBUG='perhaps'" in str(bad["error"])
 
 
+def test_it_refuses_a_job_silence_limit_a_healthy_job_could_reach(tmp_path: Path) -> None:
+    # A job stamped every 10 s and failed as lost after 3 s of silence would be "lost" while healthy.
+    bad = _settings_in_subprocess({"JOBS_HEARTBEAT_S": "10", "JOBS_LOST_AFTER_S": "3"}, tmp_path)
+    assert "ImproperlyConfigured" in str(bad["error"]) and "JOBS_LOST_AFTER_S=3.0" in str(bad["error"])
+    ok = _settings_in_subprocess({"JOBS_HEARTBEAT_S": "10", "JOBS_LOST_AFTER_S": "25"}, tmp_path)
+    assert "error" not in ok, ok
+
+
 @pytest.mark.django_db
 def test_it_has_no_missing_migrations() -> None:
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
