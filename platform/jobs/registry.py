@@ -63,6 +63,9 @@ class JobKind:
             serializer checks against other rows (another active job, say) can change before
             the row is written, so a kind that must not run twice at once locks a row here and
             checks again: concurrent posts then wait for each other's commit.
+        expected_errors: exceptions that say why the job cannot be done (a model that cannot be
+            placed, a profile that cannot be measured): the job's ``error`` is their message
+            alone. Any other exception is a bug, stored with its traceback.
     """
 
     name: str
@@ -70,6 +73,7 @@ class JobKind:
     run: Runner
     description: str = ""
     admit: Callable[[dict[str, Any]], None] | None = None
+    expected_errors: tuple[type[Exception], ...] = ()
 
 
 _KINDS: dict[str, JobKind] = {}

@@ -147,16 +147,22 @@ def execute_job(job_id: int, *, retrying: bool = False) -> JobStatus | None:
         logger.info("job %s is not queued (cancelled, finished or missing); skipping", job_id)
         return None
     job = Job.objects.get(pk=job_id)
+    kind = get_kind(job.kind)
     ctx = _RowContext(job_id)
     try:
         with Heartbeat(job_id):
-            result = get_kind(job.kind).run(job.params, ctx)
+            result = kind.run(job.params, ctx)
     except JobCancelled:
         logger.info("job %s cancelled; stopped", job_id)
         return JobStatus.CANCELLED
     except TRANSIENT_DB_ERRORS:
         raise
+    except kind.expected_errors as exc:  # why the job cannot be done: the operator's to act on
+        logger.info("job %s failed: %s", job_id, exc)
+        text = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
+        return _finish(job_id, status=JobStatus.FAILED, error=text, progress=ctx.latest)
     except Exception as exc:
+        logger.exception("job %s failed unexpectedly", job_id)
         text = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"[:ERROR_TEXT_LIMIT]
         return _finish(job_id, status=JobStatus.FAILED, error=text, progress=ctx.latest)
     try:

@@ -62,3 +62,22 @@ def test_it_refuses_booleans_for_numbers_and_lists_every_error(
     assert response.status_code == 400
     assert field in response.data["params"]
     assert not Job.objects.exists()
+
+
+def test_a_place_job_that_cannot_place_says_why_without_a_traceback() -> None:
+    # No registered model: the placer's PlacementError is the operator's to act on, not a bug.
+    job = Job.objects.create(kind="place", params={})
+    assert run_job(job.pk) == JobStatus.FAILED
+    job.refresh_from_db()
+    assert job.error == "PlacementError: no registered models to place"
+
+
+def test_a_job_that_fails_unexpectedly_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        raise KeyError("oops")
+
+    monkeypatch.setitem(registry._KINDS, "test-bug", JobKind("test-bug", StrictParams, run))
+    job = Job.objects.create(kind="test-bug")
+    assert run_job(job.pk) == JobStatus.FAILED
+    job.refresh_from_db()
+    assert job.error.startswith("KeyError: 'oops'") and "Traceback (most recent call last)" in job.error

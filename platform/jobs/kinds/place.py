@@ -14,6 +14,8 @@ from rest_framework import serializers
 
 from jobs.kinds.params import MAX_BURST_LEVEL, StrictParams
 from jobs.registry import JobContext, JobKind, register
+from serving.placement import PlacementError
+from serving.profiler import ProfilingError
 
 
 class PlaceParams(StrictParams):
@@ -51,6 +53,7 @@ PLACE = register(
         name="place",
         params_serializer=PlaceParams,
         run=run,
+        expected_errors=(PlacementError, ProfilingError),
         description="Place every profiled model on the hosts' GPUs (ILP), pair producers with consumers; "
         "the result is a plan and its diff against the deployments.",
     )

@@ -210,6 +210,7 @@ PROFILE = register(
         params_serializer=ProfileParams,
         run=run,
         admit=admit,
+        expected_errors=(ProfilingError,),
         description="Find a model's max request rate under its SLO (simulator or real engine), its "
         "producer/consumer role and memory figures; stores the curve and the model's profile.",
     )
