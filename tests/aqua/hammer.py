@@ -74,13 +74,15 @@ class Hammer:
                 self.release(alloc)
                 self.result["evacuated"] += 1
 
-    def allocate(self, nbytes: int) -> Allocation | None:
+    def allocate(self, nbytes: int, min_nbytes: int | None = None) -> Allocation | None:
         """Allocate and write this allocation's pattern; None if refused (or found unavailable)."""
-        got = self.client.allocate(self.consumer_id, nbytes)
+        got = self.client.allocate(self.consumer_id, nbytes, min_nbytes=min_nbytes)
         now = time.monotonic()
         if got is None:
             self.result["refused"] += 1
             return None
+        if not (min_nbytes or nbytes) <= got.nbytes <= nbytes:
+            self.result["corrupt"].append(f"size {got.alloc_id}: {got.nbytes} for {min_nbytes}..{nbytes}")
         try:
             self.region(got).view(got.offset, got.nbytes)[:] = pattern(self.consumer_id, got)
         except RegionUnavailable:  # a producer released memory it had lent to us: a bug
@@ -102,7 +104,9 @@ class Hammer:
     def step(self) -> None:
         self.evacuate_pending()
         roll = self.rng.random()
-        if roll < 0.55 or not self.held:
+        if roll < 0.15:  # more than a lender's region: the largest piece of at least min_nbytes
+            self.allocate(self.rng.randint(6000, 64 * 1024), min_nbytes=self.rng.randint(1, 6000))
+        elif roll < 0.55 or not self.held:
             self.allocate(self.rng.randint(1, 6000))
         elif roll < 0.9:
             self.release(self.held[self.rng.choice(sorted(self.held))])

@@ -2,9 +2,11 @@
 sequences by several producers and consumers, checked against an independent model.
 
 Properties: a region never serves two consumers at once; allocations never overlap nor pass the
-region's end; nothing is allocated from a region under reclaim; allocate returns None only when
-no eligible region has room; reclaim is "done" exactly when the last allocation is gone; every
-refusal happens exactly when the rules say so.
+region's end; nothing is allocated from a region under reclaim, nor from one the consumer excluded;
+allocate returns None only when no eligible region has room; with `min_nbytes`, when none has room
+for the whole request, exactly the largest eligible piece of at least that size is given; reclaim
+is "done" exactly when the last allocation is gone; every refusal happens exactly when the rules
+say so.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from serving.aqua.coordinator import (
     ALIGNMENT,
     Allocation,
     Coordinator,
+    InvalidArgument,
     NotOwner,
     RegionBusy,
     UnknownAllocation,
@@ -58,6 +61,14 @@ class ModelRegion:
 
     def has_room(self, nbytes: int) -> bool:
         return self.first_fit(nbytes) is not None
+
+    def largest_gap(self) -> tuple[int, int]:
+        """(offset, size) of the largest aligned free run, the lowest one on ties."""
+        spans = sorted((a.offset, a.offset + a.nbytes) for a in self.allocs.values())
+        starts = [0] + [-(-end // ALIGNMENT) * ALIGNMENT for _, end in spans]
+        limits = [s for s, _ in spans] + [self.nbytes]
+        gaps = [(s, lim - s) for s, lim in zip(starts, limits, strict=True)]
+        return max(gaps, key=lambda g: (g[1], -g[0]))
 
 
 class CoordinatorMachine(RuleBasedStateMachine):
@@ -174,18 +185,67 @@ class CoordinatorMachine(RuleBasedStateMachine):
         for nbytes in sizes:
             self._allocate(consumer, f"{consumer}/a", nbytes, None)
 
-    def _allocate(self, consumer: str, session: str, nbytes: int, hint: str | None) -> None:
+    @rule(
+        data=st.data(),
+        consumer=st.sampled_from(CONSUMERS),
+        # often more than any region holds: the largest piece of at least `least` bytes
+        requests=st.lists(
+            st.tuples(st.integers(1, 20 * ALIGNMENT), st.integers(1, 6 * ALIGNMENT)), max_size=3
+        ),
+        hint=st.sampled_from([None, *DEVICES]),
+    )
+    def allocate_a_piece(
+        self, data: st.DataObject, consumer: str, requests: list[tuple[int, int]], hint: str | None
+    ) -> None:
+        for nbytes, least in requests:
+            exclude = data.draw(st.lists(st.sampled_from([*sorted(self.regions), "r999"]), max_size=2))
+            if least > nbytes:
+                with pytest.raises(InvalidArgument, match="min_nbytes"):
+                    self.c.allocate(consumer, nbytes, hint, min_nbytes=least, session=f"{consumer}/a")
+                continue
+            self._allocate(consumer, f"{consumer}/a", nbytes, hint, least, exclude)
+
+    def _allocate(
+        self,
+        consumer: str,
+        session: str,
+        nbytes: int,
+        hint: str | None,
+        least: int | None = None,
+        exclude: list[str] | None = None,
+    ) -> None:
         eligible = {
-            rid: r for rid, r in self.regions.items() if not r.reclaiming and r.consumer() in (None, consumer)
+            rid: r
+            for rid, r in self.regions.items()
+            if not r.reclaiming and r.consumer() in (None, consumer) and rid not in (exclude or [])
         }
-        alloc = self.c.allocate(consumer, nbytes, hint, session=session)
+        alloc = self.c.allocate(
+            consumer, nbytes, hint, min_nbytes=least, exclude_regions=exclude, session=session
+        )
+        whole = any(r.has_room(nbytes) for r in eligible.values())
+        order = sorted(
+            eligible,
+            key=lambda rid: (
+                hint is not None and eligible[rid].device != hint,
+                eligible[rid].consumer() != consumer,
+                int(rid[1:]),
+            ),
+        )
+        pieces = [(rid, *eligible[rid].largest_gap()) for rid in order]
+        pieces = [p for p in pieces if least is not None and p[2] >= least]
         if alloc is None:
-            assert not any(r.has_room(nbytes) for r in eligible.values()), "refused although a region fits"
+            assert not whole, "refused although a region fits"
+            assert not pieces, "refused although a large enough piece is free"
             return
         assert alloc.region_id in eligible, (
-            "allocated from a region under reclaim or held by another consumer"
+            "allocated from a region under reclaim, held by another consumer or excluded"
         )
         region = eligible[alloc.region_id]
+        if not whole:  # the largest piece, the first one in candidate order on ties
+            rid, offset, size = max(pieces, key=lambda p: p[2])
+            assert (alloc.region_id, alloc.offset, alloc.nbytes) == (rid, offset, min(nbytes, size))
+            assert least is not None and least <= alloc.nbytes < nbytes
+            nbytes = alloc.nbytes
         assert (alloc.consumer_id, alloc.nbytes, alloc.device) == (consumer, nbytes, region.device)
         assert alloc.offset == region.first_fit(nbytes), "not the lowest aligned gap that fits"
         assert alloc.offset + nbytes <= region.nbytes

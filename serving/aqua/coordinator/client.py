@@ -25,6 +25,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from serving.aqua.coordinator.errors import (
@@ -107,16 +108,21 @@ class AquaClient:
         device_hint: str | None = None,
         *,
         min_nbytes: int | None = None,
+        exclude_regions: Iterable[str] = (),
         strict: bool = False,
     ) -> Allocation | None:
         """`nbytes` contiguous bytes of one lent region, or None (InsufficientMemory if `strict`).
 
         With `min_nbytes`, the largest piece of at least that size when no region holds `nbytes`
-        (check the allocation's `nbytes`). A coordinator older than that argument refuses it
-        (InvalidArgument)."""
+        (check the allocation's `nbytes`). No region named in `exclude_regions` is used. A
+        coordinator older than one of these arguments refuses it (InvalidArgument, "unexpected
+        arguments" naming it); each is sent only when given."""
         args: dict[str, Any] = {"consumer_id": consumer_id, "nbytes": nbytes, "device_hint": device_hint}
         if min_nbytes is not None:  # only when asked: older coordinators refuse the argument
             args["min_nbytes"] = min_nbytes
+        excluded = list(exclude_regions)
+        if excluded:
+            args["exclude_regions"] = excluded
         data = self._call("allocate", **args)
         if data is None:
             if strict:

@@ -10,7 +10,8 @@ operation atomic. The rules (the protocol of Aqua, ASPLOS'25, with the choices t
   allocation remains; the producer files a reclaim and waits instead).
 - A consumer *allocates* `nbytes` all-or-nothing inside ONE region (first fit, offsets aligned to
   `ALIGNMENT`), or gets None; one that names a `min_nbytes` gets, when no region can hold
-  `nbytes`, the largest piece of at least that many bytes. Regions under reclaim are never used.
+  `nbytes`, the largest piece of at least that many bytes; regions it names in `exclude_regions`
+  (say, ones it could not attach) are passed over. Regions under reclaim are never used.
   At most one consumer per region: a region with allocations serves only their consumer; it is
   free for any consumer again once the last one is freed.
 - *request_reclaim* closes a region to new allocations; *reclaim_status* is "pending" while
@@ -117,6 +118,14 @@ def _within_memory(nbytes: int, handle: dict[str, Any]) -> None:
         raise InvalidArgument(f"{nbytes=} exceeds the {size} bytes of memory behind the handle")
 
 
+def _region_ids(name: str, value: object) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
+        raise InvalidArgument(f"{name}={value!r} must be a list of region ids")
+    return frozenset(value)
+
+
 def _name(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidArgument(f"{name}={value!r} must be a non-empty string")
@@ -204,6 +213,7 @@ class Coordinator:
         device_hint: str | None = None,
         *,
         min_nbytes: int | None = None,
+        exclude_regions: list[str] | None = None,
         session: str = LOCAL_SESSION,
     ) -> Allocation | None:
         """Give `consumer_id` `nbytes` contiguous bytes of one region, or None if none can.
@@ -213,7 +223,8 @@ class Coordinator:
         With `min_nbytes` (at most `nbytes`), when no candidate can hold `nbytes`, the largest
         contiguous piece of at least `min_nbytes` bytes any candidate has (the first one in that
         order on ties) is given instead: a consumer asking for more than any producer lends still
-        gets what there is.
+        gets what there is. Regions named in `exclude_regions` are never candidates (unknown ids are
+        ignored: a region may be gone by the time its consumer names it).
         """
         _name("consumer_id", consumer_id)
         _positive_int("nbytes", nbytes)
@@ -221,8 +232,11 @@ class Coordinator:
             _name("device_hint", device_hint)
         if min_nbytes is not None and _positive_int("min_nbytes", min_nbytes) > nbytes:
             raise InvalidArgument(f"{min_nbytes=} must be at most {nbytes=}")
+        excluded = _region_ids("exclude_regions", exclude_regions)
         candidates = [
-            r for r in self._regions.values() if not r.reclaiming and r.consumer_id in (None, consumer_id)
+            r
+            for r in self._regions.values()
+            if not r.reclaiming and r.consumer_id in (None, consumer_id) and r.region_id not in excluded
         ]
         candidates.sort(
             key=lambda r: (

@@ -28,7 +28,7 @@ OPS: dict[str, frozenset[str]] = {
     "unlease": frozenset({"region_id"}),
     "request_reclaim": frozenset({"region_id"}),
     "reclaim_status": frozenset({"region_id"}),
-    "allocate": frozenset({"consumer_id", "nbytes", "device_hint", "min_nbytes"}),
+    "allocate": frozenset({"consumer_id", "nbytes", "device_hint", "min_nbytes", "exclude_regions"}),
     "free": frozenset({"alloc_id", "consumer_id"}),
     "pending_reclaims": frozenset({"consumer_id"}),
     "allocation": frozenset({"alloc_id"}),

@@ -3,7 +3,11 @@
 Protocol (aqua-lib, consumer side):
   * allocate `lent_bytes` from the coordinator (or, when no producer lends that much, the
     largest piece that holds the request at hand), attach the region through the allocation's
-    handle, and carve per-request buffers out of it (first fit);
+    handle, and carve per-request buffers out of it (first fit). A region that cannot be attached
+    here is passed over (`exclude_regions`) for ATTACH_RETRY_S, so a later one is used instead. A
+    piece smaller than `lent_bytes` is traded for a larger one, when one is free, whenever the
+    store holds nothing (checked at most once per `retry_seconds`, on `reserve`). Arguments an older
+    coordinator refuses are not sent again on that session;
   * a watcher thread asks the coordinator for `pending_reclaims` every WATCH_INTERVAL_S; once the
     allocation is listed, no new buffer is handed out and the engine's next `poll()` returns every
     held key for evacuation (the worker copies each to DRAM, then discards it here). A reclaim is
@@ -46,7 +50,7 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from serving.aqua.offload.store import KVStore
 
@@ -62,6 +66,8 @@ logger = logging.getLogger(__name__)
 ALIGN = 256
 WATCH_INTERVAL_S = 0.05  # how often the watcher asks the coordinator for pending reclaims
 CALL_TIMEOUT_S = 1.0  # the longest a coordinator call may hold the engine's step
+ATTACH_RETRY_S = 30.0  # how long a region that could not be attached is passed over
+ATTACH_TRIES = 3  # allocations tried per attempt when regions cannot be attached
 
 
 class LentRegionStore(KVStore):
@@ -107,7 +113,10 @@ class LentRegionStore(KVStore):
         self._entries: dict[str, tuple[int, int]] = {}  # key -> (offset, nbytes) in the allocation
         self._reclaiming = False
         self._next_try = 0.0
-        self._min_nbytes_known = True  # the coordinator takes allocate's min_nbytes
+        # Per coordinator session (region ids and what the coordinator takes are the session's):
+        self._known_client: AquaClient | None = None
+        self._refused_args: set[str] = set()  # optional allocate arguments it refused
+        self._unattachable: dict[str, float] = {}  # region id -> until when it is passed over
         self.allocations = 0
         self.releases = 0
         self.sessions_lost = 0
@@ -130,7 +139,11 @@ class LentRegionStore(KVStore):
         """Whether an allocation is there to reserve from; if there is none, and an attempt is due,
         ask for `nbytes`, or, when no region lends that much, the largest piece that holds `need`."""
         if self._alloc is not None:
-            return not self._reclaiming and self._session_up()
+            if self._reclaiming or not self._session_up():
+                return False
+            if not self._entries and self._alloc.nbytes < self.nbytes:
+                self._trade_up(need)
+            return self._alloc is not None
         now = time.monotonic()
         if now < self._next_try:
             return False
@@ -138,41 +151,81 @@ class LentRegionStore(KVStore):
         if client is None:
             return False
         self._next_try = now + self.retry_seconds
-        try:
-            alloc = self._allocate(client, need)
-        except Exception as exc:  # coordinator gone or silent: DRAM fallback
-            # On a timeout the client has hung up: whatever the call may have allocated dies with
-            # the session (the watcher opens a new one), and its id was never learnt here.
-            logger.warning("aqua: coordinator allocate failed: %s", exc)
+        got = self._allocate_attached(client, need, 0)
+        if got is None:
             return False
-        if alloc is None:
-            return False
-        from serving.aqua.memory.registry import open_region
+        self._adopt(client, *got)
+        return True
 
-        try:
-            region = open_region(alloc.handle)
-        except Exception as exc:
-            logger.warning("aqua: cannot attach lent region %s: %s", alloc.region_id, exc)
-            with contextlib.suppress(Exception):
-                client.free(alloc.alloc_id, self.consumer_id)
-            return False
+    def _trade_up(self, need: int) -> None:
+        """The store is empty and holds a piece smaller than `nbytes`: take a larger one if one is
+        free (asked for before the old piece is given back, so nothing is lost when none is)."""
+        assert self._alloc is not None and self._alloc_client is not None
+        now = time.monotonic()
+        if now < self._next_try:
+            return
+        self._next_try = now + self.retry_seconds
+        client = self._alloc_client
+        got = self._allocate_attached(client, need, self._alloc.nbytes + 1)
+        if got is None:
+            self._session_up()  # a call that timed out ended the session, and the piece with it
+            return
+        self._release()
+        self._adopt(client, *got)
+
+    def _adopt(self, client: AquaClient, alloc: Allocation, region: Region) -> None:
         self._alloc, self._alloc_client, self._region = alloc, client, region
         self._base = region.tensor(alloc.offset, alloc.nbytes)
         self._reclaiming = False
         self.allocations += 1
         logger.info("aqua: allocated %d B of lent region %s", alloc.nbytes, alloc.region_id)
-        return True
 
-    def _allocate(self, client: AquaClient, need: int) -> Allocation | None:
-        if self._min_nbytes_known:
-            from serving.aqua.coordinator.errors import InvalidArgument
+    def _allocate_attached(
+        self, client: AquaClient, need: int, least: int
+    ) -> tuple[Allocation, Region] | None:
+        """An allocation of at least `least` bytes (and of `need`, rounded up) and its attached
+        region, or None. A region that cannot be attached is freed and passed over for a while."""
+        from serving.aqua.memory.registry import open_region
 
-            least = min(self.nbytes, -(-need // ALIGN) * ALIGN)
+        for _ in range(ATTACH_TRIES):
             try:
-                return client.allocate(self.consumer_id, self.nbytes, min_nbytes=least)
-            except InvalidArgument:  # a coordinator older than min_nbytes: whole allocations only
-                self._min_nbytes_known = False
-        return client.allocate(self.consumer_id, self.nbytes)
+                alloc = self._allocate(client, need, least)
+            except Exception as exc:  # coordinator gone or silent: DRAM fallback
+                # On a timeout the client has hung up: whatever the call may have allocated dies
+                # with the session (the watcher opens a new one), and its id was never learnt here.
+                logger.warning("aqua: coordinator allocate failed: %s", exc)
+                return None
+            if alloc is None:
+                return None
+            try:
+                return alloc, open_region(alloc.handle)
+            except Exception as exc:
+                logger.warning("aqua: cannot attach lent region %s: %s", alloc.region_id, exc)
+                self._unattachable[alloc.region_id] = time.monotonic() + ATTACH_RETRY_S
+                with contextlib.suppress(Exception):
+                    client.free(alloc.alloc_id, self.consumer_id)
+        return None
+
+    def _allocate(self, client: AquaClient, need: int, least: int) -> Allocation | None:
+        from serving.aqua.coordinator.errors import InvalidArgument
+
+        if client is not self._known_client:  # a new session, perhaps a newer coordinator
+            self._known_client, self._refused_args = client, set()
+            self._unattachable.clear()  # region ids name other regions on another coordinator
+        now = time.monotonic()
+        self._unattachable = {rid: t for rid, t in self._unattachable.items() if t > now}
+        least = min(self.nbytes, max(least, -(-max(need, 1) // ALIGN) * ALIGN))
+        while True:
+            args: dict[str, Any] = {"min_nbytes": least, "exclude_regions": sorted(self._unattachable)}
+            for name in self._refused_args:
+                args.pop(name)
+            try:
+                return client.allocate(self.consumer_id, self.nbytes, **args)
+            except InvalidArgument as exc:  # an older coordinator refuses the arguments it lacks
+                refused = {n for n in args if "unexpected arguments" in str(exc) and repr(n) in str(exc)}
+                if not refused:
+                    raise
+                self._refused_args |= refused
 
     def _session_up(self) -> bool:
         """Whether the session that made the allocation is still up; if not, drop what it held."""
