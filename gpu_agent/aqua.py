@@ -45,22 +45,30 @@ class AquaDeviceState:
     paired_with: int | None = None
 
 
+def is_host_memory(device: str) -> bool:
+    """Whether a region's device string names host memory: "cpu", "cpu0", "cpu:1"."""
+    return re.fullmatch(r"cpu(?::?\d+)?", device.strip().lower()) is not None
+
+
 def _device_index(device: str) -> int | None:
-    """ "cuda:3" / "gpu:3" / "3" -> 3; "cpu", "cpu0", "cpu:1" (host memory, which a CPU host
-    reports as its one device, index 0) -> 0; anything else -> None."""
-    if re.fullmatch(r"cpu(?::?\d+)?", device.strip().lower()):
-        return 0
+    """ "cuda:3" / "gpu:3" / "3" -> 3; anything else (host memory too) -> None."""
     match = re.fullmatch(r"(?:[a-z]+:)?(\d+)", device.strip().lower())
     return int(match.group(1)) if match else None
 
 
-def device_states(stats: dict[str, Any], engine_devices: dict[str, int]) -> dict[int, AquaDeviceState]:
+def device_states(
+    stats: dict[str, Any], engine_devices: dict[str, int], *, host_memory_device: int | None = None
+) -> dict[int, AquaDeviceState]:
     """Turn `Coordinator.stats()` into per-device roles, bytes and pairings.
 
     Args:
         stats: {"regions": [{"producer_id", "device", "nbytes", "allocated_bytes",
             "consumer_id", ...}], ...} as `Coordinator.stats()` returns it.
         engine_devices: Engine id (deployment id) -> its host device index.
+        host_memory_device: The device index host memory is reported as: 0 on a CPU host (its one
+            device is the CPU and host RAM); None on a GPU host, where host memory is no device's:
+            a region lent from host memory ("cpu", "cpu0", "cpu:1", whoever lends it) then counts
+            as no device's lent bytes, though its consumer's borrowed bytes still count.
 
     Returns:
         Device index -> state, for devices that lend or borrow (others are "none").
@@ -71,9 +79,13 @@ def device_states(stats: dict[str, Any], engine_devices: dict[str, int]) -> dict
     borrowed: dict[int, int] = {}
     pair_of: dict[int, int] = {}
     for region in sorted(stats.get("regions", []), key=lambda r: str(r.get("region_id"))):
-        producer = engine_devices.get(str(region.get("producer_id")))
-        if producer is None:
-            producer = _device_index(str(region.get("device", "")))
+        device = str(region.get("device", ""))
+        if is_host_memory(device):  # host DRAM, whichever engine lends it: never a GPU's memory
+            producer = host_memory_device
+        else:
+            producer = engine_devices.get(str(region.get("producer_id")))
+            if producer is None:
+                producer = _device_index(device)
         if producer is not None:
             lent[producer] = lent.get(producer, 0) + int(region.get("nbytes", 0))
         consumer_id = region.get("consumer_id")
@@ -309,10 +321,15 @@ class AquaHost:
         not running then). Never blocks: the agent's telemetry tick, on its event loop, reads it."""
         return self._last
 
-    def device_states(self, engine_devices: dict[str, int]) -> dict[int, AquaDeviceState]:
-        """Per-device states from the last `refresh()`'s snapshot (never blocks)."""
+    def device_states(
+        self, engine_devices: dict[str, int], *, host_memory_device: int | None = None
+    ) -> dict[int, AquaDeviceState]:
+        """Per-device states from the last `refresh()`'s snapshot (never blocks); arguments as for
+        the module's `device_states`."""
         stats = self.stats()
-        return device_states(stats, engine_devices) if stats is not None else {}
+        if stats is None:
+            return {}
+        return device_states(stats, engine_devices, host_memory_device=host_memory_device)
 
     def stop(self) -> None:
         """Stop the coordinator; a `refresh()` running meanwhile starts no new one."""

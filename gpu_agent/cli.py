@@ -61,7 +61,7 @@ def make_host(cfg: AgentConfig) -> Host:
     except OSError as exc:
         raise ValueError(f"--state-dir {cfg.state_dir!r}: cannot create it ({exc.strerror})") from None
     return LocalHost(
-        detect_inventory(),
+        detect_inventory(agent_name=cfg.name),
         cfg.state_dir,
         engine_bind=cfg.engine_bind or "127.0.0.1",
         health_timeout_s=cfg.health_timeout_s,

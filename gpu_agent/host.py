@@ -130,7 +130,9 @@ class LocalHost(Host):
         manager = self._manager()
         if self.aqua is not None:
             engine_devices = {dep: spec.devices[0] for dep, spec in manager.deployments().items()}
-            states = self.aqua.device_states(engine_devices)
+            # Host memory is the CPU host's one device; on a GPU host it is no GPU's.
+            host_memory = 0 if self.inventory.kind == "cpu" else None
+            states = self.aqua.device_states(engine_devices, host_memory_device=host_memory)
             devices = [
                 dataclasses.replace(
                     d,

@@ -9,7 +9,12 @@ While disconnected, telemetry goes into a bounded buffer (oldest dropped first, 
 `dropped`, which every telemetry frame carries) and is flushed in order on reconnect; heartbeats and
 other frames are not buffered (the statuses are re-sent on connect). Reconnects back off
 exponentially with seeded jitter; a refused token (HTTP 401/403 at the handshake, or close code
-4401/4403) is logged as such and retried with the same backoff.
+4401/4403) is logged as such and retried with the same backoff. So is a refused `register` (an
+`error` frame `register_refused` or close code 4422: say, a device another host registered): the
+link logs the control plane's reason at ERROR and closes the connection, which would only carry
+heartbeats and telemetry the control plane refuses. An `error` frame `not_registered` (a control
+plane that keeps the link after refusing `register`) ends the connection the same way, with the
+reason of the error frame that refused the `register`.
 
 No single frame may take the link down: one that cannot be serialised (a NaN reading, say, which
 strict JSON refuses) is dropped with an error log, and any other unexpected exception in a
@@ -34,7 +39,16 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from gpu_agent.protocol import ErrorFrame, Frame, Heartbeat, ProtocolError, Telemetry, dumps, loads
+from gpu_agent.protocol import (
+    CLOSE_REGISTER_REFUSED,
+    ErrorFrame,
+    Frame,
+    Heartbeat,
+    ProtocolError,
+    Telemetry,
+    dumps,
+    loads,
+)
 from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -62,6 +76,7 @@ class LinkStats:
 
     connects: int = 0
     auth_refusals: int = 0
+    register_refusals: int = 0  # connections ended because the control plane refused `register`
     failed_attempts: int = 0
     telemetry_sent: int = 0
     dropped: int = 0  # telemetry frames dropped because the buffer was full
@@ -71,6 +86,10 @@ class LinkStats:
 
 class AuthRefused(Exception):
     """The control plane refused the host token."""
+
+
+class RegisterRefused(Exception):
+    """The control plane refused this agent's `register`; the message says why."""
 
 
 class AgentLink:
@@ -118,6 +137,7 @@ class AgentLink:
         self._open_timeout_s = open_timeout_s
         self._ws: ClientConnection | None = None
         self._held: list[Frame] | None = None  # frames sent during the handshake
+        self._refusal: str | None = None  # the last error frame of this connection (`_read`)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self.stats = LinkStats()
@@ -185,6 +205,9 @@ class AgentLink:
             except AuthRefused as exc:
                 self.stats.auth_refusals += 1
                 reason = str(exc)
+            except RegisterRefused as exc:
+                self.stats.register_refusals += 1
+                reason = f"the control plane refused this agent's register: {exc}"
             except InvalidStatus as exc:
                 code = exc.response.status_code
                 if code in AUTH_HTTP_STATUSES:
@@ -205,7 +228,7 @@ class AgentLink:
             if time.monotonic() - started >= self._stable_after_s:
                 self.backoff.reset()
             delay = self.backoff.next_delay()
-            refused = "refused the host token" in reason
+            refused = reason.startswith("the control plane refused")
             (log.error if refused else log.warning)(
                 "Control plane link to %s down (%s); retrying in %.1f s.", self.url, reason, delay
             )
@@ -221,6 +244,7 @@ class AgentLink:
                 # Frames sent while the hello is on its way are held and follow it, so a status
                 # change during the handshake is neither lost nor sent before `register`.
                 self._held = []
+                self._refusal = None
                 for frame in self._hello():
                     if (text := self._encode(frame)) is not None:
                         await ws.send(text)
@@ -234,6 +258,9 @@ class AgentLink:
                 await self._serve(ws)
             except ConnectionClosed as exc:
                 rcvd = exc.rcvd
+                if rcvd is not None and rcvd.code == CLOSE_REGISTER_REFUSED:
+                    why = self._refusal or rcvd.reason or "no reason given"
+                    raise RegisterRefused(f"{why} (close code {rcvd.code})") from None
                 if rcvd is not None and rcvd.code in AUTH_CLOSE_CODES:
                     raise AuthRefused(
                         f"the control plane refused the host token (close code {rcvd.code} {rcvd.reason!r})"
@@ -270,12 +297,28 @@ class AgentLink:
                 log.warning("Rejected a malformed frame from the control plane: %s", exc)
                 await ws.send(dumps(ErrorFrame("bad_frame", str(exc), exc.field or None)))
                 continue
+            if isinstance(frame, ErrorFrame) and self._register_refused(frame):
+                await ws.close()
+                raise RegisterRefused(self._refusal or frame.message)
             try:
                 await self._on_frame(frame)
             except Exception:
                 log.exception("Handling a %r frame failed", frame.TYPE)
         # The iterator ends on a normal close; surface the close code (auth refusals use it).
         raise ws.protocol.close_exc
+
+    def _register_refused(self, frame: ErrorFrame) -> bool:
+        """Whether `frame` says the control plane refused this connection's `register` (setting
+        `_refusal` to why). Other error frames are kept as the reason, should a `not_registered`
+        follow: a control plane that keeps the link after refusing `register` says why first."""
+        if frame.code == "register_refused":
+            self._refusal = f"{frame.message} [{frame.code}]"
+            return True
+        if frame.code == "not_registered":
+            self._refusal = self._refusal or f"{frame.message} [{frame.code}]"
+            return True
+        self._refusal = f"{frame.message} [{frame.code}]"
+        return False
 
     async def _heartbeats(self, ws: ClientConnection) -> None:
         while True:

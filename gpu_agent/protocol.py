@@ -66,6 +66,7 @@ DeploymentState = Literal["starting", "running", "failed", "stopped"]
 CLOSE_TOKEN_REFUSED = 4401  # the token is not, or no longer, a live token of the host
 CLOSE_WRONG_HOST = 4403  # `register` named another host than the token's
 CLOSE_SUPERSEDED = 4409  # a newer connection of the same host registered; this one is dropped
+CLOSE_REGISTER_REFUSED = 4422  # `register` cannot be stored (a device another host registered)
 
 # Lengths of the strings `register` carries, as the control plane's columns hold them
 # (inventory.models.Host.name, Device.uuid/name, agents.models.AgentLink.agent_version;
@@ -83,6 +84,7 @@ MAX_HEARTBEAT_INTERVAL_S = 60.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 1.0
 
 __all__ = [
+    "CLOSE_REGISTER_REFUSED",
     "CLOSE_SUPERSEDED",
     "CLOSE_TOKEN_REFUSED",
     "CLOSE_WRONG_HOST",

@@ -4,6 +4,10 @@ The simulator (`serving.sim.EngineSim`) keeps its state between `run()` calls, s
 it the requests arriving in [t, t + 1) and runs it until t + 1. Request records are the simulator's
 own objects and keep filling in later chunks; each chunk's TTFT / inter-token figures are those of
 the tokens emitted inside it (the window [t, t + 1)).
+
+Telemetry takes the seconds simulated since its previous take (`take_window`), combined: ticks on
+the wall clock and simulated seconds drift apart, so a tick may find no new second (reporting the
+last one again counted its tokens twice) or two (reporting only the last lost the other).
 """
 
 from __future__ import annotations
@@ -123,6 +127,11 @@ class SimEngine:
         self._records: list[RequestRecord] = []
         self._busy: list[tuple[float, float]] = []  # (start, duration) of iterations, this chunk
         self.last: Window = Window(LatencySummary(0), LatencySummary(0), 0.0)
+        # Seconds simulated since the last take_window(): their latencies and busy time.
+        self._untaken_ttft: list[float] = []
+        self._untaken_itl: list[float] = []
+        self._untaken_busy = 0.0
+        self._untaken_seconds = 0
         self._changes: list[TimedChange] = []
         self._peer_capacity = config.peer_capacity_bytes
 
@@ -158,7 +167,26 @@ class SimEngine:
         busy = sum(min(s + d, t1) - max(s, t0) for s, d in self._busy if s + d > t0 and s < t1)
         self._busy = [(s, d) for s, d in self._busy if s + d > t1]
         self.last = Window(_summary(ttft), _summary(itl), min(1.0, max(0.0, busy)))
+        self._untaken_ttft += ttft
+        self._untaken_itl += itl
+        self._untaken_busy += self.last.busy_fraction
+        self._untaken_seconds += 1
         return self.last
+
+    def take_window(self) -> Window:
+        """Every second simulated since the previous call, as one window: latencies of all their
+        tokens, the mean of their busy fractions. No second since then: no latencies, and the busy
+        fraction of the last second (utilisation is a gauge)."""
+        if not self._untaken_seconds:
+            return Window(LatencySummary(0), LatencySummary(0), self.last.busy_fraction)
+        window = Window(
+            _summary(self._untaken_ttft),
+            _summary(self._untaken_itl),
+            min(1.0, self._untaken_busy / self._untaken_seconds),
+        )
+        self._untaken_ttft, self._untaken_itl = [], []
+        self._untaken_busy, self._untaken_seconds = 0.0, 0
+        return window
 
     @property
     def kv_usage(self) -> float:
@@ -169,12 +197,14 @@ class SimEngine:
     def peer_used_bytes(self) -> int:
         return self.store.peer_used_bytes if isinstance(self.store, CountingPeerStore) else 0
 
-    def sample(self) -> EngineSample:
+    def sample(self, window: Window | None = None) -> EngineSample:
+        """The engine now, with the latencies of `window` (default: the last simulated second)."""
+        window = window or self.last
         return EngineSample(
             deployment_id=self.engine_id,
             state="running",
-            ttft=self.last.ttft,
-            itl=self.last.itl,
+            ttft=window.ttft,
+            itl=window.itl,
             kv_cache_usage=min(1.0, self.kv_usage),
             running=len(self.sim.running),
             waiting=len(self.sim.waiting),

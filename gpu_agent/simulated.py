@@ -13,8 +13,9 @@ telemetry and statuses). Its scenario, built from public figures (serving.costmo
     `sim_model`; Poisson at engine_options["sim_rate"] or `rate`), tensor-parallel over D.
     Built-in engines report in telemetry as "sim:<device>" and send no deployment_status.
 Every telemetry tick advances each engine, in one-second chunks, up to the wall-clock seconds
-elapsed since start; utilisation is the busy share of the last second; temperature and power are
-synthetic (linear in utilisation between idle and the part's TDP).
+elapsed since start, and reports every second advanced since the previous tick once: latencies of
+all their tokens, utilisation the mean busy share of those seconds (the last second's when none
+was); temperature and power are synthetic (linear in utilisation between idle and the part's TDP).
 """
 
 from __future__ import annotations
@@ -183,8 +184,10 @@ class SimulatedHost(Host):
         return self.sample_at(time.monotonic() - self._t0)
 
     def sample_at(self, seconds: float) -> tuple[list[DeviceSample], list[EngineSample]]:
-        """Advance to `seconds` of simulated time and report the last whole second."""
+        """Advance to `seconds` of simulated time and report the whole seconds simulated since the
+        previous sample (each second in exactly one sample)."""
         self.advance_to(seconds)
+        windows = {p.engine.engine_id: p.engine.take_window() for p in self._placed()}
         mem = self.gpu.memory_bytes
         tdp = TDP_W.get(self.kind, 700.0)
         by_device: dict[int, _Placed] = {d: p for p in self._placed() for d in p.devices}
@@ -194,7 +197,7 @@ class SimulatedHost(Host):
             if placed is None:
                 devices.append(DeviceSample(i, 0, mem, 0.0, 30.0, IDLE_W))
                 continue
-            util = 100.0 * placed.engine.last.busy_fraction
+            util = 100.0 * windows[placed.engine.engine_id].busy_fraction
             used = min(mem, int(placed.mem_util * mem) + placed.lent_bytes)
             borrowed = 0
             if placed.role == "consumer":
@@ -213,7 +216,7 @@ class SimulatedHost(Host):
                     paired_with=placed.peer,
                 )
             )
-        engines = [p.engine.sample() for p in self._placed()]
+        engines = [p.engine.sample(windows[p.engine.engine_id]) for p in self._placed()]
         engines += [EngineSample(deployment_id=d, state="failed") for d in sorted(self._failed)]
         return devices, engines
 

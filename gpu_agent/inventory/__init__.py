@@ -16,11 +16,13 @@ __all__ = ["CpuInventory", "Inventory", "NvmlInventory", "detect_inventory"]
 _warned_no_driver = False
 
 
-def detect_inventory(nvml: Any = None) -> Inventory:
+def detect_inventory(nvml: Any = None, *, agent_name: str | None = None) -> Inventory:
     """NVML's GPUs if a driver answers, else the CPU as the one device (said once, in the log).
 
     Args:
         nvml: The pynvml module; imported when None (tests pass a stand-in).
+        agent_name: The host name the agent registers as; part of the CPU device's uuid
+            (`CpuInventory`), so that two agents on one machine report different devices.
     """
     global _warned_no_driver
     reason: str
@@ -42,4 +44,4 @@ def detect_inventory(nvml: Any = None) -> Inventory:
     if not _warned_no_driver:
         log.warning("No NVIDIA driver on this host (%s); reporting the CPU as its one device.", reason)
         _warned_no_driver = True
-    return CpuInventory()
+    return CpuInventory(agent_name)

@@ -23,14 +23,29 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def cpu_uuid(agent_name: str | None = None) -> str:
+    """The CPU device's uuid for the agent registering as `agent_name` on this machine: stable
+    across restarts of that agent, different for every agent name on the machine, and the same as
+    before agents were named for an agent named after the machine (the default)."""
+    machine = socket.gethostname()
+    key = machine if agent_name is None or agent_name == machine else f"{machine}/{agent_name}"
+    return f"CPU-{uuid.uuid5(uuid.NAMESPACE_DNS, key)}"
+
+
 class CpuInventory(Inventory):
     """One device, index 0, kind "cpu": host memory from psutil, CPU utilisation."""
 
     kind = "cpu"
 
-    def __init__(self) -> None:
-        # A stable id per host, so the control plane sees the same device across restarts.
-        self._uuid = f"CPU-{uuid.uuid5(uuid.NAMESPACE_DNS, socket.gethostname())}"
+    def __init__(self, agent_name: str | None = None) -> None:
+        """
+        Args:
+            agent_name: The host name the agent registers as (its --name). It goes into the
+                device's uuid, so that agents of different hosts on one machine report different
+                devices (device uuids are unique in the control plane); None or the machine's own
+                name: the machine's id alone, as before agents were named.
+        """
+        self._uuid = cpu_uuid(agent_name)
         self._name = f"{_cpu_name()} ({psutil.cpu_count(logical=True)} threads)"
         psutil.cpu_percent(interval=None)  # primes the counter; the next call measures from here
 

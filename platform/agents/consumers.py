@@ -4,7 +4,10 @@ Authentication happens before the handshake completes: the ``Authorization: Bear
 header must carry a live agent token of some host (inventory's digests), otherwise the socket is
 closed before it is accepted and daphne answers the upgrade with HTTP 403, which gpu_agent/link.py
 treats as "token refused". A `register` naming another host than the token's is answered with an
-`error` frame and close code 4403 (also a refusal to the agent).
+`error` frame and close code 4403 (also a refusal to the agent). A `register` that cannot be stored
+(it reports a device another host registered, or the database refuses it) is answered with a
+`register_refused` error frame and close code 4422: the agent logs why and reconnects with backoff,
+instead of sending frames that would all be refused as not registered.
 
 One live connection per host: `register` makes a connection the host's current one and only then
 joins the host's group (``agent.<host_id>``), which carries desired-list changes and commands. An
@@ -45,6 +48,7 @@ from planning.relay import relay_probes, store_probe_result
 from agents import services, sweeper
 from agents.ingest import rows_for, writer
 from gpu_agent.protocol import (
+    CLOSE_REGISTER_REFUSED,
     CLOSE_SUPERSEDED,
     CLOSE_TOKEN_REFUSED,
     DeploymentStatus,
@@ -81,6 +85,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     _probes: asyncio.Task[None] | None = None  # planning.relay: probes for this host's agent
     _in_group = False
     _released = False
+    _refused = False  # `register` was refused and the connection is closing: later frames dropped
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Channels' consumer loop, then `_release()` whatever ended it.
@@ -157,7 +162,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self._released:
+        if self._released or self._refused:
             return  # this side is closing the connection: frames still in flight are dropped
         if text_data is None:
             await self.reject("", "binary messages are not part of the protocol; send JSON text")
@@ -197,14 +202,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
             linked = await database_sync_to_async(services.register)(host, frame, token_id=self._token_id)
         except services.RegistrationRefused as exc:
             log.warning("Refused the agent of %s: %s.", host.name, exc)
-            await self.send_frame(ErrorFrame("unauthorized", str(exc), "host"))
+            self._refused = True
+            await self.send_frame(ErrorFrame(exc.code, without_nul(str(exc)), exc.field))
             await self.close(code=exc.close_code)
             return
-        except IntegrityError as exc:
-            await self.reject("devices", f"cannot store the devices: {exc}")
+        except IntegrityError as exc:  # e.g. another host registered a device uuid meanwhile
+            await self.refuse_register("devices", f"cannot store the devices: {exc}")
             return
         except DatabaseError as exc:  # e.g. a value beyond a column's range; nothing was stored
-            await self.reject("", f"cannot store the registration: {exc}")
+            await self.refuse_register("", f"cannot store the registration: {exc}")
             return
         self.linked = linked
         group = services.agent_group(host.pk)
@@ -221,6 +227,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self._watch = asyncio.create_task(self._watch_session(), name=f"agent-watch:{host.pk}")
         if self._probes is None:
             self._probes = asyncio.create_task(relay_probes(host.pk, self._send_json_frame))
+
+    async def refuse_register(self, field: str, reason: str) -> None:
+        """Answer a `register` the database refused (nothing was stored) with a `register_refused`
+        error and close with `CLOSE_REGISTER_REFUSED`: every later frame of the connection would be
+        refused as not registered, so the agent reconnects with backoff instead."""
+        host = self._host()
+        reason = without_nul(reason)  # a database error may quote the value
+        log.warning("Refused the register of the agent of %s: %s", host.name, reason)
+        self._refused = True
+        await database_sync_to_async(services.count_rejected)(host.pk)
+        await self.send_frame(ErrorFrame("register_refused", reason, without_nul(field) or None))
+        await self.close(code=CLOSE_REGISTER_REFUSED)
 
     async def on_telemetry(self, linked: services.LinkedHost, frame: Telemetry) -> None:
         stored = rows_for(linked, frame)  # no database access: cheap enough for the event loop

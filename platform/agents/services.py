@@ -37,6 +37,7 @@ from inventory.services import agent_token_is_live, live_agent_token, mark_seen
 from agents import reconcile
 from agents.models import AgentLink, Replica
 from gpu_agent.protocol import (
+    CLOSE_REGISTER_REFUSED,
     CLOSE_SUPERSEDED,
     CLOSE_TOKEN_REFUSED,
     CLOSE_WRONG_HOST,
@@ -51,12 +52,22 @@ log = logging.getLogger(__name__)
 
 
 class RegistrationRefused(Exception):
-    """The agent may not register: `register` names another host than the token's, or the token
-    was revoked since the socket was accepted. ``close_code`` is the code to close the link with."""
+    """The agent may not register: `register` names another host than the token's, the token was
+    revoked since the socket was accepted, or it reports a device another host registered.
+    ``close_code`` is the code to close the link with; ``code`` and ``field`` those of the `error`
+    frame sent before."""
 
-    def __init__(self, message: str, close_code: int = CLOSE_WRONG_HOST) -> None:
+    def __init__(
+        self,
+        message: str,
+        close_code: int = CLOSE_WRONG_HOST,
+        code: str = "unauthorized",
+        field: str = "host",
+    ) -> None:
         super().__init__(message)
         self.close_code = close_code
+        self.code = code
+        self.field = field
 
 
 class UnknownDeployment(Exception):
@@ -121,8 +132,9 @@ def register(
     The returned ``connected_at`` makes the calling connection the host's current one.
 
     Raises:
-        RegistrationRefused: the frame names another host than the token's, or the token the
-            connection authenticated with (``token_id``) is no longer live.
+        RegistrationRefused: the frame names another host than the token's, the token the
+            connection authenticated with (``token_id``) is no longer live, or the frame reports a
+            device (by uuid) that another host registered; nothing is stored.
     """
     now = now or timezone.now()
     if frame.host != host.name:
@@ -131,6 +143,7 @@ def register(
         )
     if token_id is not None and not agent_token_is_live(token_id):
         raise RegistrationRefused("the host token was revoked", CLOSE_TOKEN_REFUSED)
+    _refuse_foreign_devices(host, frame)
     Host.objects.filter(pk=host.pk).update(
         address=frame.address, simulated=frame.simulated, heartbeat_interval_s=frame.heartbeat_interval_s
     )
@@ -167,6 +180,31 @@ def register(
         deployment_ids=set(Deployment.objects.filter(host=host).values_list("pk", flat=True)),
         connected_at=now,
         run=run,
+    )
+
+
+def _refuse_foreign_devices(host: Host, frame: Register) -> None:
+    """Refuse a `register` reporting a device (by uuid) that another host registered: two agents
+    report the same physical device (a GPU two agents on one machine both see), and device uuids
+    are unique. The message names both sides, for the agent's log and the operator."""
+    uuids = {d.uuid: d.index for d in frame.devices}
+    taken = (
+        Device.objects.filter(uuid__in=uuids)
+        .exclude(host=host)
+        .select_related("host")
+        .order_by("host__name", "index")
+        .first()
+    )
+    if taken is None:
+        return
+    raise RegistrationRefused(
+        f"device {uuids[taken.uuid]} (uuid {taken.uuid!r}) is already registered by host"
+        f" {taken.host.name!r} as its device {taken.index}: two agents report the same device."
+        f" Run one agent per device, or, if host {taken.host.name!r} no longer has it, delete"
+        " that host's device record",
+        CLOSE_REGISTER_REFUSED,
+        code="register_refused",
+        field="devices",
     )
 
 

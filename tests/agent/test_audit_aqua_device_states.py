@@ -23,13 +23,13 @@ def _region(device: str, consumer_id: str | None, allocated: int, producer_id: s
 
 @pytest.mark.parametrize("device", ["cpu0", "cpu", "CPU0", "cpu:0"])
 def test_it_reports_a_shared_memory_region_of_the_producer_cli_as_lent_by_the_cpu(device: str) -> None:
-    states = device_states({"regions": [_region(device, None, 0)]}, {})
+    states = device_states({"regions": [_region(device, None, 0)]}, {}, host_memory_device=0)
     assert states == {0: AquaDeviceState("producer", lent_bytes=8 << 20, borrowed_bytes=0, paired_with=None)}
 
 
 def test_it_reports_the_consumer_of_a_cpu0_region_as_borrowing() -> None:
     # The local host: the producer CLI lends cpu0, deployment "1" on device 0 borrows 4 MiB of it.
-    states = device_states({"regions": [_region("cpu0", "1", 4 << 20)]}, {"1": 0})
+    states = device_states({"regions": [_region("cpu0", "1", 4 << 20)]}, {"1": 0}, host_memory_device=0)
     assert states == {
         0: AquaDeviceState("consumer", lent_bytes=8 << 20, borrowed_bytes=4 << 20, paired_with=0)
     }
