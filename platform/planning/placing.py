@@ -5,9 +5,12 @@ GPU count, the smallest GPU's memory, and NVLink when every GPU is a peer of eve
 by running deployments of models outside the plan are left out (the plan leaves those models
 alone), so the placer's GPU i of a host is its i-th free GPU; the stored plan names device indices
 and lists each host whole. Models are all registered models (or the job's `models`), each with its
-current `ModelProfile`; tensor parallelism is the model's ``tensor_parallel_size``. Anything wrong
-(a model without a profile, a profile measured against another SLO than the model's current one,
-an infeasible instance) fails the job with a message naming it, and nothing is stored or applied.
+current `ModelProfile` at the job's ``burst_level`` (a consumer that needs no swap space at that
+level is placed as neutral: GPUs, but no lender and no DRAM fallback; see
+`serving.profiler.model_profile_from_dict`); tensor parallelism is the model's
+``tensor_parallel_size``. Anything wrong (a model without a profile, a profile measured against
+another SLO than the model's current one, a burst level its profile lacks, an infeasible instance)
+fails the job with a message naming it, and nothing is stored or applied.
 
 The plan is relabelled for the fewest moves against the deployments meant to run now
 (`serving.placement.relabel_for_fewest_moves`) and stored as a `PlacementPlan` with a fingerprint

@@ -2,7 +2,9 @@
 
 A model runs on `tp` GPUs of one server (tensor parallelism never crosses a server). A producer
 has idle memory to lend (`lendable_bytes`); a consumer needs extra KV space at its burst level
-(`needed_bytes`). The profiler (serving/profiler) produces these figures.
+(`needed_bytes`); a neutral model does neither (a profiled consumer whose bursts fit its own KV
+cache at the level placed for): it only takes GPUs. The profiler (serving/profiler) produces these
+figures.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Role = Literal["producer", "consumer"]
-ROLES: tuple[Role, ...] = ("producer", "consumer")
+Role = Literal["producer", "consumer", "neutral"]
+ROLES: tuple[Role, ...] = ("producer", "consumer", "neutral")
 
 
 class PlacementError(ValueError):
@@ -28,12 +30,13 @@ class ModelProfile:
 
     Attributes:
         name: Unique model name; ties are broken by it.
-        role: "producer" (lends memory) or "consumer" (borrows memory under bursts).
+        role: "producer" (lends memory), "consumer" (borrows memory under bursts) or "neutral"
+            (neither: it adds nothing to its server's memory or role balance and is never paired).
         tp: Tensor-parallel degree: the model occupies this many GPUs of one server.
         lendable_bytes: Bytes a producer can lend (free memory at its max rate minus a safety
             margin); must be positive for a producer, and is ignored for a consumer.
         needed_bytes: Bytes a consumer must swap out at its burst level; must be positive for a
-            consumer, and is ignored for a producer.
+            consumer, and is ignored for a producer. A neutral model has neither (both 0).
         max_rps: The highest request rate meeting the model's SLA (informational).
     """
 
@@ -48,7 +51,9 @@ class ModelProfile:
         if not self.name:
             raise PlacementError("a model profile needs a non-empty name")
         if self.role not in ROLES:
-            raise PlacementError(f"model {self.name!r}: {self.role=} must be 'producer' or 'consumer'")
+            raise PlacementError(
+                f"model {self.name!r}: {self.role=} must be 'producer', 'consumer' or 'neutral'"
+            )
         if self.tp < 1:
             raise PlacementError(f"model {self.name!r}: {self.tp=} must be positive")
         if self.lendable_bytes < 0:
@@ -59,16 +64,23 @@ class ModelProfile:
             raise PlacementError(f"model {self.name!r}: a producer's {self.lendable_bytes=} must be positive")
         if self.role == "consumer" and self.needed_bytes <= 0:
             raise PlacementError(f"model {self.name!r}: a consumer's {self.needed_bytes=} must be positive")
+        if self.role == "neutral" and (self.lendable_bytes or self.needed_bytes):
+            raise PlacementError(
+                f"model {self.name!r}: a neutral model lends and needs nothing, not "
+                f"{self.lendable_bytes=}, {self.needed_bytes=}"
+            )
 
     @property
     def balance_bytes(self) -> int:
-        """Signed contribution to its server's memory balance: +lendable or -needed."""
+        """Signed contribution to its server's memory balance: +lendable, -needed, or 0 (neutral)."""
+        if self.role == "neutral":
+            return 0
         return self.lendable_bytes if self.role == "producer" else -self.needed_bytes
 
     @property
     def role_sign(self) -> int:
-        """Contribution to its server's role balance: +1 producer, -1 consumer."""
-        return 1 if self.role == "producer" else -1
+        """Contribution to its server's role balance: +1 producer, -1 consumer, 0 neutral."""
+        return {"producer": 1, "consumer": -1}.get(self.role, 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,10 @@ Objective (what every placer minimises, in balance units of `PlacerConfig.balanc
     mem_s  = sum over models m on server s of w_m,  w_m = round(+lendable_m or -needed_m / unit)
     role_s = (#producers on s) - (#consumers on s)
 
-Both terms are driven toward zero on the worst server. `role_weight` defaults to the mean |w_m|,
-so one surplus producer or consumer on a server costs as much as an average model's memory.
+Both terms are driven toward zero on the worst server. `role_weight` defaults to the mean |w_m|
+of the producers and consumers, so one surplus producer or consumer on a server costs as much as
+an average one's memory. A neutral model (w_m = 0, role 0) only takes GPUs: it changes neither
+term, nor the default weight, and is never paired.
 
 Lower bounds on max_s |mem_s| (the larger one is used) and on max_s |role_s|:
   aggregate:     the per-server balances sum to W = sum w_m and R = sum role_m over ALL S servers,
@@ -56,7 +58,7 @@ class PlacementInstance:
         models: Profiles sorted by name; index i is "model i" everywhere below.
         servers: Server specs; index s is "server s".
         weights: w_m in balance units (signed), per model.
-        roles: +1 producer / -1 consumer, per model.
+        roles: +1 producer / -1 consumer / 0 neutral, per model.
         tps: GPUs per model.
         capacities: GPUs per server.
         role_weight: Weight of one unit of role imbalance, in balance units.
@@ -100,8 +102,9 @@ class PlacementInstance:
         weights = tuple(round(m.balance_bytes / unit) for m in ordered)
         if config.role_weight_units is not None:
             role_weight = config.role_weight_units
-        elif ordered:
-            role_weight = max(1, round(sum(abs(w) for w in weights) / len(ordered)))
+        elif any(m.role_sign for m in ordered):
+            lenders_and_borrowers = [abs(w) for m, w in zip(ordered, weights, strict=True) if m.role_sign]
+            role_weight = max(1, round(sum(lenders_and_borrowers) / len(lenders_and_borrowers)))
         else:
             role_weight = 1
         return cls(
@@ -140,6 +143,8 @@ class PlacementInstance:
             for sign in (1, -1)
         }
         for m in range(self.num_models):
+            if not self.roles[m]:
+                continue  # a neutral model moves no balance
             offset = most[-self.roles[m]]  # models of the other role pull the balance back
             worst_case = min(
                 (

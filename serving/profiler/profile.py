@@ -89,14 +89,17 @@ class Profile:
 def model_profile_from_dict(data: Mapping[str, Any], tp: int = 1, burst_level: float = 4.0) -> Any:
     """A serving.placement.ModelProfile from a stored `Profile.to_dict()`.
 
+    A consumer that needs no swap space at `burst_level` (that burst fits its own KV cache) is
+    placed as a "neutral" model: it gets GPUs, but neither a lender nor a DRAM fallback, since it
+    borrows nothing at that level.
+
     Args:
         data: The stored profile.
         tp: GPUs the model runs on.
         burst_level: Which burst level's swap need a consumer is placed for.
 
     Raises:
-        ProfilingError: A missing field, a burst level that was not profiled, or a consumer that
-            needs no swap space at that level.
+        ProfilingError: A missing field, or a burst level that was not profiled.
     """
     from serving.placement import ModelProfile
 
@@ -110,8 +113,6 @@ def model_profile_from_dict(data: Mapping[str, Any], tp: int = 1, burst_level: f
     key = f"{burst_level:g}x"
     if key not in needs:
         raise ProfilingError(f"burst level {key} was not profiled (have {', '.join(needs) or 'none'})")
-    if needs[key] <= 0:
-        raise ProfilingError(
-            f"consumer {name!r} needs no swap space at {key} its max rate; place it for a higher burst level"
-        )
+    if needs[key] == 0:
+        return ModelProfile(name, "neutral", tp, max_rps=max_rps)
     return ModelProfile(name, "consumer", tp, needed_bytes=needs[key], max_rps=max_rps)

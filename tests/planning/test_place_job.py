@@ -149,7 +149,7 @@ def test_it_moves_gpus_on_the_same_host_and_frees_devices_before_taking_them(
         ("no_profile", "models without a profile: c6"),
         ("infeasible", "need more GPUs than any server has"),
         ("slo_changed", "profile it again"),
-        ("no_swap_at_level", "needs no swap space"),
+        ("level_not_profiled", "burst level 4x was not profiled (have 8x)"),
         ("no_hosts", "no hosts with GPU devices"),
     ],
 )
@@ -171,7 +171,7 @@ def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
         Device.objects.update(kind=DeviceKind.CPU)
     else:
         profile = ServedModel.objects.get(name="c6").profile
-        profile.data = {**profile.data, "swap_needed_bytes": {"4x": 0}}
+        profile.data = {**profile.data, "swap_needed_bytes": {"8x": 12 * GIB}}
         profile.save()
     before = deployment_rows()
     job = run_job_via_api(admin_client, "place", params)

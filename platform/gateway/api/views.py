@@ -8,7 +8,7 @@ from accounts.services import api_keys_visible_to
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from registry.models import ServedModel
 from rest_framework import generics, serializers
 from rest_framework.request import Request
@@ -25,14 +25,42 @@ class WindowSerializer(serializers.Serializer[dict[str, float]]):
     window_s = serializers.FloatField(min_value=1, max_value=7 * 86400, default=600)
 
 
+@extend_schema_serializer(deprecate_fields=["tbt_p50_s", "tbt_p99_s"])
 class LatencySummarySerializer(serializers.Serializer[dict[str, object]]):
+    """Percentiles (linearly interpolated) over the window's requests; null without samples. The
+    gateway keeps each request's mean and largest token gap, not every gap (gateway.services
+    ``latency_summary``)."""
+
     requests = serializers.IntegerField()
-    ttft_p50_s = serializers.FloatField(allow_null=True)
-    ttft_p99_s = serializers.FloatField(allow_null=True)
-    tbt_p50_s = serializers.FloatField(allow_null=True)
-    tbt_p99_s = serializers.FloatField(allow_null=True)
-    ttft_slo_s = serializers.FloatField()
-    tbt_slo_s = serializers.FloatField()
+    ttft_p50_s = serializers.FloatField(allow_null=True, help_text="P50 time to first token")
+    ttft_p99_s = serializers.FloatField(allow_null=True, help_text="P99 time to first token; see ttft_slo_s")
+    tpot_p50_s = serializers.FloatField(
+        allow_null=True,
+        help_text="P50 over streamed requests of their mean token gap (time per output token)",
+    )
+    tpot_p99_s = serializers.FloatField(
+        allow_null=True,
+        help_text="P99 over streamed requests of their mean token gap (time per output token); "
+        "not comparable with tbt_slo_s",
+    )
+    tbt_max_p99_s = serializers.FloatField(
+        allow_null=True,
+        help_text="P99 over streamed requests of their largest token gap (which bounds all of that "
+        "request's gaps): the figure to compare with tbt_slo_s; usually above, but not a bound on, "
+        "the P99 over all gaps, which the gateway does not keep",
+    )
+    tbt_p50_s = serializers.FloatField(
+        allow_null=True, help_text="Deprecated: the same value as tpot_p50_s (a mean gap per request)"
+    )
+    tbt_p99_s = serializers.FloatField(
+        allow_null=True,
+        help_text="Deprecated: the same value as tpot_p99_s (a mean gap per request, which it always "
+        "was), not a time-between-tokens P99; compare tbt_max_p99_s with tbt_slo_s",
+    )
+    ttft_slo_s = serializers.FloatField(help_text="the model's P99 TTFT target (slo_ttft_p99_ms / 1000)")
+    tbt_slo_s = serializers.FloatField(
+        help_text="the model's P99 time-between-tokens target (slo_tbt_p99_ms / 1000)"
+    )
 
 
 class RequestPointSerializer(serializers.Serializer[dict[str, object]]):
@@ -41,8 +69,12 @@ class RequestPointSerializer(serializers.Serializer[dict[str, object]]):
     outcome = serializers.CharField()
     stream = serializers.BooleanField()
     ttft_s = serializers.FloatField(allow_null=True)
-    tbt_mean_s = serializers.FloatField(allow_null=True)
-    tbt_max_s = serializers.FloatField(allow_null=True)
+    tbt_mean_s = serializers.FloatField(
+        allow_null=True, help_text="mean gap between the streamed token chunks (time per output token)"
+    )
+    tbt_max_s = serializers.FloatField(
+        allow_null=True, help_text="largest gap between the streamed token chunks"
+    )
 
 
 class ModelLatencySerializer(serializers.Serializer[dict[str, object]]):
@@ -62,8 +94,9 @@ class UsageRowSerializer(serializers.Serializer[Usage]):
 
 
 class ModelLatencyView(APIView):
-    """``GET /api/v1/gateway/latency/<model>/``: TTFT/TBT per request through the gateway, with P50/P99
-    over ``window_s`` seconds and the model's SLO targets (the newest ``MAX_POINTS`` requests)."""
+    """``GET /api/v1/gateway/latency/<model>/``: TTFT and token gaps per request through the
+    gateway (the newest ``MAX_POINTS``), with percentiles over ``window_s`` seconds and the model's
+    SLO targets (``LatencySummarySerializer``)."""
 
     @extend_schema(
         parameters=[OpenApiParameter("window_s", float, description="default 600")],
