@@ -23,21 +23,33 @@ class User(AbstractUser):
     """A platform user. ``role`` decides what the API lets them do; superusers count as admins.
 
     Changing the password (``set_password`` then ``save``: the password change page, the admin's
-    form, ``manage.py changepassword``) deletes the user's operator API tokens, as Django ends the
-    user's other sessions then: a token issued with a leaked password must not outlive the new one
-    (users cannot list or revoke their tokens themselves). A hash upgrade on sign-in is no change.
+    form, ``manage.py changepassword``) or disabling it (``set_unusable_password``: the admin's
+    "password-based authentication: disabled") deletes the user's operator API tokens, as Django
+    ends the user's other sessions then: a token issued with a leaked password must not outlive the
+    new one (users cannot list or revoke their tokens themselves). A hash upgrade on sign-in is no
+    change, and neither is a save whose ``update_fields`` leave the password out.
     """
 
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    _password_disabled = False
+
+    def set_unusable_password(self) -> None:
+        super().set_unusable_password()
+        self._password_disabled = True
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         # set_password() keeps the raw password in _password until AbstractBaseUser.save() has run
         # (check_password()'s hash upgrade clears it first); a new user has no tokens yet.
-        password_changed = getattr(self, "_password", None) is not None and not self._state.adding
+        update_fields = kwargs.get("update_fields")
+        written = update_fields is None or "password" in update_fields
+        pending = getattr(self, "_password", None) is not None or self._password_disabled
+        password_changed = pending and written and not self._state.adding
         with transaction.atomic():
             super().save(*args, **kwargs)
             if password_changed:
                 ApiToken.objects.filter(user=self).delete()
+        if written:
+            self._password_disabled = False
 
 
 class ApiToken(models.Model):

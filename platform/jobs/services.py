@@ -147,7 +147,11 @@ def execute_job(job_id: int, *, retrying: bool = False) -> JobStatus | None:
         logger.info("job %s is not queued (cancelled, finished or missing); skipping", job_id)
         return None
     job = Job.objects.get(pk=job_id)
-    kind = get_kind(job.kind)
+    try:
+        kind = get_kind(job.kind)
+    except KeyError:  # a kind this worker's code does not have (removed, or an older worker)
+        error = f"Unknown job kind {job.kind!r}: this worker does not run it."
+        return _finish(job_id, status=JobStatus.FAILED, error=error)
     ctx = _RowContext(job_id)
     try:
         with Heartbeat(job_id):

@@ -109,3 +109,25 @@ def test_there_is_no_anonymous_password_reset(bob: User, path: str) -> None:
     assert client.get("/accounts/login/").status_code == 200  # the other account pages stay
     client.force_login(bob)
     assert client.get("/accounts/password_change/").status_code == 200
+
+
+def test_disabling_the_password_in_the_admin_ends_the_users_api_tokens(bob: User) -> None:
+    # The admin's "Password-based authentication: Disabled" (set_unusable_password): how an admin
+    # locks a compromised account out.
+    token = issue_api_token(bob, "script").plaintext
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="root-pw-8d1x"))
+    form = {"usable_password": "false", "unset-password": "1"}  # the form's "Disable" button
+    page = client.post(f"/admin/accounts/user/{bob.pk}/password/", form)
+    assert page.status_code == 302
+    bob.refresh_from_db()
+    assert not bob.has_usable_password()
+    assert _me(token).status_code == 401
+
+
+def test_a_save_that_leaves_the_password_out_keeps_the_tokens(bob: User) -> None:
+    token = issue_api_token(bob, "script").plaintext
+    bob.set_password("a-new-pass-7Qx!z")
+    bob.save(update_fields=["email"])  # the new password is not written ...
+    assert User.objects.get(pk=bob.pk).check_password("bob-pw-9f2k")
+    assert _me(token).status_code == 200  # ... so it is no password change

@@ -81,3 +81,10 @@ def test_a_job_that_fails_unexpectedly_keeps_its_traceback(monkeypatch: pytest.M
     assert run_job(job.pk) == JobStatus.FAILED
     job.refresh_from_db()
     assert job.error.startswith("KeyError: 'oops'") and "Traceback (most recent call last)" in job.error
+
+
+def test_a_job_of_a_kind_this_worker_does_not_have_fails_saying_so() -> None:
+    job = Job.objects.create(kind="retired-kind")  # e.g. a worker running older code in a rollout
+    assert run_job(job.pk) == JobStatus.FAILED
+    job.refresh_from_db()
+    assert job.error == "Unknown job kind 'retired-kind': this worker does not run it."
