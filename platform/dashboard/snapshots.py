@@ -31,6 +31,14 @@ HISTORY_WINDOW = timedelta(minutes=10)
 ATTAINMENT_WINDOW = timedelta(seconds=60)
 
 
+def span_label(span: timedelta) -> str:
+    """How a page names the span before now: "last minute", "last 5 minutes", "last 30 s"."""
+    seconds = int(span.total_seconds())
+    if seconds % 60:
+        return f"last {seconds} s"
+    return "last minute" if seconds == 60 else f"last {seconds // 60} minutes"
+
+
 def _latest_samples(device_ids: list[int]) -> dict[int, DeviceSample]:
     """device pk -> its newest sample (one query for the ids, one for the rows)."""
     newest = DeviceSample.objects.filter(device=OuterRef("pk")).order_by("-ts", "-pk").values("pk")[:1]
@@ -91,12 +99,38 @@ def overview() -> Snapshot:
     return snap
 
 
+def lends_to(card: dict[str, Any], cards: Mapping[tuple[int, int], dict[str, Any]]) -> int | None:
+    """The index of the device ``card``'s device lends to, or None (frontend overview.js: lendsTo).
+
+    A producer lends to its ``paired_with``. A device that both lends and borrows reports itself as
+    a consumer (gpu_agent.aqua.device_states) with lent bytes: it lends to ``paired_with`` when
+    that is itself (a CPU host whose engine borrows the host memory lent there) or a device that
+    borrows and names it back; otherwise ``paired_with`` is its own lender, not a borrower."""
+    peer = card["paired_with"]
+    if peer is None:
+        return None
+    if card["role"] == "producer" or (card["lent"] > 0 and peer == card["index"]):
+        return int(peer)
+    other = cards.get((card["host"], peer))
+    if (
+        card["lent"] > 0
+        and other is not None
+        and other["borrowed"] > 0
+        and other["paired_with"] == card["index"]
+    ):
+        return int(peer)
+    return None
+
+
 def pairings(snap: Snapshot) -> list[dict[str, Any]]:
-    """Lender -> borrower pairs on each host, from the cards of an overview snapshot."""
+    """Lender -> borrower pairs on each host, from the cards of an overview snapshot (a device that
+    lends to its own engine is paired with itself)."""
+    cards = {(c["host"], c["index"]): c for c in snap.values() if "index" in c}
     pairs = []
-    for card in snap.values():
-        if "index" in card and card["role"] == "producer" and card["paired_with"] is not None:
-            pairs.append({"host": card["host"], "lender": card["index"], "borrower": card["paired_with"]})
+    for card in cards.values():
+        borrower = lends_to(card, cards)
+        if borrower is not None:
+            pairs.append({"host": card["host"], "lender": card["index"], "borrower": borrower})
     return sorted(pairs, key=lambda p: (p["host"], p["lender"]))
 
 

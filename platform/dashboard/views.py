@@ -88,6 +88,7 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "deployments": deployments,
         "history": points,
         "attainment": snapshots.attainment(model, flat),
+        "attainment_span": snapshots.span_label(snapshots.ATTAINMENT_WINDOW),
         "slo": {"ttft_ms": model.slo_ttft_p99_ms, "tbt_ms": model.slo_tbt_p99_ms},
     }
     return _page(request, "model_detail.html", context)
@@ -168,10 +169,12 @@ def _refused_job_form(request: HttpRequest, errors: forms.Errors) -> HttpRespons
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(Job, pk=pk)
     plan = PlacementPlan.objects.filter(job=job).first()
+    grid = _plan_grid(plan)
     context = {
         "job": job,
         "plan": plan,
-        "grid": _plan_grid(plan),
+        "grid": grid,
+        "gpu_columns": range(max((len(row["cells"]) for row in grid), default=0)),
         "notice": request.session.pop("dashboard_notice", None),
     }
     return _page(request, "job_detail.html", context)

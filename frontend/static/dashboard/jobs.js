@@ -28,6 +28,7 @@
         row.dataset.job = id;
         row.innerHTML = '<td><a href="/jobs/' + id + '/">' + id + '</a></td><td></td><td class="status"></td>' +
           '<td><progress max="1"></progress> <span class="pct"></span></td><td></td>';
+        row.querySelector("progress").setAttribute("aria-label", "progress of job " + id);
         row.children[1].textContent = job.kind;
         row.children[4].textContent = job.created;
         insert(row);

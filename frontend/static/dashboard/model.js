@@ -35,12 +35,23 @@
     }
     return [0, top * 1.15];
   }
+  function hasPoints() {
+    return deployments.some((dep) => history[dep].length > 0);
+  }
   function layout(chart) {
     const l = { title: { text: chart.title }, height: 260, margin: { l: 50, r: 10, t: 40, b: 40 }, xaxis: { type: "date" } };
+    l.annotations = [];
+    if (!hasPoints()) {
+      // Nothing to draw: an empty date axis would span Jan to Dec 2000. Show the last 10 minutes
+      // (the history the page loads), in UTC as the samples' times are drawn, and say why it is empty.
+      const now = Date.now();
+      l.xaxis.range = [new Date(now - 600000).toISOString(), new Date(now).toISOString()];
+      l.annotations.push({ xref: "paper", yref: "paper", x: 0.5, y: 0.5, text: "no samples yet", showarrow: false });
+    }
     if (chart.slo) {
       l.yaxis = { range: sloRange(chart) };
       l.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: chart.slo, y1: chart.slo, line: { color: "#c0392b", dash: "dash" } }];
-      l.annotations = [{ xref: "paper", x: 1, y: chart.slo, text: "SLO", showarrow: false, xanchor: "right", yanchor: "bottom" }];
+      l.annotations.push({ xref: "paper", x: 1, y: chart.slo, text: "SLO", showarrow: false, xanchor: "right", yanchor: "bottom" });
     }
     return l;
   }
@@ -53,7 +64,9 @@
     const known = history[dep].length ? history[dep][history[dep].length - 1].ts : "";
     const points = incoming.filter((p) => p.ts > known);
     if (!points.length) return;
+    const wasEmpty = !hasPoints();
     history[dep].push(...points);
+    if (wasEmpty) { draw(); return; }  // the first points: drop the empty charts' fixed range and note
     const index = deployments.indexOf(dep);
     for (const chart of charts) {
       const n = chart.series.length;
@@ -73,8 +86,10 @@
     Live.open(root.dataset.socket, function (message) {
       if (message.type === "points") append(String(message.deployment), message.points);
       if (message.type === "summary" && "attainment" in message.set) {
+        // Over the last minute of windows only (dashboard/snapshots.py ATTAINMENT_WINDOW).
         const a = message.set.attainment;
-        document.getElementById("attainment").textContent = a === null ? "no samples yet" : a.toFixed(1) + "%";
+        const shown = document.getElementById("attainment");
+        shown.textContent = a === null ? shown.dataset.empty : a.toFixed(1) + "%";
       }
     });
   });

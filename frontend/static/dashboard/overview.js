@@ -10,14 +10,47 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
+  // "GPU 3", or "CPU 0" for a CPU host's one device (its host memory).
+  function deviceName(card) {
+    return (card.kind === "cpu" ? "CPU " : "GPU ") + card.index;
+  }
+  // The index of the device this card's device lends to, or null (as dashboard/snapshots.py
+  // lends_to). A producer lends to its pair. A device that both lends and borrows reports itself
+  // as a consumer with lent bytes: it lends to its pair when that is itself (a CPU host's engine
+  // borrowing the host memory lent there) or a borrower that names it back; else the pair is its
+  // own lender.
+  function lendsTo(card, byIndex) {
+    const peer = card.paired_with;
+    if (peer === null || peer === undefined) return null;
+    if (card.role === "producer" || (card.lent > 0 && peer === card.index)) return peer;
+    const other = byIndex.get(peer);
+    if (card.lent > 0 && other && other.borrowed > 0 && other.paired_with === card.index) return peer;
+    return null;
+  }
+  // How ``card`` names the device at ``index`` of its host: "itself", or that device's name.
+  function peerName(card, index, byIndex) {
+    if (index === card.index) return "itself";
+    const other = byIndex.get(index);
+    return other ? deviceName(other) : "GPU " + index;
+  }
+  function selfLending(card) {
+    return card.lent > 0 && card.borrowed > 0 && card.paired_with === card.index;
+  }
   function bar(card) {
     const b = el("div", "membar");
     const total = card.total || 1;
     // A producer's "used" includes what it lent out (that memory is on this GPU): show the two
     // apart. A consumer's borrowed bytes live on its lender's GPU; they are drawn after its own
-    // use (clipped by the bar) so the card shows how much extra room the engine has.
+    // use (clipped by the bar) so the card shows how much extra room the engine has. A device
+    // lending to its own engine holds what it borrows inside what it lent: that part is drawn
+    // as borrowed, the rest of the lent memory as lent, so nothing is counted twice.
     const own = Math.max(card.used - card.lent, 0);
-    for (const [cls, n] of [["used", own], ["lent", card.lent], ["borrowed", card.borrowed]]) {
+    let segs = [["used", own], ["lent", card.lent], ["borrowed", card.borrowed]];
+    if (selfLending(card)) {
+      const back = Math.min(card.borrowed, card.lent);
+      segs = [["used", own], ["lent", card.lent - back], ["borrowed", back]];
+    }
+    for (const [cls, n] of segs) {
       const seg = el("span", "seg " + cls);
       seg.style.width = (100 * n / total).toFixed(2) + "%";
       seg.title = cls + " " + Live.bytes(n);
@@ -43,8 +76,13 @@
       section.appendChild(h);
       const cards = Object.keys(state).filter((k) => k.startsWith("device:") && state[k].host === id)
         .map((k) => [k, state[k]]).sort((a, b) => a[1].index - b[1].index);
-      const pairs = cards.filter(([, c]) => c.role === "producer" && c.paired_with !== null)
-        .map(([, c]) => "GPU " + c.index + " → GPU " + c.paired_with);
+      const byIndex = new Map(cards.map(([, c]) => [c.index, c]));
+      const pairs = [];
+      for (const [, c] of cards) {
+        const to = lendsTo(c, byIndex);
+        if (to === null) continue;
+        pairs.push(deviceName(c) + " → " + peerName(c, to, byIndex));
+      }
       section.appendChild(el("p", "pairings", pairs.length ? "Lending: " + pairs.join(", ") : "No lending."));
       const grid = el("div", "cards");
       for (const [key, c] of cards) {
@@ -52,14 +90,18 @@
         card.dataset.device = key;
         card.dataset.role = c.role;
         card.dataset.ts = c.ts || "";
-        card.appendChild(el("h3", null, "GPU " + c.index + " · " + c.name));
-        card.appendChild(el("span", "badge role", c.role));
+        card.appendChild(el("h3", null, deviceName(c) + " · " + c.name));
+        // A consumer that also lends reports itself as a consumer: say it lends too.
+        card.appendChild(el("span", "badge role", c.role === "consumer" && c.lent > 0 ? "consumer + producer" : c.role));
         card.appendChild(bar(c));
         const used = el("p", "mem", Live.bytes(c.used) + " used of " + Live.bytes(c.total));
         used.dataset.used = c.used;
         card.appendChild(used);
-        if (c.lent) card.appendChild(el("p", "lent", "lent " + Live.bytes(c.lent) + (c.paired_with !== null ? " to GPU " + c.paired_with : "")));
-        if (c.borrowed) card.appendChild(el("p", "borrowed", "borrowed " + Live.bytes(c.borrowed) + (c.paired_with !== null ? " from GPU " + c.paired_with : "")));
+        const to = lendsTo(c, byIndex);
+        const peer = c.paired_with === null ? "" : peerName(c, c.paired_with, byIndex);
+        // paired_with names one side only: the borrower of a lender, else the lender of a borrower.
+        if (c.lent) card.appendChild(el("p", "lent", "lent " + Live.bytes(c.lent) + (to !== null ? " to " + peer : "")));
+        if (c.borrowed) card.appendChild(el("p", "borrowed", "borrowed " + Live.bytes(c.borrowed) + (peer && (to === null || to === c.index) ? " from " + peer : "")));
         if (c.utilization !== null) card.appendChild(el("p", "util", "util " + c.utilization.toFixed(0) + "%"));
         card.appendChild(el("p", "ts", c.ts ? "sample " + c.ts.slice(11, 19) : "no sample yet"));
         grid.appendChild(card);
