@@ -208,3 +208,10 @@ def test_an_edit_with_emptied_optional_fields_sets_their_defaults_and_awaits_the
     assert deployment.observed_message.startswith("model settings changed (engine_options)")
     assert deployment.restart_from is not None
     assert deployment.restart_from["model"]["engine_options"] == {"seed": 0}
+
+
+def test_pages_name_their_icon_so_browsers_do_not_ask_for_a_missing_favicon(admin_client: Client) -> None:
+    # Without a <link rel="icon">, browsers fetch /favicon.ico: a 404 in every page's console.
+    assert admin_client.get("/favicon.ico").status_code == 404
+    for page in (Client().get("/accounts/login/"), admin_client.get("/")):
+        assert page.status_code == 200 and '<link rel="icon" href="data:,">' in page.content.decode()
