@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from functools import wraps
 from typing import Any
 
@@ -19,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
+from gateway import services as gateway_services
 from jobs import services as jobs_services
 from jobs.api.serializers import describe_kinds
 from jobs.models import Job
@@ -90,8 +92,27 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "attainment": snapshots.attainment(model, flat),
         "attainment_span": snapshots.span_label(snapshots.ATTAINMENT_WINDOW),
         "slo": {"ttft_ms": model.slo_ttft_p99_ms, "tbt_ms": model.slo_tbt_p99_ms},
+        "gateway": _gateway_latency_ms(model),
     }
     return _page(request, "model_detail.html", context)
+
+
+GATEWAY_WINDOW = timedelta(minutes=10)
+
+
+def _gateway_latency_ms(model: ServedModel) -> dict[str, Any]:
+    """What users saw through the /v1 gateway over GATEWAY_WINDOW, in ms (None: no sample). The
+    engine's charts start at the engine; these include its front end and the gateway."""
+    summary = gateway_services.latency_summary(model, GATEWAY_WINDOW)
+    keys = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "tbt_max_p99_s")
+    out: dict[str, Any] = {k.removesuffix("_s"): _ms(summary[k]) for k in keys}
+    out["requests"] = summary["requests"]
+    out["span"] = snapshots.span_label(GATEWAY_WINDOW)
+    return out
+
+
+def _ms(seconds: Any) -> str | None:
+    return None if seconds is None else f"{float(seconds) * 1000:.1f}"
 
 
 @admin_required

@@ -13,6 +13,7 @@ from dashboard.assets import PLOTLY_JS, PLOTLY_VERSION
 from deployments.models import Deployment, ObservedState
 from django.test import Client
 from django.utils import timezone
+from gateway.models import RequestSample
 from inventory.models import Device, Host
 from jobs.models import Job, JobStatus
 from registry.api.serializers import ServedModelSerializer
@@ -215,3 +216,26 @@ def test_pages_name_their_icon_so_browsers_do_not_ask_for_a_missing_favicon(admi
     assert admin_client.get("/favicon.ico").status_code == 404
     for page in (Client().get("/accounts/login/"), admin_client.get("/")):
         assert page.status_code == 200 and '<link rel="icon" href="data:,">' in page.content.decode()
+
+
+def test_the_model_page_shows_what_users_saw_through_the_gateway(
+    admin_client: Client, served_model: ServedModel
+) -> None:
+    # The engine's charts start at the engine; the gateway's timings include its front end too.
+    page = admin_client.get(f"/models/{served_model.pk}/").content.decode()
+    assert "No requests through the gateway in the last 10 minutes." in page
+    for ttft, gap in ((0.1, 0.01), (0.2, 0.02), (0.3, 0.5)):
+        RequestSample.objects.create(
+            model=served_model,
+            ts=timezone.now(),
+            stream=True,
+            outcome="completed",
+            ttft_s=ttft,
+            tbt_mean_s=gap,
+            tbt_max_s=gap * 2,
+        )
+    page = admin_client.get(f"/models/{served_model.pk}/").content.decode()
+    block = page[page.index('id="gateway-latency"') :]
+    assert "<dt>Requests</dt><dd>3</dd>" in block
+    assert "200.0 / 298.0 ms" in block  # TTFT p50 / p99 (interpolated)
+    assert "980.8 ms" in block  # p99 of the largest gaps (0.02, 0.04, 1.0 s)
