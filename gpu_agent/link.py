@@ -138,6 +138,7 @@ class AgentLink:
         self._ws: ClientConnection | None = None
         self._held: list[Frame] | None = None  # frames sent during the handshake
         self._refusal: str | None = None  # the last error frame of this connection (`_read`)
+        self._refused: str | None = None  # why the control plane refused this connection's register
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self.stats = LinkStats()
@@ -244,7 +245,7 @@ class AgentLink:
                 # Frames sent while the hello is on its way are held and follow it, so a status
                 # change during the handshake is neither lost nor sent before `register`.
                 self._held = []
-                self._refusal = None
+                self._refusal = self._refused = None
                 for frame in self._hello():
                     if (text := self._encode(frame)) is not None:
                         await ws.send(text)
@@ -257,6 +258,9 @@ class AgentLink:
                 log.info("Connected to the control plane at %s.", self.url)
                 await self._serve(ws)
             except ConnectionClosed as exc:
+                if self._refused is not None:
+                    # `_read` was closing a refused connection when a send saw it closed first.
+                    raise RegisterRefused(self._refused) from None
                 rcvd = exc.rcvd
                 if rcvd is not None and rcvd.code == CLOSE_REGISTER_REFUSED:
                     why = self._refusal or rcvd.reason or "no reason given"
@@ -298,8 +302,11 @@ class AgentLink:
                 await ws.send(dumps(ErrorFrame("bad_frame", str(exc), exc.field or None)))
                 continue
             if isinstance(frame, ErrorFrame) and self._register_refused(frame):
+                # Recorded before the close handshake: a heartbeat or telemetry send during it
+                # raises ConnectionClosed (code 1000) first, which `_session` turns back into this.
+                self._refused = self._refusal or frame.message
                 await ws.close()
-                raise RegisterRefused(self._refusal or frame.message)
+                raise RegisterRefused(self._refused)
             try:
                 await self._on_frame(frame)
             except Exception:

@@ -22,7 +22,8 @@ class EngineManager:
     """One `EngineSupervisor` per desired deployment.
 
     `apply()` takes the complete desired list: new deployments start, missing ones stop, and a
-    deployment whose spec changed is stopped and started again. A deployment naming a device this
+    deployment whose spec changed is stopped and started again (the new supervisor reports the
+    latencies the old one had not reported yet). A deployment naming a device this
     host does not have is reported failed at once and never started. Once `close()` (agent
     shutdown) has begun, `apply()` starts nothing: a desired list that arrives while the engines
     stop would otherwise start an engine that nothing stops.
@@ -72,6 +73,7 @@ class EngineManager:
         for sup in gone:
             del self._engines[sup.spec.id]
         await asyncio.gather(*(sup.stop() for sup in gone))
+        replaced = {sup.spec.id: sup for sup in gone if sup.spec.id in wanted}
         for dep_id in [d for d in self._rejected if d not in wanted]:
             del self._rejected[dep_id]
         for dep_id in sorted(wanted):
@@ -83,7 +85,9 @@ class EngineManager:
                 self._reject(spec, missing)
                 continue
             self._rejected.pop(dep_id, None)
-            self._start(spec)
+            sup = self._start(spec)
+            if dep_id in replaced:  # its latencies not reported yet go out with the new engine's
+                sup.adopt_unreported(replaced[dep_id])
 
     def _reject(self, spec: DeploymentSpec, missing: list[int]) -> None:
         have = ", ".join(str(d) for d in sorted(self._devices))
@@ -97,7 +101,7 @@ class EngineManager:
         log.error("Deployment %s rejected: %s", spec.id, status.error)
         self._on_status(status)
 
-    def _start(self, spec: DeploymentSpec) -> None:
+    def _start(self, spec: DeploymentSpec) -> EngineSupervisor:
         backoff = self._backoff_factory(spec.id) if self._backoff_factory else None
         sup = EngineSupervisor(
             spec,
@@ -113,6 +117,7 @@ class EngineManager:
         self._engines[spec.id] = sup
         log.info("Starting deployment %s (%s on devices %s).", spec.id, spec.model.name, spec.devices)
         sup.start()
+        return sup
 
     async def restart(self, deployment_id: str) -> bool:
         """Restart one deployment's engine; False if it is not on this host."""

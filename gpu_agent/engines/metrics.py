@@ -54,6 +54,14 @@ class Histogram:
             return self
         return Histogram(deltas)
 
+    def plus(self, other: Histogram) -> Histogram | None:
+        """The observations of both windows; None when their bucket layouts differ."""
+        if [b for b, _ in other.buckets] != [b for b, _ in self.buckets]:
+            return None
+        return Histogram(
+            tuple((b, c + o) for (b, c), (_, o) in zip(self.buckets, other.buckets, strict=True))
+        )
+
 
 def histogram_quantile(q: float, hist: Histogram) -> float | None:
     """The q-quantile (0 <= q <= 1) estimated from cumulative buckets; None with no observations."""

@@ -17,6 +17,11 @@ previous take reported up to, so every observation is reported exactly once howe
 and the ticks drift apart (a scrape every `scrape_interval_s` *plus* its own duration against ticks
 on the wall clock). Reporting each scrape's own window instead sent a window twice when no scrape
 fell between two ticks and lost one when two did. `sample()` peeks at the latest scrape's window.
+A run that ends (crash, `restart()`, `stop()`) keeps what its scrapes saw since the last take
+(`_unreported`); the next take adds it to its own window (the run's alone, its state that of the
+take, when the bucket layouts differ). A supervisor that replaces one for the same deployment
+(a changed spec) takes over its predecessor's (`adopt_unreported`). Those of a deployment that left
+this host are dropped: the control plane refuses samples for a deployment that is not on the host.
 
 An exception while building or launching the engine is a `failed` status with the error, never a
 silently dead supervisor (which left the deployment `starting` for ever):
@@ -46,7 +51,7 @@ import httpx
 
 from gpu_agent.engines.command import EngineConfigError, LaunchSpec
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
-from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, parse_metrics, summarize
+from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, Histogram, parse_metrics, summarize
 from gpu_agent.engines.ports import PortAllocator
 from gpu_agent.engines.process_group import end_group
 from gpu_agent.protocol import (
@@ -131,6 +136,7 @@ class EngineSupervisor:
         self._metrics: EngineMetrics | None = None  # the latest scrape of this run
         self._window: EngineSample | None = None  # its sample: latencies since the scrape before
         self._taken: EngineMetrics | None = None  # the scrape the last take_sample() reported up to
+        self._unreported: list[Window] = []  # ended runs' observations no take reported yet
 
     # ---- control ------------------------------------------------------------------------------
 
@@ -180,14 +186,30 @@ class EngineSupervisor:
         """The engine since the previous `take_sample()`, for one telemetry frame: latencies
         observed between the scrape that call reported up to and the latest one (a count of 0 when
         no scrape came in between), gauges and counters as of the latest scrape. Metrics only
-        while running; the first take of an engine run covers it from its start."""
+        while running; the first take of an engine run covers it from its start. Latencies that
+        ended runs observed after their last take are added (see the module docstring)."""
         latest, current = self._window, self._metrics
+        ended = self._unreported[0] if self._unreported else None
         if self.state != "running" or latest is None or current is None:
-            return self.sample()
-        earlier, self._taken = self._taken, current
-        return dataclasses.replace(
-            latest, ttft=_latencies(TTFT, current, earlier), itl=_latencies(ITL, current, earlier)
-        )
+            if ended is None:
+                return self.sample()
+            self._unreported.pop(0)
+            return _with_latencies(self.sample(), ended)
+        window = _since(current, self._taken)
+        if ended is not None:
+            merged = _merged(ended, window)
+            self._unreported.pop(0)
+            if merged is None:  # another bucket layout: the ended run alone, this one next time
+                return _with_latencies(latest, ended)
+            window = merged
+        self._taken = current
+        return _with_latencies(latest, window)
+
+    def adopt_unreported(self, predecessor: EngineSupervisor) -> None:
+        """Report, with this engine's, what the stopped supervisor this one replaces (same
+        deployment) had not reported yet."""
+        self._unreported = predecessor._unreported + self._unreported
+        predecessor._unreported = []
 
     def tail(self, n: int) -> list[str]:
         return tail_lines(self.log_path, n)
@@ -249,6 +271,20 @@ class EngineSupervisor:
             self._proc = None  # its pid may be reused: never signal that group again
             self.port = None
             self._ports.release(port)
+            self._keep_unreported()
+
+    def _keep_unreported(self) -> None:
+        """At the end of a run: keep what its scrapes saw since the last take reported up to
+        (the next take reports it), then forget the run's scrapes."""
+        if self._metrics is not None:
+            window = {n: h for n, h in _since(self._metrics, self._taken).items() if h.count > 0}
+            last = self._unreported[-1] if self._unreported else None
+            merged = _merged(last, window) if last is not None else None
+            if merged is not None:
+                self._unreported[-1] = merged
+            elif window:
+                self._unreported.append(window)
+        self._metrics, self._window, self._taken = None, None, None
 
     async def _launch_and_watch(self, port: int) -> str:
         os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
@@ -258,7 +294,7 @@ class EngineSupervisor:
             # Counters are "since the engine started": drop the previous process's file.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(launch.offload_stats)
-        self.port, self._metrics, self._window, self._taken = port, None, None, None
+        self.port = port  # (the previous run's scrapes were forgotten at its end: _keep_unreported)
         self._ran_stable_since = None
         try:
             rotate(self.log_path, self._log_max_bytes, self._log_backups)
@@ -372,6 +408,37 @@ def _latencies(name: str, current: EngineMetrics, earlier: EngineMetrics | None)
     if hist is None:
         return None
     return summarize(hist.minus(earlier.histograms.get(name) if earlier is not None else None))
+
+
+Window = dict[str, Histogram]  # latency histogram name -> the observations of a window
+
+
+def _since(current: EngineMetrics, earlier: EngineMetrics | None) -> Window:
+    """The latency observations between two scrapes of one run (since its start without `earlier`)."""
+    return {
+        name: hist.minus(earlier.histograms.get(name) if earlier is not None else None)
+        for name in (TTFT, ITL)
+        if (hist := current.histograms.get(name)) is not None
+    }
+
+
+def _merged(a: Window, b: Window) -> Window | None:
+    """The observations of both windows; None when a histogram's bucket layouts differ."""
+    out = dict(a)
+    for name, hist in b.items():
+        if name in out:
+            both = out[name].plus(hist)
+            if both is None:
+                return None
+            out[name] = both
+        else:
+            out[name] = hist
+    return out
+
+
+def _with_latencies(sample: EngineSample, window: Window) -> EngineSample:
+    """`sample` with p50/p99 of `window` (None for a histogram the engine does not expose)."""
+    return dataclasses.replace(sample, ttft=summarize(window.get(TTFT)), itl=summarize(window.get(ITL)))
 
 
 def _url_host(host: str) -> str:
