@@ -23,6 +23,8 @@ Cost-model samples, timed from the client side (approximate: they include the HT
   - decode: the gap between two chunks of a request, when no request was waiting for its first token
     meanwhile, gives (the context lengths of every request running then, gap).
 At most `MAX_SAMPLES` of each are kept (a seeded draw), so the frame stays small.
+A `probe` frame with `cancel` stops the replay of its `probe_id` (its streams are closed, so the
+engine aborts their requests): a cancelled profile job leaves no load behind on the engine.
 Percentiles count a request that produced no token as infinitely late (reported as null); with no
 inter-token gap at all (one-token outputs) the TBT percentiles are 0, as in the simulator probe.
 """
@@ -50,6 +52,9 @@ from serving.profiler.sim_probe import tail_percentile
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 CACHE_INFO = "vllm:cache_config_info"
 MAX_SAMPLES = 300
+
+# The replays running in this process (the agent's event loop), by probe id: set to stop one.
+_REPLAYS: dict[str, asyncio.Event] = {}
 
 
 def model_config(source: str) -> dict[str, Any]:
@@ -194,7 +199,23 @@ class ProbeRunner:
         self.vocab_floor = min(vocab_floor, self.vocab - 1)
 
     async def run(self, frame: Probe) -> ProbeReport:
-        """Replay `frame.requests`; never raises for engine errors (they become unfinished requests)."""
+        """Replay `frame.requests`; never raises for engine errors (they become unfinished requests).
+        A `cancel` frame stops the replay of its probe id instead; the stopped replay then answers
+        with a report that is not ok."""
+        if frame.cancel:
+            stop = _REPLAYS.get(frame.probe_id)
+            if stop is None:
+                return failed(frame, "cancelled: no replay of this probe was running")
+            stop.set()
+            return failed(frame, "cancelled: the replay was stopped")
+        stop = _REPLAYS[frame.probe_id] = asyncio.Event()
+        try:
+            return await self._replay(frame, stop)
+        finally:
+            if _REPLAYS.get(frame.probe_id) is stop:
+                del _REPLAYS[frame.probe_id]
+
+    async def _replay(self, frame: Probe, stop: asyncio.Event) -> ProbeReport:
         rng = random.Random(frame.seed)
         tracks = [_Track(r) for r in sorted(frame.requests, key=lambda r: r.arrival_s)]
         prompts = [
@@ -212,15 +233,21 @@ class ProbeRunner:
                 asyncio.create_task(self._send(http, t, p, start, peaks))
                 for t, p in zip(tracks, prompts, strict=True)
             ]
+            replay: asyncio.Future[Any] = asyncio.gather(*sends)
+            stopped: asyncio.Future[Any] = asyncio.create_task(stop.wait())
             try:
-                await asyncio.wait_for(asyncio.gather(*sends), timeout=frame.timeout_s)
-            except TimeoutError:
-                pass  # whatever is still running counts as unfinished
+                # On timeout, whatever is still running counts as unfinished.
+                await asyncio.wait(
+                    {replay, stopped}, timeout=frame.timeout_s, return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
-                for task in [*sends, sampler]:
-                    task.cancel()
-                await asyncio.gather(*sends, sampler, return_exceptions=True)
+                for task in [*sends, sampler, stopped]:
+                    task.cancel()  # closes their streams: the engine aborts those requests
+                await asyncio.gather(replay, *sends, sampler, stopped, return_exceptions=True)
             duration = time.monotonic() - start
+        if stop.is_set():
+            sent = sum(t.sent_at is not None for t in tracks)
+            return failed(frame, f"cancelled after {duration:.1f} s ({sent} of {len(tracks)} requests sent)")
         return self._report(frame, tracks, capacity, peaks, duration)
 
     async def _capacity_tokens(self, http: httpx.AsyncClient) -> int:

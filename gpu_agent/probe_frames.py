@@ -31,7 +31,12 @@ class ProbeRequestSpec:
 class Probe(Frame):
     """Replay `requests` against deployment `deployment_id`'s engine (streaming OpenAI completions)
     and answer with a `probe_result` carrying the same `probe_id`. Requests still running after
-    `timeout_s` count as unfinished."""
+    `timeout_s` count as unfinished.
+
+    With `cancel`, the frame (otherwise a copy of the one that started it) stops the replay of
+    `probe_id` instead: its streams are closed, so the engine aborts their requests, and nothing
+    more is sent. Both the stopped replay and the cancel frame are answered with a `probe_result`
+    that is not `ok` (the control plane has stopped waiting for it)."""
 
     TYPE: ClassVar[str] = "probe"
     SENDERS: ClassVar[tuple[Sender, ...]] = ("control_plane",)
@@ -41,6 +46,7 @@ class Probe(Frame):
     requests: list[ProbeRequestSpec]
     timeout_s: float = 600.0
     seed: int = 0  # seeds the prompt token ids
+    cancel: bool = False  # stop the replay of `probe_id` (see above)
 
     def __post_init__(self) -> None:
         check(bool(self.probe_id), "probe_id", "must not be empty")

@@ -8,6 +8,11 @@ host connected to this process in one database call (a conditional UPDATE per ro
 ASGI processes exactly one sends each) and sends each frame through its host's connection. One
 poll per process, not one per connection: N connected agents cost one query per interval.
 `store_probe_result` records an answer.
+
+A probe cancelled after it was sent (its job was cancelled, or no longer runs) is still being
+replayed by the agent: the poller then sends its frame again with `cancel` set, once (marked by
+``result = {"stop_sent": true}`` on the row), so that the agent stops loading the engine for an
+answer nobody waits for.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import timedelta
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -28,19 +34,37 @@ from planning.models import ProbeRequest, ProbeStatus
 
 log = logging.getLogger(__name__)
 
+# The longest a replay runs on the agent: the `profile` job's probe_timeout_s is at most this.
+MAX_PROBE_TIMEOUT_S = 3600.0
+
 
 def claim_pending(host_ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
-    """Mark the hosts' pending probes sent and return their frames by host, oldest first.
+    """Mark the hosts' pending probes sent and return their frames by host, oldest first, after
+    the `cancel` frames of probes sent but cancelled since (see the module docstring).
 
     A probe whose job no longer runs (its worker died, or it was cancelled, while the agent was
     away) is cancelled instead: nobody waits for its answer, and replaying it would load the engine
     for nothing.
     """
     frames: dict[int, list[dict[str, Any]]] = {}
-    pending = ProbeRequest.objects.filter(host_id__in=list(host_ids), status=ProbeStatus.PENDING)
-    pending.filter(job__isnull=False).exclude(job__status=JobStatus.RUNNING).update(
-        status=ProbeStatus.CANCELLED, error="its job no longer runs", finished_at=timezone.now()
+    hosts = list(host_ids)
+    orphaned = ProbeRequest.objects.filter(
+        host_id__in=hosts, status__in=[ProbeStatus.PENDING, ProbeStatus.SENT], job__isnull=False
+    ).exclude(job__status=JobStatus.RUNNING)
+    orphaned.update(status=ProbeStatus.CANCELLED, error="its job no longer runs", finished_at=timezone.now())
+    stoppable = ProbeRequest.objects.filter(
+        host_id__in=hosts,
+        status=ProbeStatus.CANCELLED,
+        sent_at__isnull=False,
+        result__isnull=True,
+        # No replay outlives its timeout (at most MAX_PROBE_TIMEOUT_S): older rows need no stop.
+        finished_at__gte=timezone.now() - timedelta(seconds=MAX_PROBE_TIMEOUT_S),
     )
+    for pk, host_id, frame in stoppable.order_by("pk").values_list("pk", "host_id", "frame"):
+        marked = ProbeRequest.objects.filter(pk=pk, result__isnull=True).update(result={"stop_sent": True})
+        if marked:
+            frames.setdefault(host_id, []).append({**frame, "cancel": True})
+    pending = ProbeRequest.objects.filter(host_id__in=hosts, status=ProbeStatus.PENDING)
     for pk, host_id, frame in pending.order_by("pk").values_list("pk", "host_id", "frame"):
         claimed = ProbeRequest.objects.filter(pk=pk, status=ProbeStatus.PENDING).update(
             status=ProbeStatus.SENT, sent_at=timezone.now()

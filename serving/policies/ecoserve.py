@@ -39,7 +39,9 @@ SLOs are per request: `class_slos` maps a request's `slo_class` (e.g. its applic
 application and request). Slack uses the request's own TTFT; the TPOT-based caps use the strictest
 TPOT among the requests that share the iteration.
 
-Without a cost model the TTFT slack ignores prefill time and the TPOT-based caps are off. A request
+Without a cost model the TTFT slack ignores prefill time and the TPOT-based caps are off. A prediction
+beyond the request's `max_output_tokens` (an optional attribute: vLLM's `max_tokens`, read by
+serving/vllm_ext/request_view.py) counts as that many tokens. A request
 without a prediction is assumed to need `default_prediction` tokens; when that is None (the
 default) it reserves only the KV it holds; with no predictions at all there is no reservation: the
 policy allocates on demand like vLLM and relies on preemption (victims chosen as above).
@@ -123,6 +125,9 @@ class EcoServePolicy(SchedulingPolicy):
         with its next token: it reserves nothing beyond what it holds.
         """
         pred = r.predicted_output_tokens or self.default_prediction
+        cap = getattr(r, "max_output_tokens", None)  # the vLLM view's max_tokens (request_view.py)
+        if pred is not None and cap is not None:
+            pred = min(pred, cap)  # the response cannot outgrow it, whatever the client predicted
         out = r.num_output_tokens
         if pred is None:
             return out + 1
@@ -191,8 +196,6 @@ class EcoServePolicy(SchedulingPolicy):
         return int(min(ctx.token_budget, max(0.0, x)))
 
     def admission_limit(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> int | None:
-        if not running:
-            return None  # the engine must make progress; one admission at least
         n_ok = len(waiting)
         if self.cost is not None:
             n_ok = min(n_ok, self._batch_room(running, waiting))
@@ -200,7 +203,11 @@ class EcoServePolicy(SchedulingPolicy):
             n_ok = min(n_ok, self._kv_room(running, waiting, ctx))
         if self.late_kv_share < 1:
             n_ok = min(n_ok, self._late_room(running, waiting, ctx))
-        return max(0, n_ok)
+        if running:
+            return max(0, n_ok)
+        # An idle engine is gated too (a burst must not overcommit the cache), but it must make
+        # progress: one admission at least, even of a request larger than the whole target.
+        return None if n_ok >= len(waiting) else max(1, n_ok)
 
     # -- admission helpers ---------------------------------------------------------------------
 

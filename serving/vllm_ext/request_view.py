@@ -4,6 +4,7 @@ Two per-request hints travel in `SamplingParams.extra_args`, which vLLM's OpenAI
 a request's `vllm_xargs` (e.g. `"vllm_xargs": {"predicted_output_tokens": 120, "slo_class": "chat"}`):
 
     predicted_output_tokens   a positive integer: the response length a predictor expects
+                              (EcoServe reads one above `max_tokens` as `max_tokens`)
     slo_class                 a non-empty string: the key of the request's SLO in the policy's
                               `class_slos`
 
@@ -79,6 +80,13 @@ class VllmRequestView:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return value
         return None
+
+    @property
+    def max_output_tokens(self) -> int:
+        """The request's `max_tokens`: EcoServe reads a larger prediction as this many tokens, so
+        that a client's absurd hint cannot reserve KV the request will never use (and hold back
+        every other request while it runs)."""
+        return int(self._r.max_tokens)
 
     @property
     def slo_class(self) -> str | None:
