@@ -103,6 +103,7 @@ class _Track:
     chunks: list[float] = field(default_factory=list)
     finished: bool = False
     closed: bool = False  # its stream has ended (finished, failed or cancelled)
+    lost: str = ""  # the connection failed (refused, reset, cut): the engine went away, not late
     held: int = 0  # tokens of KV it is known to hold now (counted in _KvPeaks.held)
 
 
@@ -199,7 +200,8 @@ class ProbeRunner:
         self.vocab_floor = min(vocab_floor, self.vocab - 1)
 
     async def run(self, frame: Probe) -> ProbeReport:
-        """Replay `frame.requests`; never raises for engine errors (they become unfinished requests).
+        """Replay `frame.requests`; never raises for engine errors: an error answer (HTTP 500) is an
+        unfinished request, a lost connection (the engine stopped or restarted) fails the probe.
         A `cancel` frame stops the replay of its probe id instead; the stopped replay then answers
         with a report that is not ok."""
         if frame.cancel:
@@ -248,6 +250,15 @@ class ProbeRunner:
         if stop.is_set():
             sent = sum(t.sent_at is not None for t in tracks)
             return failed(frame, f"cancelled after {duration:.1f} s ({sent} of {len(tracks)} requests sent)")
+        lost = [t.lost for t in tracks if t.lost]
+        if lost:
+            # The engine stopped or restarted mid-probe: its answers say nothing about the rate
+            # (counted as late, they would pull the profile's max rate down), so the probe fails.
+            return failed(
+                frame,
+                f"the engine was unreachable during the probe: {len(lost)} of {len(tracks)} requests "
+                f"lost their connection (first: {lost[0]})",
+            )
         return self._report(frame, tracks, capacity, peaks, duration)
 
     async def _capacity_tokens(self, http: httpx.AsyncClient) -> int:
@@ -303,6 +314,10 @@ class ProbeRunner:
                     if choices[0].get("finish_reason"):
                         track.finished = True
                     peaks.streamed(track)
+        except httpx.TimeoutException:
+            return  # slow, not gone: unfinished (the probe's deadline counts it late)
+        except httpx.TransportError as exc:  # refused, reset, cut mid-stream
+            track.lost = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         except (httpx.HTTPError, ValueError):
             return
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import statistics
 import threading
 import time
@@ -164,3 +165,19 @@ def test_it_reports_no_capacity_when_the_model_config_is_unreadable(engine: str)
     report = asyncio.run(ProbeRunner(engine, remote).run(probe((0.0, 5, 2))))
     assert report.ok and report.finished == 1
     assert (report.kv_bytes_per_token, report.kv_capacity_bytes, report.peak_kv_used_bytes) == (0, 0, 0)
+
+
+def test_a_probe_fails_when_the_engine_is_unreachable(tmp_path: Path) -> None:
+    # An engine restarting mid-probe refuses connections. Counted as late answers, they would pull
+    # the profile's max rate far below the engine's; the probe fails, naming why, instead.
+    gone = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    report = asyncio.run(ProbeRunner(gone, spec(tmp_path)).run(probe((0.0, 20, 2), (0.1, 20, 2))))
+    assert not report.ok
+    assert "the engine was unreachable during the probe: 2 of 2 requests" in (report.error or "")
+    assert "ConnectError" in (report.error or "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
