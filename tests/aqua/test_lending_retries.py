@@ -17,7 +17,7 @@ from serving.aqua.offload.lent import LentRegionStore
 from tests.aqua.conftest import wait_until
 
 MIB = 1 << 20
-GONE = {"kind": "shm", "name": "aquareview-no-such-segment"}  # leased, never attachable
+GONE = {"kind": "shm", "name": "aqua-test-no-such-segment"}  # leased, never attachable
 BEFORE_MIN = frozenset({"consumer_id", "nbytes", "device_hint"})  # allocate before min_nbytes
 BEFORE_EXCLUDE = BEFORE_MIN | {"min_nbytes"}  # allocate before exclude_regions
 

@@ -56,7 +56,7 @@ def test_a_device_that_lends_to_its_own_engine_shows_its_lending(
     page = sign_in(browser, server.url, "ada")
     section = page.locator("section[data-host=cpu-a]")
     section.wait_for()
-    screenshot(page, "dashaudit-self-lending")
+    screenshot(page, "dashboard-self-lending")
     assert section.locator(".pairings").inner_text() == "Lending: CPU 0 → itself"
     card = section.locator(".card")
     assert card.locator("h3").inner_text() == "CPU 0 · host memory"
@@ -80,7 +80,7 @@ def test_empty_model_charts_show_the_last_minutes_and_say_there_is_nothing_yet(
     errors = _errors(page)
     page.goto(f"/models/{model.pk}/")
     page.wait_for_function("() => document.getElementById('chart-ttft').layout !== undefined")
-    screenshot(page, "dashaudit-empty-model")
+    screenshot(page, "dashboard-empty-model")
     assert page.locator("#attainment").inner_text() == "no samples in the last minute"
     assert "last minute" in page.locator("dt", has_text="Attainment").inner_text()
     for chart in ("chart-ttft", "chart-rate"):
@@ -133,7 +133,7 @@ def test_the_profile_chart_keeps_its_slo_lines_in_view_and_names_them(
     job = db_call(lambda: Job.objects.create(kind="profile", status=JobStatus.SUCCEEDED, result=result))
     page = sign_in(browser, server.url, "ada", f"/jobs/{job.pk}/")
     page.wait_for_function("() => document.getElementById('chart-profile').layout !== undefined")
-    screenshot(page, "dashaudit-profile-chart")
+    screenshot(page, "dashboard-profile-chart")
     layout = page.evaluate(
         "() => { const l = document.getElementById('chart-profile').layout;"
         " return [l.yaxis.range, l.yaxis2.range, l.annotations.map(a => a.text)]; }"

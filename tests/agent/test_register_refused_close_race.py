@@ -13,8 +13,8 @@ from websockets.asyncio.client import ClientConnection
 from gpu_agent.link import AgentLink
 from gpu_agent.protocol import Frame
 from serving.backoff import Backoff
-from tests.agent.test_agentfix_register_refused import CONFLICT, RefusingControlPlane
 from tests.agent.test_link import REGISTER, telemetry
+from tests.agent.test_register_refused import CONFLICT, RefusingControlPlane
 from tests.agent.ws_server import wait_for
 
 
