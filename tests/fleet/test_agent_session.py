@@ -23,6 +23,8 @@ from inventory.models import AgentToken, Device, DeviceKind, Host
 from inventory.services import issue_agent_token, register_host
 from registry.models import ServedModel
 
+from gpu_agent.protocol import CLOSE_REGISTER_REFUSED
+
 from .conftest import AgentHost, device_sample, register_frame, telemetry_frame
 from .test_agent_consumer import NO_SWEEP, communicator
 
@@ -183,9 +185,11 @@ async def test_it_refuses_values_it_cannot_store_and_keeps_the_link(
         await comm.disconnect()
 
 
-async def test_a_registration_the_database_refuses_is_answered_and_the_link_kept(
+async def test_a_registration_the_database_refuses_is_answered_and_the_agent_reconnects(
     agent_host: AgentHost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Every later frame of an unregistered connection would be refused, so the refusal closes it
+    # (4422, gpu_agent/PROTOCOL.md "Refused register"): the agent reconnects with backoff.
     real = services.register
 
     def refused_once(*args: Any, **kwargs: Any) -> Any:
@@ -198,10 +202,17 @@ async def test_a_registration_the_database_refuses_is_answered_and_the_link_kept
         assert (await comm.connect())[0]
         await comm.send_json_to(register_frame())
         error = await comm.receive_json_from(timeout=5)
-        assert error["code"] == "bad_frame" and "integer out of range" in error["message"]
-        await comm.send_json_to(register_frame())
-        assert (await comm.receive_json_from(timeout=5))["type"] == "desired_deployments"
+        assert error["code"] == "register_refused" and "integer out of range" in error["message"]
+        assert (await comm.receive_output(timeout=5)) == {
+            "type": "websocket.close",
+            "code": CLOSE_REGISTER_REFUSED,
+        }
         await comm.disconnect()
+        again = communicator(agent_host.token)
+        assert (await again.connect())[0]
+        await again.send_json_to(register_frame())
+        assert (await again.receive_json_from(timeout=5))["type"] == "desired_deployments"
+        await again.disconnect()
 
 
 async def test_a_status_the_database_refuses_is_answered_and_the_link_kept(
