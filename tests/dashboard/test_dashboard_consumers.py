@@ -59,6 +59,7 @@ async def test_it_refuses_inactive_users() -> None:
     communicator = socket(OverviewConsumer, "/ws/dashboard/overview/", nobody)
     connected, _ = await communicator.connect()
     assert not connected
+    await communicator.wait()  # the consumer has ended (it waits on the channel layer until closed)
 
 
 async def test_it_sends_a_snapshot_then_only_the_cards_that_changed(viewer_user: User, host: Host) -> None:
