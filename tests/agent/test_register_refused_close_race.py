@@ -58,4 +58,8 @@ async def test_a_send_that_sees_the_refused_connection_closed_first_still_counts
     for r in downs:
         assert r.levelno == logging.ERROR, r.getMessage()
         assert "refused this agent's register" in r.getMessage() and CONFLICT in r.getMessage()
-    assert link.stats.register_refusals == link.stats.failed_attempts
+    # Every failed attempt was counted as a refusal (a send that saw the close first would have
+    # made one a ConnectionClosed). One more refusal may have ended the session that stop() cut
+    # short: it is counted, but stop() keeps it from counting as a failed attempt.
+    stats = link.stats
+    assert stats.failed_attempts <= stats.register_refusals <= stats.failed_attempts + 1, stats
