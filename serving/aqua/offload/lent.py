@@ -41,6 +41,13 @@ So an `allocate` whose reply never came is treated as made and lost with its ses
 never handed out, and no id of it is ever sent on the next session. The store falls back to DRAM
 and the watcher reopens a session as after a restart. The watcher never holds the store's lock
 across a round trip, so a step is held up by at most one call's timeout.
+
+Freeing is split in two for that: under the lock `_release` detaches the region and forgets the
+allocation (no view of it is handed out after that: `get` misses, `reserve` allocates anew), and
+queues the free; whoever holds the lock sends its queued frees after letting it go (`_locked`), so
+no thread, the watcher included, makes that round trip under the lock. Until the free arrives the
+coordinator still counts the allocation as live, so an `allocate` racing it gets other bytes and a
+new id (ids are never reused), never the one being freed.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from serving.aqua.offload.store import KVStore
@@ -105,7 +113,8 @@ class LentRegionStore(KVStore):
         )
         if self._session.ensure() is None:  # e.g. the agent is restarting its coordinator
             logger.warning("aqua: no coordinator at %s yet; offloading to the next tier", socket_path)
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # not reentrant: taken only through _locked(), never nested
+        self._frees: list[tuple[AquaClient, Allocation]] = []  # queued by _release, sent by _locked
         self._alloc: Allocation | None = None
         self._alloc_client: AquaClient | None = None  # the session that made _alloc (and owns it)
         self._region: Region | None = None
@@ -133,6 +142,20 @@ class LentRegionStore(KVStore):
 
             raise CoordinatorUnavailable(f"no coordinator session at {self._session.socket_path} yet")
         return client
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the store's lock; then, with it let go, send the frees `_release` queued under it."""
+        frees: list[tuple[AquaClient, Allocation]] = []
+        try:
+            with self._lock:
+                try:
+                    yield
+                finally:
+                    frees, self._frees = self._frees, []
+        finally:  # also when the body raised: a queued free is never lost
+            for client, alloc in frees:
+                self._free(client, alloc)
 
     # -- allocation lifecycle -----------------------------------------------------------------------
     def _ensure_allocation(self, need: int) -> bool:
@@ -236,7 +259,8 @@ class LentRegionStore(KVStore):
         return False
 
     def _release(self) -> None:
-        """Detach and free the allocation (no key may be held)."""
+        """Detach the region and forget the allocation (no key may be held; lock held); its free is
+        queued for when the lock is let go (`_locked`), on the session that made it."""
         alloc, client, region = self._alloc, self._alloc_client, self._region
         self._entries.clear()
         self._alloc, self._alloc_client, self._region, self._base = None, None, None, None
@@ -244,15 +268,20 @@ class LentRegionStore(KVStore):
         if region is not None:
             region.close()
         if alloc is not None:
-            # Only on the session that made it: an ended session's allocation died with it, and
-            # its id may name another allocation on a new coordinator.
-            if client is not None and client.connected():
-                try:
-                    client.free(alloc.alloc_id, self.consumer_id)
-                except Exception as exc:
-                    logger.warning("aqua: free of %s failed: %s", alloc.alloc_id, exc)
+            assert client is not None
+            self._frees.append((client, alloc))
             self.releases += 1
-            logger.info("aqua: gave back lent region %s", alloc.region_id)
+
+    def _free(self, client: AquaClient, alloc: Allocation) -> None:
+        """Free a released allocation (outside the lock: a round trip of up to one call timeout)."""
+        # Only on the session that made it: an ended session's allocation died with it, and its id
+        # may name another allocation on a new coordinator.
+        if client.connected():
+            try:
+                client.free(alloc.alloc_id, self.consumer_id)
+            except Exception as exc:
+                logger.warning("aqua: free of %s failed: %s", alloc.alloc_id, exc)
+        logger.info("aqua: gave back lent region %s", alloc.region_id)
 
     def _check_reclaim(self) -> None:
         """Ask the coordinator whether our allocation is being reclaimed (watcher thread).
@@ -260,7 +289,7 @@ class LentRegionStore(KVStore):
         The round trip is made outside the store's lock: the engine's step must not wait on a
         slow coordinator for more than its own calls' timeout.
         """
-        with self._lock:
+        with self._locked():
             alloc, client = self._alloc, self._alloc_client
             if alloc is None or client is None:
                 return
@@ -273,7 +302,7 @@ class LentRegionStore(KVStore):
             error = None
         except Exception as exc:
             pending, error = [], exc
-        with self._lock:
+        with self._locked():
             if self._alloc is not alloc:  # released meanwhile (by the step)
                 return
             mine = next((a for a in pending if a.alloc_id == alloc.alloc_id), None)
@@ -318,14 +347,14 @@ class LentRegionStore(KVStore):
         while not self._stop.wait(WATCH_INTERVAL_S):
             self._session.ensure()  # reopen an ended session (with backoff); outside the lock
             self._check_reclaim()
-            with self._lock:
+            with self._locked():
                 if self._alloc is not None and self._reclaiming and not self._entries:
                     self._release()
 
     # -- KVStore --------------------------------------------------------------------------------------
     def reserve(self, key: str, nbytes: int) -> torch.Tensor | None:
-        with self._lock:
-            self.discard(key)
+        with self._locked():
+            self._discard(key)
             if not self._ensure_allocation(nbytes) or self._base is None:
                 return None
             offset = self._first_fit(nbytes)
@@ -344,7 +373,7 @@ class LentRegionStore(KVStore):
         return cursor if self._alloc.nbytes - cursor >= nbytes else None
 
     def get(self, key: str) -> torch.Tensor | None:
-        with self._lock:
+        with self._locked():
             entry = self._entries.get(key)
             if entry is None or self._base is None or not self._session_up():
                 return None
@@ -352,16 +381,19 @@ class LentRegionStore(KVStore):
             return self._base[off : off + n]
 
     def discard(self, key: str) -> None:
-        with self._lock:
-            if self._entries.pop(key, None) is not None and self._reclaiming and not self._entries:
-                self._release()
+        with self._locked():
+            self._discard(key)
+
+    def _discard(self, key: str) -> None:
+        if self._entries.pop(key, None) is not None and self._reclaiming and not self._entries:
+            self._release()
 
     def keys(self) -> list[str]:
-        with self._lock:
+        with self._locked():
             return sorted(self._entries)
 
     def poll(self) -> list[str]:
-        with self._lock:
+        with self._locked():
             if self._alloc is not None and not self._session_up():
                 return []
             if not self._reclaiming:
@@ -374,6 +406,6 @@ class LentRegionStore(KVStore):
     def close(self) -> None:
         self._stop.set()
         self._watcher.join(timeout=5.0)
-        with self._lock:
+        with self._locked():
             self._release()
         self._session.close()
