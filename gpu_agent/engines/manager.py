@@ -134,13 +134,6 @@ class EngineManager:
             return None
         return tail_lines(path, n)
 
-    def samples(self) -> list[EngineSample]:
-        """Each deployment's latest scrape window, ordered by deployment id (a peek: telemetry
-        takes `take_samples()`)."""
-        out = [self._engines[d].sample() for d in sorted(self._engines)]
-        out += [EngineSample(deployment_id=d, state="failed") for d in sorted(self._rejected)]
-        return sorted(out, key=lambda s: s.deployment_id)
-
     def take_samples(self) -> list[EngineSample]:
         """Each deployment's engine since the previous call (`EngineSupervisor.take_sample`), for
         one telemetry frame; ordered by deployment id."""

@@ -63,6 +63,22 @@ class Histogram:
         )
 
 
+Window = dict[str, Histogram]  # latency histogram name -> the observations of a window
+
+
+def combine(first: Window, then: Window) -> list[Window]:
+    """The observations of both windows as one, `[first + then]`; `[first, then]` when a
+    histogram's bucket layouts differ (an engine restarted with other buckets), to be reported
+    apart, in that order."""
+    out = dict(first)
+    for name, hist in then.items():
+        both = out[name].plus(hist) if name in out else hist
+        if both is None:
+            return [first, then]
+        out[name] = both
+    return [out]
+
+
 def histogram_quantile(q: float, hist: Histogram) -> float | None:
     """The q-quantile (0 <= q <= 1) estimated from cumulative buckets; None with no observations."""
     if not 0 <= q <= 1:

@@ -16,12 +16,13 @@ Telemetry takes `take_sample()` once a tick: its latencies are those observed si
 previous take reported up to, so every observation is reported exactly once however the scrapes
 and the ticks drift apart (a scrape every `scrape_interval_s` *plus* its own duration against ticks
 on the wall clock). Reporting each scrape's own window instead sent a window twice when no scrape
-fell between two ticks and lost one when two did. `sample()` peeks at the latest scrape's window.
+fell between two ticks and lost one when two did.
 A run that ends (crash, `restart()`, `stop()`) keeps what its scrapes saw since the last take
 (`_unreported`); the next take adds it to its own window (the run's alone, its state that of the
-take, when the bucket layouts differ). A supervisor that replaces one for the same deployment
-(a changed spec) takes over its predecessor's (`adopt_unreported`). Those of a deployment that left
-this host are dropped: the control plane refuses samples for a deployment that is not on the host.
+take, when the bucket layouts differ: `metrics.combine`). A supervisor that replaces one for the
+same deployment (a changed spec) takes over its predecessor's (`adopt_unreported`). Those of a
+deployment that left this host are dropped: the control plane refuses samples for a deployment
+that is not on the host.
 
 An exception while building or launching the engine is a `failed` status with the error, never a
 silently dead supervisor (which left the deployment `starting` for ever):
@@ -51,7 +52,7 @@ import httpx
 
 from gpu_agent.engines.command import EngineConfigError, LaunchSpec
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
-from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, Histogram, parse_metrics, summarize
+from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, Window, combine, parse_metrics, summarize
 from gpu_agent.engines.ports import PortAllocator
 from gpu_agent.engines.process_group import end_group
 from gpu_agent.protocol import (
@@ -59,7 +60,6 @@ from gpu_agent.protocol import (
     DeploymentState,
     DeploymentStatus,
     EngineSample,
-    LatencySummary,
 )
 from serving.backoff import Backoff
 
@@ -134,7 +134,7 @@ class EngineSupervisor:
         self._ran_stable_since: float | None = None
         self._offload_stats: str | None = None
         self._metrics: EngineMetrics | None = None  # the latest scrape of this run
-        self._window: EngineSample | None = None  # its sample: latencies since the scrape before
+        self._gauges: EngineSample | None = None  # its gauges and counters (no latencies)
         self._taken: EngineMetrics | None = None  # the scrape the last take_sample() reported up to
         self._unreported: list[Window] = []  # ended runs' observations no take reported yet
 
@@ -176,34 +176,24 @@ class EngineSupervisor:
             simulated=self._simulated,
         )
 
-    def sample(self) -> EngineSample:
-        """The latest scrape window (metrics only while running)."""
-        if self.state == "running" and self._window is not None:
-            return self._window
-        return EngineSample(deployment_id=self.spec.id, state=self.state)
-
     def take_sample(self) -> EngineSample:
         """The engine since the previous `take_sample()`, for one telemetry frame: latencies
         observed between the scrape that call reported up to and the latest one (a count of 0 when
         no scrape came in between), gauges and counters as of the latest scrape. Metrics only
         while running; the first take of an engine run covers it from its start. Latencies that
         ended runs observed after their last take are added (see the module docstring)."""
-        latest, current = self._window, self._metrics
-        ended = self._unreported[0] if self._unreported else None
-        if self.state != "running" or latest is None or current is None:
-            if ended is None:
-                return self.sample()
-            self._unreported.pop(0)
-            return _with_latencies(self.sample(), ended)
+        gauges, current = self._gauges, self._metrics
+        ended = self._unreported.pop(0) if self._unreported else None
+        if self.state != "running" or gauges is None or current is None:
+            bare = EngineSample(deployment_id=self.spec.id, state=self.state)
+            return bare if ended is None else _with_latencies(bare, ended)
         window = _since(current, self._taken)
         if ended is not None:
-            merged = _merged(ended, window)
-            self._unreported.pop(0)
-            if merged is None:  # another bucket layout: the ended run alone, this one next time
-                return _with_latencies(latest, ended)
-            window = merged
+            window, *later = combine(ended, window)
+            if later:  # another bucket layout: the ended run alone, this one next time
+                return _with_latencies(gauges, window)
         self._taken = current
-        return _with_latencies(latest, window)
+        return _with_latencies(gauges, window)
 
     def adopt_unreported(self, predecessor: EngineSupervisor) -> None:
         """Report, with this engine's, what the stopped supervisor this one replaces (same
@@ -278,13 +268,11 @@ class EngineSupervisor:
         (the next take reports it), then forget the run's scrapes."""
         if self._metrics is not None:
             window = {n: h for n, h in _since(self._metrics, self._taken).items() if h.count > 0}
-            last = self._unreported[-1] if self._unreported else None
-            merged = _merged(last, window) if last is not None else None
-            if merged is not None:
-                self._unreported[-1] = merged
+            if self._unreported:
+                self._unreported[-1:] = combine(self._unreported[-1], window)
             elif window:
                 self._unreported.append(window)
-        self._metrics, self._window, self._taken = None, None, None
+        self._metrics, self._gauges, self._taken = None, None, None
 
     async def _launch_and_watch(self, port: int) -> str:
         os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
@@ -370,12 +358,10 @@ class EngineSupervisor:
         except (httpx.HTTPError, ValueError) as exc:
             log.debug("Scraping %s failed: %s", self.spec.id, exc)
             return
-        previous, self._metrics = self._metrics, current
-        self._window = EngineSample(
+        self._metrics = current
+        self._gauges = EngineSample(
             deployment_id=self.spec.id,
             state="running",
-            ttft=_latencies(TTFT, current, previous),
-            itl=_latencies(ITL, current, previous),
             kv_cache_usage=current.kv_cache_usage,
             running=current.running,
             waiting=current.waiting,
@@ -401,18 +387,6 @@ class EngineSupervisor:
             await end_group(self._proc, self._grace_s, self.spec.id)
 
 
-def _latencies(name: str, current: EngineMetrics, earlier: EngineMetrics | None) -> LatencySummary | None:
-    """p50/p99 of histogram `name` over the observations made between two scrapes of one engine
-    run (since its start without `earlier`); None when the engine exposes no such histogram."""
-    hist = current.histograms.get(name)
-    if hist is None:
-        return None
-    return summarize(hist.minus(earlier.histograms.get(name) if earlier is not None else None))
-
-
-Window = dict[str, Histogram]  # latency histogram name -> the observations of a window
-
-
 def _since(current: EngineMetrics, earlier: EngineMetrics | None) -> Window:
     """The latency observations between two scrapes of one run (since its start without `earlier`)."""
     return {
@@ -420,20 +394,6 @@ def _since(current: EngineMetrics, earlier: EngineMetrics | None) -> Window:
         for name in (TTFT, ITL)
         if (hist := current.histograms.get(name)) is not None
     }
-
-
-def _merged(a: Window, b: Window) -> Window | None:
-    """The observations of both windows; None when a histogram's bucket layouts differ."""
-    out = dict(a)
-    for name, hist in b.items():
-        if name in out:
-            both = out[name].plus(hist)
-            if both is None:
-                return None
-            out[name] = both
-        else:
-            out[name] = hist
-    return out
 
 
 def _with_latencies(sample: EngineSample, window: Window) -> EngineSample:

@@ -65,6 +65,11 @@ class SchedRequest(Protocol):
         """The request's SLO class (e.g. its application); None for the engine's default SLO."""
         ...
 
+    @property
+    def max_output_tokens(self) -> int | None:
+        """The most tokens the response may have (vLLM's `max_tokens`); None when uncapped."""
+        ...
+
 
 R = TypeVar("R", bound=SchedRequest)
 

@@ -40,11 +40,11 @@ application and request). Slack uses the request's own TTFT; the TPOT-based caps
 TPOT among the requests that share the iteration.
 
 Without a cost model the TTFT slack ignores prefill time and the TPOT-based caps are off. A prediction
-beyond the request's `max_output_tokens` (an optional attribute: vLLM's `max_tokens`, read by
-serving/vllm_ext/request_view.py) counts as that many tokens. A request
-without a prediction is assumed to need `default_prediction` tokens; when that is None (the
-default) it reserves only the KV it holds; with no predictions at all there is no reservation: the
-policy allocates on demand like vLLM and relies on preemption (victims chosen as above).
+beyond the request's `max_output_tokens` (vLLM's `max_tokens`; None, uncapped, in the simulator)
+counts as that many tokens. A request without a prediction is assumed to need `default_prediction`
+tokens; when that is None (the default) it reserves only the KV it holds; with no predictions at all
+there is no reservation: the policy allocates on demand like vLLM and relies on preemption (victims
+chosen as above).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class EcoServePolicy(SchedulingPolicy):
         with its next token: it reserves nothing beyond what it holds.
         """
         pred = r.predicted_output_tokens or self.default_prediction
-        cap = getattr(r, "max_output_tokens", None)  # the vLLM view's max_tokens (request_view.py)
+        cap = r.max_output_tokens
         if pred is not None and cap is not None:
             pred = min(pred, cap)  # the response cannot outgrow it, whatever the client predicted
         out = r.num_output_tokens

@@ -71,6 +71,11 @@ class SimRequest:
         return min(self.computed, self.num_prompt_tokens)
 
     @property
+    def max_output_tokens(self) -> int | None:
+        """Uncapped: a simulated request stops at its `target_output_tokens`, which no policy reads."""
+        return None
+
+    @property
     def num_tokens(self) -> int:
         """Length of the sequence so far: prompt plus generated tokens."""
         return self.num_prompt_tokens + self.num_output_tokens

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from gpu_agent.engines import EngineManager, LaunchSpec, VllmLauncher
 from gpu_agent.engines.command import AQUA_SCHEDULER, OFFLOAD_STATS_FILE, REPO_ROOT
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.metrics import Histogram, histogram_quantile, parse_metrics, summarize
-from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
+from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, EngineSample, ModelSpec
 from serving.backoff import Backoff
 from tests.agent.ws_server import wait_for
 
@@ -83,6 +83,18 @@ class Env:
         return [s.state for s in self.statuses if s.deployment_id == dep]
 
 
+async def take_until(env: Env, done: Callable[[EngineSample], bool]) -> EngineSample:
+    """Takes the first deployment's sample, as telemetry does each tick, until one is `done`."""
+    taken: list[EngineSample] = []
+
+    def took() -> bool:
+        taken.append(env.manager.take_samples()[0])
+        return done(taken[-1])
+
+    await wait_for(took)
+    return taken[-1]
+
+
 @pytest_asyncio.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
     e = Env(tmp_path)
@@ -99,13 +111,12 @@ async def test_it_starts_an_engine_waits_for_health_and_scrapes_metrics(env: Env
     await wait_for(lambda: env.states()[-1:] == ["running"])
     assert env.states() == ["starting", "running"]
     assert env.statuses[-1].port is not None and env.statuses[-1].restarts == 0
-    await wait_for(lambda: env.manager.samples()[0].ttft is not None)
-    await wait_for(lambda: env.manager.samples()[0].preemptions_total >= 2)
-    s = env.manager.samples()[0]
-    # Each scrape window of the fake holds TTFTs 0.05, 0.05, 0.3 and ITLs 0.02 x 10.
-    assert s.ttft is not None and s.ttft.count == 3
+    s = await take_until(env, lambda s: s.preemptions_total >= 2 and s.ttft is not None and s.ttft.count > 0)
+    # A take holds the scrape windows since the previous take. Each of the fake's holds TTFTs 0.05,
+    # 0.05, 0.3 and ITLs 0.02 x 10, so any number of them has the quantiles of one.
+    assert s.ttft is not None and s.ttft.count % 3 == 0
     assert s.ttft.p50 == pytest.approx(0.0775) and s.ttft.p99 == pytest.approx(0.1 + 0.4 * 0.97)
-    assert s.itl is not None and s.itl.count == 10 and 0.01 < (s.itl.p50 or 0) <= 0.025
+    assert s.itl is not None and s.itl.count == s.ttft.count // 3 * 10 and 0.01 < (s.itl.p50 or 0) <= 0.025
     assert (s.kv_cache_usage, s.running, s.waiting, s.state) == (0.25, 3, 2, "running")
 
 
@@ -115,8 +126,7 @@ async def test_it_reads_bytes_offloaded_from_the_aqua_connector_counters(env: En
     stale.parent.mkdir(parents=True)
     stale.write_text('{"bytes_offloaded": 999999999}')  # a previous process's counters
     await env.manager.apply([spec(stats=True)])
-    await wait_for(lambda: env.manager.samples()[0].bytes_offloaded > 0)
-    offloaded = env.manager.samples()[0].bytes_offloaded
+    offloaded = (await take_until(env, lambda s: s.bytes_offloaded > 0)).bytes_offloaded
     assert offloaded % 4096 == 0 and offloaded < 999999999
 
 
@@ -161,7 +171,7 @@ async def test_it_stops_the_engine_when_the_deployment_goes(env: Env) -> None:
     await env.manager.apply([spec("d2", [1])])
     assert env.states("d1")[-1] == "stopped"
     assert not alive(pid1) and alive(pid2)
-    assert [s.deployment_id for s in env.manager.samples()] == ["d2"]
+    assert [s.deployment_id for s in env.manager.take_samples()] == ["d2"]
 
 
 @pytest.mark.asyncio
@@ -193,7 +203,7 @@ async def test_it_refuses_devices_the_host_does_not_have(env: Env) -> None:
     await env.manager.apply([spec("d1", [0, 7])])
     assert env.states() == ["failed"]
     assert env.statuses[0].error is not None and "[7]" in env.statuses[0].error
-    assert env.pids() == [] and env.manager.samples()[0].state == "failed"
+    assert env.pids() == [] and env.manager.take_samples()[0].state == "failed"
     await env.manager.apply([])
     assert env.manager.statuses() == []
 

@@ -68,13 +68,14 @@ async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(
         assert statuses[-1].state == "running", statuses[-1].error
         port = statuses[-1].port
         # "running" comes with the health check; the first /metrics scrape follows (later under load).
-        await wait_for(lambda: manager.samples()[0].kv_cache_usage is not None, timeout=60, interval=0.1)
+        await wait_for(lambda: manager.take_samples()[0].kv_cache_usage is not None, timeout=60, interval=0.1)
         seen: list[EngineSample] = []
 
         async def watch() -> None:
-            # Each scrape window lasts ~1 s: record every sample while the request runs.
+            # Take samples as telemetry does (each holds what was observed since the previous take),
+            # more often than the scrapes come, while the request runs.
             while True:
-                seen.append(manager.samples()[0])
+                seen.append(manager.take_samples()[0])
                 await asyncio.sleep(0.05)
 
         watcher = asyncio.create_task(watch())
@@ -102,15 +103,14 @@ async def test_it_starts_scrapes_and_stops_a_real_vllm_engine(
                 itl_grew = after.histograms[ITL].count - (
                     before.histograms[ITL].count if ITL in before.histograms else 0
                 )
-                windows = list({id(x): x for x in seen}.values())  # a window's sample repeats until replaced
-                itl_in_windows = sum(x.itl.count for x in windows if x.itl is not None)
+                itl_in_windows = sum(x.itl.count for x in seen if x.itl is not None)
                 if itl_in_windows >= itl_grew or time.monotonic() > deadline:
                     break
             watcher.cancel()
-        ttfts = [x.ttft for x in windows if x.ttft is not None and x.ttft.count > 0]
-        assert len(ttfts) == 1 and ttfts[0].count == 1  # one request: one first token, in one window
+        ttfts = [x.ttft for x in seen if x.ttft is not None and x.ttft.count > 0]
+        assert len(ttfts) == 1 and ttfts[0].count == 1  # one request: one first token, in one take
         assert ttfts[0].p50 is not None and ttfts[0].p50 > 0
-        # The windows partition the engine's own histogram: their counts add up to its growth.
+        # The takes partition the engine's own histogram: their counts add up to its growth.
         assert itl_in_windows == itl_grew > 0
         assert max(x.running for x in seen) <= 1 and seen[-1].running + seen[-1].waiting <= 1
         if request_s > 2.5:  # it spanned a whole scrape window: a scrape must have seen it running

@@ -22,6 +22,7 @@ class Req:
     num_preemptions: int = 0
     predicted_output_tokens: int | None = None
     slo_class: str | None = None
+    max_output_tokens: int | None = None
 
 
 def ctx(iteration: int = 10, free: int = 0, total: int = 64, max_running: int = 8) -> SchedContext:
