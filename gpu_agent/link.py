@@ -14,7 +14,10 @@ exponentially with seeded jitter; a refused token (HTTP 401/403 at the handshake
 link logs the control plane's reason at ERROR and closes the connection, which would only carry
 heartbeats and telemetry the control plane refuses. An `error` frame `not_registered` (a control
 plane that keeps the link after refusing `register`) ends the connection the same way, with the
-reason of the error frame that refused the `register`.
+reason of the error frame that refused the `register`. Any other close is a dropped link, logged at
+WARNING and retried with the same backoff, counting no refusal: among them 1011, which the
+control plane's server sends when storing `register` failed for a passing reason (its database
+went away or timed out) and the agent should simply try again.
 
 No single frame may take the link down: one that cannot be serialised (a NaN reading, say, which
 strict JSON refuses) is dropped with an error log, and any other unexpected exception in a

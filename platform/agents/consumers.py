@@ -5,9 +5,15 @@ header must carry a live agent token of some host (inventory's digests), otherwi
 closed before it is accepted and daphne answers the upgrade with HTTP 403, which gpu_agent/link.py
 treats as "token refused". A `register` naming another host than the token's is answered with an
 `error` frame and close code 4403 (also a refusal to the agent). A `register` that cannot be stored
-(it reports a device another host registered, or the database refuses it) is answered with a
+(it reports a device another host registered, or the database refuses a value) is answered with a
 `register_refused` error frame and close code 4422: the agent logs why and reconnects with backoff,
-instead of sending frames that would all be refused as not registered.
+instead of sending frames that would all be refused as not registered. A `register` that fails
+for a passing reason (the database went away, a lock or statement timeout: `OperationalError`,
+`InterfaceError`) is no refusal: it is logged here, nothing is counted, and the handler re-raises,
+so daphne closes the socket with 1011 (RFC 6455 "internal error": an unexpected condition kept the
+server from fulfilling the request) and no error frame; the agent takes that as a dropped link and
+reconnects with backoff. (1013 "try again later" would say it better, but daphne lets an
+application close only with 1000 or 3000-4999; 1011 is the code it sends for a handler that raised.)
 
 One live connection per host: `register` makes a connection the host's current one and only then
 joins the host's group (``agent.<host_id>``), which carries desired-list changes and commands. An
@@ -41,7 +47,7 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
 from inventory.models import Host
 from planning.relay import relay_probes, store_probe_result
 
@@ -209,6 +215,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except IntegrityError as exc:  # e.g. another host registered a device uuid meanwhile
             await self.refuse_register("devices", f"cannot store the devices: {exc}")
             return
+        except (OperationalError, InterfaceError) as exc:
+            # Passing (the database went away, a lock or statement timeout): a refusal would have the
+            # agent report this agent's register as refused. Raising ends the connection as any
+            # failed handler does: daphne closes it with 1011 and the agent retries with backoff.
+            log.warning(
+                "Could not store the register of the agent of %s now; closing the connection (1011) "
+                "for the agent to retry: %s",
+                host.name,
+                exc,
+            )
+            raise
         except DatabaseError as exc:  # e.g. a value beyond a column's range; nothing was stored
             await self.refuse_register("", f"cannot store the registration: {exc}")
             return
