@@ -11,8 +11,10 @@ Stops come first, so that devices freed by one model can be taken by another in 
 Agents converge because deployment saves notify the host's link (agents/signals.py) and every link
 re-reads its desired list periodically.
 
-Applying is idempotent: when the deployments already match the plan nothing changes. A plan
-computed against deployments that have changed since (another apply, an operator's edit) is
+Applying is idempotent: when the deployments already match the plan nothing changes. A plan is
+applied once: applying it again changes nothing, even when the deployments were changed back by hand
+to what it was computed on (its fingerprint matches again); a new place job plans against them. A
+plan computed against deployments that have changed since (another apply, an operator's edit) is
 refused as stale, and so is one whose hosts, GPUs or models are gone. Applies take every host's
 row lock first (the lock deployment writes take, in host order), so two applies run one after
 the other and the second sees the first's deployments; either every change is made or none.
@@ -69,7 +71,15 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
         PlanConflict: the deployments changed since the plan was computed, a model, host or GPU
             of the plan is gone, or the deployments refuse a change; nothing changed.
     """
-    row, plan = _plan_of(job)
+    row, plan = _plan_of(job)  # the plan's row is locked: a concurrent apply waits, then sees it
+    if row.applied_at is not None:
+        by = f" by {row.applied_by}" if row.applied_by else ""
+        return ApplyOutcome(
+            False,
+            [],
+            f"This plan was already applied{by}; nothing changed. "
+            "Run a new place job to change the placement.",
+        )
     _lock_hosts()
     planned = set(plan.assignments)
     seen: set[str] = set()
@@ -81,9 +91,8 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
             seen.add(d.model.name)
     moves = diff(current_placement(planned), plan)
     if not moves and not extras:
-        if row.applied_at is None:
-            row.applied_at, row.applied_by = timezone.now(), user
-            row.save(update_fields=["applied_at", "applied_by"])
+        row.applied_at, row.applied_by = timezone.now(), user
+        row.save(update_fields=["applied_at", "applied_by"])
         return ApplyOutcome(False, [], "The deployments already match this plan; nothing changed.")
     if fingerprint() != row.fingerprint:
         raise PlanConflict(

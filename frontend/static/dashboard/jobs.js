@@ -36,7 +36,8 @@
       if (!row) continue;
       const wasActive = row.dataset.status === "queued" || row.dataset.status === "running";
       row.dataset.status = job.status;
-      row.querySelector(".status").textContent = job.status + (job.error ? ": " + job.error : "");
+      // The list shows why a job failed in its row; the job's own page shows it once, below the row.
+      row.querySelector(".status").textContent = job.status + (job.error && !only ? ": " + job.error : "");
       row.querySelector("progress").value = job.progress;
       row.querySelector(".pct").textContent = Math.round(job.progress * 100) + "%";
       if (only && wasActive && !(job.status === "queued" || job.status === "running")) {

@@ -44,9 +44,9 @@ class PlacementPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
         parameters=[JOB_ID],
         request=None,
         responses={200: ApplyResultSerializer, 404: None, 409: None},
-        description="Apply the plan with the fewest deployment changes (admins only). Applying a plan "
-        "that is already in effect changes nothing; a plan computed against deployments that have "
-        "changed since is refused with 409.",
+        description="Apply the plan with the fewest deployment changes (admins only). A plan is applied "
+        "once: applying it again, or one already in effect, changes nothing (`applied` false); a plan "
+        "computed against deployments that have changed since is refused with 409.",
     )
     @action(detail=True, methods=["post"])
     def apply(self, request: Request, job: str | None = None) -> Response:
