@@ -157,3 +157,46 @@ def test_it_answers_the_step_while_the_watchers_free_waits_on_a_hung_coordinator
     finally:
         hang.close()
         store.close()
+
+
+def test_a_poll_that_finds_an_idle_allocation_under_reclaim_leaves_its_free_to_the_watcher(
+    server: CoordinatorServer,
+    sock_path: str,
+    lent: tuple[AquaClient, Callable[[str], str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # poll() runs on every engine step and makes no round trip (module docstring), also when the
+    # reclaim it sees has nothing to evacuate: the watcher frees that allocation in its next pass.
+    producer, lend = lent
+    region = lend("p1")
+    store = LentRegionStore(sock_path, "consumer", NBYTES)
+    noticed, go = threading.Event(), threading.Event()
+    freed_by: list[str] = []
+    real_free, real_check = store.client.free, store._check_reclaim
+
+    def recorded_free(alloc_id: str, consumer_id: str | None = None) -> None:
+        freed_by.append(threading.current_thread().name)
+        real_free(alloc_id, consumer_id)
+
+    def check_then_hold() -> None:  # the watcher, paused between noticing the reclaim and freeing
+        real_check()
+        if store._reclaiming and not noticed.is_set():
+            noticed.set()
+            go.wait(STEP_WAIT_S)
+
+    monkeypatch.setattr(store.client, "free", recorded_free)
+    monkeypatch.setattr(store, "_check_reclaim", check_then_hold)
+    try:
+        held = idle_allocation(store)
+        assert producer.request_reclaim(region) == "pending"
+        assert noticed.wait(STEP_WAIT_S), "the watcher did not notice the reclaim"
+        try:
+            assert store.poll() == []  # the engine's step: nothing to evacuate
+            assert freed_by == [] and held in allocations(server)
+        finally:
+            go.set()
+        wait_until(lambda: producer.reclaim_status(region) == "done", STEP_WAIT_S, "the reclaim done")
+        assert freed_by == ["aqua-lent-watch"] and store.releases == 1
+    finally:
+        go.set()
+        store.close()
