@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -46,6 +48,16 @@ async def link(agent_host: AgentHost) -> AsyncIterator[WebsocketCommunicator]:
         assert first["type"] == "desired_deployments"
         yield comm
         await comm.disconnect()
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Until ``predicate()``, called on the database thread, holds. The consumer handles a frame
+    some time after it is sent, and stores telemetry later still (in the writer's group commits, on
+    another thread): a fixed wait before reading the database would race them on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while not await database_sync_to_async(predicate)():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        await asyncio.sleep(0.02)
 
 
 @database_sync_to_async
@@ -180,7 +192,8 @@ async def test_it_stores_device_and_engine_samples(
     lending = {"aqua_role": "producer", "lent_bytes": 8 << 30, "paired_with": 1}
     await link.send_json_to(telemetry_frame([device_sample(0, **lending), device_sample(1)], [engine]))
     await link.send_json_to(telemetry_frame([device_sample(0), device_sample(1)]))
-    assert await link.receive_nothing(timeout=0.3)
+    await until(lambda: DeviceSample.objects.count() >= 4, "both frames' samples stored")
+    assert await link.receive_nothing(timeout=0.3)  # stored, not answered with an error
 
     samples = await database_sync_to_async(list)(DeviceSample.objects.order_by("pk").values())
     assert len(samples) == 4
@@ -200,6 +213,7 @@ async def test_it_reports_samples_naming_what_the_host_does_not_have_once(
         await link.send_json_to(telemetry_frame([device_sample(0), device_sample(7)]))
     error = await link.receive_json_from(timeout=5)
     assert (error["type"], error["code"], error["field"]) == ("error", "unknown_device", "devices")
+    await until(lambda: DeviceSample.objects.count() >= 2, "device 0's samples of both frames stored")
     assert await link.receive_nothing(timeout=0.3)  # not again for the second frame
     assert await database_sync_to_async(DeviceSample.objects.count)() == 2  # device 0's samples kept
 
@@ -226,6 +240,7 @@ async def test_it_answers_malformed_frames_with_an_error_and_keeps_the_link(
     assert (await link.receive_json_from(timeout=5))["code"] == "bad_frame"
 
     await link.send_json_to(telemetry_frame([device_sample(0)]))  # still served
+    await until(lambda: DeviceSample.objects.exists(), "the valid frame's sample stored")
     assert await link.receive_nothing(timeout=0.3)
     assert await database_sync_to_async(DeviceSample.objects.count)() == 1
     link_row = await database_sync_to_async(AgentLink.objects.get)(host=agent_host.host)
@@ -250,6 +265,9 @@ async def test_it_records_deployment_status_and_the_replica_url(
     assert replica.base_url == "http://10.0.0.5:8123"
 
     await link.send_json_to({**status, "state": "failed", "restarts": 3, "error": "CUDA out of memory"})
+    await until(
+        lambda: Replica.objects.filter(deployment=deployment, restarts=3).exists(), "the failed status stored"
+    )
     assert await link.receive_nothing(timeout=0.3)
     await database_sync_to_async(deployment.refresh_from_db)()
     replica = await database_sync_to_async(Replica.objects.get)(deployment=deployment)

@@ -9,7 +9,6 @@ import asyncio
 import itertools
 import json
 import statistics
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from accounts.models import Role, User
 from accounts.services import issue_api_token
 from agents.models import AgentLink, DeviceSample
+from django.utils import timezone
 from inventory.models import Device, DeviceKind, Host, HostStatus
 from inventory.services import issue_agent_token, register_host
 from websockets.asyncio.client import connect
@@ -43,6 +43,13 @@ def host_status(name: str) -> str:
     return str(Host.objects.get(name=name).status)
 
 
+def silent_s(name: str) -> float:
+    """Seconds since the host's last stored heartbeat."""
+    last_seen = Host.objects.get(name=name).last_seen_at
+    assert last_seen is not None
+    return (timezone.now() - last_seen).total_seconds()
+
+
 def test_an_agent_registers_streams_telemetry_and_goes_stale_then_offline_when_killed(
     server: AsgiServer, tmp_path: Path
 ) -> None:
@@ -58,12 +65,10 @@ def test_an_agent_registers_streams_telemetry_and_goes_stale_then_offline_when_k
         assert device.kind == DeviceKind.CPU and device.memory_total_bytes > 0
         assert AgentLink.objects.get(host=host).connected
 
-        # Telemetry every second: count what is stored over ~3 s.
+        # Telemetry every second, by the agent's sample times (how soon each frame is stored
+        # depends on how busy this machine is, and is no part of the cadence).
         samples = DeviceSample.objects.filter(device=device)
-        wait_until(lambda: samples.count() >= 1, 10, "the first telemetry sample")
-        before = samples.count()
-        time.sleep(3.0)
-        assert 2 <= samples.count() - before <= 4
+        wait_until(lambda: samples.count() >= 5, 30, "five telemetry samples")
         stamps = list(samples.order_by("ts").values_list("ts", flat=True))
         gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)]
         assert 0.8 <= statistics.median(gaps) <= 1.2, gaps
@@ -81,10 +86,18 @@ def test_an_agent_registers_streams_telemetry_and_goes_stale_then_offline_when_k
 
         agent.kill()
         stale_s = wait_until(lambda: host_status("it-host") != HostStatus.ONLINE, 10, "the host to go stale")
+        stale_silent_s = silent_s("it-host")
         assert host_status("it-host") == HostStatus.STALE
-        offline_s = stale_s + wait_until(lambda: host_status("it-host") == HostStatus.OFFLINE, 15, "offline")
-        assert 1.5 <= stale_s <= 5.0, stale_s  # > 2 missed heartbeats, within the sweep's second
-        assert offline_s >= 5.0, offline_s
+        wait_until(lambda: host_status("it-host") == HostStatus.OFFLINE, 15, "offline")
+        offline_silent_s = silent_s("it-host")
+        # Measured from the last heartbeat stored, not from the kill: an agent slowed down by a busy
+        # machine may have sent it more than a second before it was killed.
+        stale_after, offline_after = (
+            float(LIVENESS[k]) for k in ("HOST_STALE_AFTER_S", "HOST_OFFLINE_AFTER_S")
+        )
+        assert stale_silent_s >= stale_after, stale_silent_s  # > 2 missed heartbeats ...
+        assert stale_s <= 5.0, stale_s  # ... and noticed within the sweep's second
+        assert offline_silent_s >= offline_after, offline_silent_s
         assert not AgentLink.objects.get(host=host).connected
     finally:
         agent.stop()

@@ -4,21 +4,27 @@ NTP correction, a replacement machine); a late status of an older run never stan
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
 from agents import services
 from agents.models import Replica
 from channels.db import database_sync_to_async
-from deployments.models import ObservedState
+from deployments.models import Deployment, ObservedState
 from gateway.services import healthy_targets
 from registry.models import ServedModel
 
 from .conftest import AgentHost, register_frame
-from .test_agent_consumer import NO_SWEEP, communicator
+from .test_agent_consumer import NO_SWEEP, communicator, until
 from .test_reconcile_audit import deploy, observed, register, status
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def stored(deployment: Deployment, state: str) -> bool:
+    return observed(deployment) == state
+
 
 HOUR = 3600.0
 
@@ -82,6 +88,7 @@ async def test_a_reconnecting_agent_with_a_clock_behind_is_followed_over_the_web
             assert (await comm.receive_json_from(timeout=5))["type"] == "desired_deployments"
             port = 8100 if state == "running" else None
             await comm.send_json_to(status(deployment, state, ts, port=port).to_dict())
+            await until(functools.partial(stored, deployment, state), f"the {state} status stored")
             assert await comm.receive_nothing(timeout=0.3)  # stored, not rejected
             await comm.disconnect()
             assert await database_sync_to_async(observed)(deployment) == state
