@@ -160,7 +160,8 @@ class Agent:
                 exc_info=error,
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
             if self._stopping.is_set():
                 return
 

@@ -237,7 +237,8 @@ class AgentLink:
                 "Control plane link to %s down (%s); retrying in %.1f s.", self.url, reason, delay
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
 
     async def _session(self) -> None:
         headers = {"Authorization": f"Bearer {self._token}"}

@@ -77,7 +77,8 @@ async def end_group(leader: asyncio.subprocess.Process, grace_s: float, name: st
     signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(leader.wait(), timeout=grace_s)
+        async with asyncio.timeout(grace_s):
+            await leader.wait()
     if leader.returncode is not None and await _wait_gone(pgid, deadline):
         return
     log.warning("Engine %s ignored SIGTERM for %.0f s; killing its process group.", name, grace_s)

@@ -333,7 +333,8 @@ class EngineSupervisor:
                     if (await http.get("/health")).status_code == 200:
                         return True
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(exited), timeout=0.25)
+                    async with asyncio.timeout(0.25):
+                        await asyncio.shield(exited)
                 if exited.done() or self._stopping.is_set():
                     return False
             return False
@@ -346,7 +347,8 @@ class EngineSupervisor:
             while not exited.done():
                 await self._scrape(http)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(exited), timeout=self._scrape_s)
+                    async with asyncio.timeout(self._scrape_s):
+                        await asyncio.shield(exited)
         finally:
             exited.cancel()
 

@@ -13,6 +13,7 @@ var/broker, Channels' in-memory layer, a SECRET_KEY generated once into var/. Pr
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -214,13 +215,33 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 6 * 3600, minimum=1)
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_RESULT_BACKEND: str | None = REDIS_URL
-    # The layer waits for messages with BRPOP, 5 s at a time (channels_redis' brpop_timeout);
-    # redis-py 8 gives sockets a 5 s read timeout by default, which an empty BRPOP outlasted: every
-    # idle websocket closed with 1011 every 5-6 s. Reads may take up to 30 s here: a wait, not a hang.
+    # The layer waits for messages with a blocking pop, 5 s at a time (channels_redis'
+    # brpop_timeout). redis-py 8's default 5 s socket timeout cut those waits short: every idle
+    # websocket closed with 1011 every 5-6 s. So no socket timeout at all, rather than a longer one:
+    # with one, redis-py sends each command through asyncio.wait_for, which on Python 3.11 can
+    # swallow a cancellation (CPython gh-86296), and a consumer whose receive was cancelled there
+    # never ended (its socket gone, its task popping from Redis for ever; test runs hung on it).
+    # Connecting still times out, and TCP keepalive notices a Redis that went away within a minute
+    # (probes after 30 s idle, every 10 s, 3 unanswered end it; macOS lacks TCP_KEEPIDLE).
+    _keepalive = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]},
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_timeout": None,
+                        "socket_connect_timeout": 5,
+                        "socket_keepalive": True,
+                        "socket_keepalive_options": {
+                            getattr(socket, name): value
+                            for name, value in _keepalive.items()
+                            if hasattr(socket, name)
+                        },
+                    }
+                ]
+            },
         }
     }
 else:

@@ -152,7 +152,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         last = time.monotonic()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
             self._wake.clear()
             wait = interval - (time.monotonic() - last)
             if wait > 0:
