@@ -15,9 +15,9 @@ link logs the control plane's reason at ERROR and closes the connection, which w
 heartbeats and telemetry the control plane refuses. An `error` frame `not_registered` (a control
 plane that keeps the link after refusing `register`) ends the connection the same way, with the
 reason of the error frame that refused the `register`. Any other close is a dropped link, logged at
-WARNING and retried with the same backoff, counting no refusal: among them 1011, which the
-control plane's server sends when storing `register` failed for a passing reason (its database
-went away or timed out) and the agent should simply try again.
+WARNING and retried with the same backoff, counting no refusal: among them 4503
+(`CLOSE_TRY_AGAIN`), which the control plane sends when storing `register` failed for a passing
+reason (its database went away or timed out) and the agent should simply try again.
 
 No single frame may take the link down: one that cannot be serialised (a NaN reading, say, which
 strict JSON refuses) is dropped with an error log, and any other unexpected exception in a
@@ -44,6 +44,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from gpu_agent.protocol import (
     CLOSE_REGISTER_REFUSED,
+    CLOSE_TRY_AGAIN,
     ErrorFrame,
     Frame,
     Heartbeat,
@@ -58,6 +59,17 @@ log = logging.getLogger(__name__)
 
 AUTH_CLOSE_CODES = (4401, 4403)
 AUTH_HTTP_STATUSES = (401, 403)
+
+
+def _down_reason(exc: Exception) -> str:
+    """Why the link went down, for the log: the control plane's own words for a postponed
+    `register`, else the exception."""
+    if isinstance(exc, ConnectionClosed) and exc.rcvd is not None and exc.rcvd.code == CLOSE_TRY_AGAIN:
+        return (
+            f"the control plane could not store this agent's register now (close code {CLOSE_TRY_AGAIN}: "
+            "its database went away or timed out)"
+        )
+    return f"{type(exc).__name__}: {exc}"
 
 
 def agent_ws_url(control_plane: str) -> str:
@@ -220,7 +232,7 @@ class AgentLink:
                 else:
                     reason = f"handshake failed with HTTP {code}"
             except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
-                reason = f"{type(exc).__name__}: {exc}"
+                reason = _down_reason(exc)
             except Exception as exc:  # a bug, not the network: log it, but keep the link
                 log.exception("Control plane link to %s failed unexpectedly", self.url)
                 reason = f"unexpected {type(exc).__name__}: {exc}"

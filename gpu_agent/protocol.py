@@ -67,6 +67,7 @@ CLOSE_TOKEN_REFUSED = 4401  # the token is not, or no longer, a live token of th
 CLOSE_WRONG_HOST = 4403  # `register` named another host than the token's
 CLOSE_SUPERSEDED = 4409  # a newer connection of the same host registered; this one is dropped
 CLOSE_REGISTER_REFUSED = 4422  # `register` cannot be stored (a device another host registered)
+CLOSE_TRY_AGAIN = 4503  # `register` cannot be stored now (the database went away or timed out)
 
 # Lengths of the strings `register` carries, as the control plane's columns hold them
 # (inventory.models.Host.name, Device.uuid/name, agents.models.AgentLink.agent_version;
@@ -87,6 +88,7 @@ __all__ = [
     "CLOSE_REGISTER_REFUSED",
     "CLOSE_SUPERSEDED",
     "CLOSE_TOKEN_REFUSED",
+    "CLOSE_TRY_AGAIN",
     "CLOSE_WRONG_HOST",
     "DEFAULT_HEARTBEAT_INTERVAL_S",
     "MAX_ADDRESS_LENGTH",

@@ -9,11 +9,11 @@ treats as "token refused". A `register` naming another host than the token's is 
 `register_refused` error frame and close code 4422: the agent logs why and reconnects with backoff,
 instead of sending frames that would all be refused as not registered. A `register` that fails
 for a passing reason (the database went away, a lock or statement timeout: `OperationalError`,
-`InterfaceError`) is no refusal: it is logged here, nothing is counted, and the handler re-raises,
-so daphne closes the socket with 1011 (RFC 6455 "internal error": an unexpected condition kept the
-server from fulfilling the request) and no error frame; the agent takes that as a dropped link and
-reconnects with backoff. (1013 "try again later" would say it better, but daphne lets an
-application close only with 1000 or 3000-4999; 1011 is the code it sends for a handler that raised.)
+`InterfaceError`) is no refusal: it is logged here at WARNING, nothing is counted, and the
+connection is closed with 4503 (`CLOSE_TRY_AGAIN`; RFC 6455's 1013 "try again later" says the same,
+but daphne lets an application close only with 1000 or 3000-4999) and no error frame: the agent
+takes that as a dropped link and reconnects with backoff. (Raising would have daphne close with
+1011 too, but log an "Exception inside application" traceback for each database blip.)
 
 One live connection per host: `register` makes a connection the host's current one and only then
 joins the host's group (``agent.<host_id>``), which carries desired-list changes and commands. An
@@ -57,6 +57,7 @@ from gpu_agent.protocol import (
     CLOSE_REGISTER_REFUSED,
     CLOSE_SUPERSEDED,
     CLOSE_TOKEN_REFUSED,
+    CLOSE_TRY_AGAIN,
     DeploymentStatus,
     ErrorFrame,
     Frame,
@@ -91,7 +92,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     _probes: asyncio.Task[None] | None = None  # planning.relay: probes for this host's agent
     _in_group = False
     _released = False
-    _refused = False  # `register` was refused and the connection is closing: later frames dropped
+    _closing = False  # `register` was refused or postponed and this side is closing: frames dropped
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Channels' consumer loop, then `_release()` whatever ended it.
@@ -168,7 +169,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if self._released or self._refused:
+        if self._released or self._closing:
             return  # this side is closing the connection: frames still in flight are dropped
         if text_data is None:
             await self.reject("", "binary messages are not part of the protocol; send JSON text")
@@ -208,7 +209,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             linked = await database_sync_to_async(services.register)(host, frame, token_id=self._token_id)
         except services.RegistrationRefused as exc:
             log.warning("Refused the agent of %s: %s.", host.name, exc)
-            self._refused = True
+            self._closing = True
             await self.send_frame(ErrorFrame(exc.code, without_nul(str(exc)), exc.field))
             await self.close(code=exc.close_code)
             return
@@ -217,15 +218,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         except (OperationalError, InterfaceError) as exc:
             # Passing (the database went away, a lock or statement timeout): a refusal would have the
-            # agent report this agent's register as refused. Raising ends the connection as any
-            # failed handler does: daphne closes it with 1011 and the agent retries with backoff.
+            # agent report this agent's register as refused. The agent retries with backoff.
             log.warning(
-                "Could not store the register of the agent of %s now; closing the connection (1011) "
+                "Could not store the register of the agent of %s now; closing the connection (%d) "
                 "for the agent to retry: %s",
                 host.name,
+                CLOSE_TRY_AGAIN,
                 exc,
             )
-            raise
+            self._closing = True
+            await self.close(code=CLOSE_TRY_AGAIN)
+            return
         except DatabaseError as exc:  # e.g. a value beyond a column's range; nothing was stored
             await self.refuse_register("", f"cannot store the registration: {exc}")
             return
@@ -252,7 +255,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         host = self._host()
         reason = without_nul(reason)  # a database error may quote the value
         log.warning("Refused the register of the agent of %s: %s", host.name, reason)
-        self._refused = True
+        self._closing = True
         await database_sync_to_async(services.count_rejected)(host.pk)
         await self.send_frame(ErrorFrame("register_refused", reason, without_nul(field) or None))
         await self.close(code=CLOSE_REGISTER_REFUSED)
