@@ -62,7 +62,8 @@ def test_it_uses_a_later_region_when_the_first_in_lease_order_cannot_be_attached
     store = LentRegionStore(sock_path, "engine", MIB, retry_seconds=0.0)
     try:
         assert store.reserve("req-1", 4096) is not None
-        assert _regions(server) == [(bad, None, 0), (good, "engine", MIB)]
+        want = [(bad, None, 0), (good, "engine", MIB)]  # the unattachable one freed by the watcher
+        wait_until(lambda: _regions(server) == want, 10.0, "the unattachable allocation freed")
     finally:
         store.close()
         producer.close()
@@ -123,10 +124,13 @@ def test_it_keeps_min_nbytes_with_a_coordinator_that_only_lacks_exclude_regions(
     good = producer.lease("good", "cpu0", MIB, memory.handle())
     store = LentRegionStore(sock_path, "engine", 64 * MIB, retry_seconds=0.0)
     try:
-        assert store.reserve("req-1", 4096) is None  # cannot pass over the broken region there
-        producer.unlease(bad)
-        assert store.reserve("req-1", 4096) is not None  # but still borrows a piece
-        assert _regions(server) == [(good, "engine", MIB)]
+        # That coordinator cannot pass over the broken region, first in lease order; but the store
+        # still holds it when it asks again (its free waits for the watcher), so it gets the other
+        # region, and a piece of it: min_nbytes was kept.
+        assert store.reserve("req-1", 4096) is not None
+        assert store._refused_args == {"exclude_regions"}
+        want = [(bad, None, 0), (good, "engine", MIB)]
+        wait_until(lambda: _regions(server) == want, 10.0, "the unattachable allocation freed")
     finally:
         store.close()
         producer.close()
@@ -176,7 +180,8 @@ def test_an_empty_store_trades_its_small_piece_for_a_larger_one(
         assert _regions(server) == [(first, "engine", MIB), (second, None, 0)]
         store.discard("req-1")
         assert store.reserve("req-2", 2 * MIB) is not None  # empty: traded up
-        assert _regions(server) == [(first, None, 0), (second, "engine", 4 * MIB)]
+        want = [(first, None, 0), (second, "engine", 4 * MIB)]  # the small piece freed by the watcher
+        wait_until(lambda: _regions(server) == want, 10.0, "the small piece freed")
         assert (store.allocations, store.releases) == (2, 1)
     finally:
         store.close()

@@ -1,6 +1,7 @@
-"""The lent store's watcher frees an idle allocation under reclaim off the store's lock: while that
-free waits on a slow or hung coordinator, the engine's step (reserve/get/poll/discard) goes on, sees
-the region detached, and allocates anew rather than reuse the allocation being freed."""
+"""The lent store's watcher sends every free, off the store's lock: while a free waits on a slow or
+hung coordinator, the engine's step (reserve/get/poll/discard) goes on, sees the region detached,
+and allocates anew rather than reuse the allocation being freed; and a step whose discard lets a
+reclaim finish returns without waiting for that free."""
 
 from __future__ import annotations
 
@@ -199,4 +200,44 @@ def test_a_poll_that_finds_an_idle_allocation_under_reclaim_leaves_its_free_to_t
         assert freed_by == ["aqua-lent-watch"] and store.releases == 1
     finally:
         go.set()
+        store.close()
+
+
+def test_a_discard_that_lets_a_reclaim_finish_leaves_the_free_to_the_watcher(
+    server: CoordinatorServer,
+    sock_path: str,
+    lent: tuple[AquaClient, Callable[[str], str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The engine evacuates the last stored key of a reclaimed region and discards it, in its step:
+    # the free that lets the producer's reclaim finish is the watcher's round trip, not the step's.
+    producer, lend = lent
+    region = lend("p1")
+    store = LentRegionStore(sock_path, "consumer", NBYTES)
+    entered, release = threading.Event(), threading.Event()
+    freed_by: list[str] = []
+    real_free = store.client.free
+
+    def slow_free(alloc_id: str, consumer_id: str | None = None) -> None:
+        freed_by.append(threading.current_thread().name)
+        entered.set()
+        release.wait(60)  # the coordinator is slow to take the free
+        real_free(alloc_id, consumer_id)
+
+    monkeypatch.setattr(store.client, "free", slow_free)
+    try:
+        assert store.reserve("req-1", 4096) is not None
+        assert producer.request_reclaim(region) == "pending"
+        wait_until(lambda: store.poll() == ["req-1"], STEP_WAIT_S, "the reclaim handed to the engine")
+        try:
+            run_step(lambda: store.discard("req-1"))  # evacuated: the last key goes
+            assert store.keys() == [] and store.get("req-1") is None  # detached at once
+            assert entered.wait(STEP_WAIT_S), "the watcher did not send the free"
+            assert freed_by == ["aqua-lent-watch"]
+        finally:
+            release.set()
+        wait_until(lambda: producer.reclaim_status(region) == "done", STEP_WAIT_S, "the reclaim done")
+        assert allocations(server) == [] and store.releases == 1
+    finally:
+        release.set()
         store.close()

@@ -17,8 +17,9 @@ Protocol (aqua-lib, consumer side):
     so the stored keys are dropped at once, unread (the requests recompute). `reserve` and `get`
     make the same check before handing out a view of the region, so a load in a step whose poll
     came before the session ended does not read it either;
-  * when the last key is discarded the region is detached and the allocation freed, which lets the
-    producer's reclaim finish. After that nothing is read from the region: `get` returns None.
+  * when the last key is discarded the region is detached and the allocation freed (by the
+    watcher, see below), which lets the producer's reclaim finish. After that nothing is read from
+    the region: `get` returns None.
 The watcher also frees an allocation that is being reclaimed while holding no key, so an idle
 engine does not keep a producer waiting. A *withdrawn* allocation (the producer's session ended,
 perhaps with its process) is evacuated like a reclaim only from host memory, whose mapping outlives
@@ -40,24 +41,24 @@ up, and the coordinator, if it ever runs again, frees the session's allocations 
 So an `allocate` whose reply never came is treated as made and lost with its session: its memory is
 never handed out, and no id of it is ever sent on the next session. The store falls back to DRAM
 and the watcher reopens a session as after a restart. The watcher never holds the store's lock
-across a round trip, so a step is held up by at most one call's timeout.
+across a round trip, so a step is held up by at most one call's timeout, and only by its own
+`allocate` (the one round trip a step may make).
 
 Freeing is split in two for that: under the lock `_release` detaches the region and forgets the
 allocation (no view of it is handed out after that: `get` misses, `reserve` allocates anew), and
-queues the free; whoever holds the lock sends its queued frees after letting it go (`_locked`), so
-no thread, the watcher included, makes that round trip under the lock. Until the free arrives the
-coordinator still counts the allocation as live, so an `allocate` racing it gets other bytes and a
-new id (ids are never reused), never the one being freed.
+queues the free; the watcher sends the queued frees at its next check, outside the lock (and
+`close()` sends what is left). So the engine's step never waits for a free: not when its `discard`
+lets a reclaim finish, not when it trades a piece up, not when a region cannot be attached. Until
+the free arrives the coordinator still counts the allocation as live, so an `allocate` racing it
+gets other bytes and a new id (ids are never reused), never the one being freed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from serving.aqua.offload.store import KVStore
@@ -113,8 +114,8 @@ class LentRegionStore(KVStore):
         )
         if self._session.ensure() is None:  # e.g. the agent is restarting its coordinator
             logger.warning("aqua: no coordinator at %s yet; offloading to the next tier", socket_path)
-        self._lock = threading.Lock()  # not reentrant: taken only through _locked(), never nested
-        self._frees: list[tuple[AquaClient, Allocation]] = []  # queued by _release, sent by _locked
+        self._lock = threading.Lock()  # not reentrant: never nested
+        self._frees: list[tuple[AquaClient, Allocation]] = []  # queued under the lock, sent by the watcher
         self._alloc: Allocation | None = None
         self._alloc_client: AquaClient | None = None  # the session that made _alloc (and owns it)
         self._region: Region | None = None
@@ -143,19 +144,12 @@ class LentRegionStore(KVStore):
             raise CoordinatorUnavailable(f"no coordinator session at {self._session.socket_path} yet")
         return client
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Hold the store's lock; then, with it let go, send the frees `_release` queued under it."""
-        frees: list[tuple[AquaClient, Allocation]] = []
-        try:
-            with self._lock:
-                try:
-                    yield
-                finally:
-                    frees, self._frees = self._frees, []
-        finally:  # also when the body raised: a queued free is never lost
-            for client, alloc in frees:
-                self._free(client, alloc)
+    def _send_frees(self) -> None:
+        """Send the frees queued under the lock, with the lock let go (watcher thread, close)."""
+        with self._lock:
+            frees, self._frees = self._frees, []
+        for client, alloc in frees:
+            self._free(client, alloc)
 
     # -- allocation lifecycle -----------------------------------------------------------------------
     def _ensure_allocation(self, need: int) -> bool:
@@ -225,8 +219,7 @@ class LentRegionStore(KVStore):
             except Exception as exc:
                 logger.warning("aqua: cannot attach lent region %s: %s", alloc.region_id, exc)
                 self._unattachable[alloc.region_id] = time.monotonic() + ATTACH_RETRY_S
-                with contextlib.suppress(Exception):
-                    client.free(alloc.alloc_id, self.consumer_id)
+                self._frees.append((client, alloc))  # never attached: nothing to detach first
         return None
 
     def _allocate(self, client: AquaClient, need: int, least: int) -> Allocation | None:
@@ -260,7 +253,7 @@ class LentRegionStore(KVStore):
 
     def _release(self) -> None:
         """Detach the region and forget the allocation (no key may be held; lock held); its free is
-        queued for when the lock is let go (`_locked`), on the session that made it."""
+        queued for the watcher (`_send_frees`), on the session that made it."""
         alloc, client, region = self._alloc, self._alloc_client, self._region
         self._entries.clear()
         self._alloc, self._alloc_client, self._region, self._base = None, None, None, None
@@ -273,7 +266,8 @@ class LentRegionStore(KVStore):
             self.releases += 1
 
     def _free(self, client: AquaClient, alloc: Allocation) -> None:
-        """Free a released allocation (outside the lock: a round trip of up to one call timeout)."""
+        """Free a released allocation (outside the lock, off the engine's step: a round trip of up
+        to one call timeout)."""
         # Only on the session that made it: an ended session's allocation died with it, and its id
         # may name another allocation on a new coordinator.
         if client.connected():
@@ -289,7 +283,7 @@ class LentRegionStore(KVStore):
         The round trip is made outside the store's lock: the engine's step must not wait on a
         slow coordinator for more than its own calls' timeout.
         """
-        with self._locked():
+        with self._lock:
             alloc, client = self._alloc, self._alloc_client
             if alloc is None or client is None:
                 return
@@ -302,7 +296,7 @@ class LentRegionStore(KVStore):
             error = None
         except Exception as exc:
             pending, error = [], exc
-        with self._locked():
+        with self._lock:
             if self._alloc is not alloc:  # released meanwhile (by the step)
                 return
             mine = next((a for a in pending if a.alloc_id == alloc.alloc_id), None)
@@ -347,13 +341,14 @@ class LentRegionStore(KVStore):
         while not self._stop.wait(WATCH_INTERVAL_S):
             self._session.ensure()  # reopen an ended session (with backoff); outside the lock
             self._check_reclaim()
-            with self._locked():
+            with self._lock:
                 if self._alloc is not None and self._reclaiming and not self._entries:
                     self._release()
+            self._send_frees()
 
     # -- KVStore --------------------------------------------------------------------------------------
     def reserve(self, key: str, nbytes: int) -> torch.Tensor | None:
-        with self._locked():
+        with self._lock:
             self._discard(key)
             if not self._ensure_allocation(nbytes) or self._base is None:
                 return None
@@ -373,7 +368,7 @@ class LentRegionStore(KVStore):
         return cursor if self._alloc.nbytes - cursor >= nbytes else None
 
     def get(self, key: str) -> torch.Tensor | None:
-        with self._locked():
+        with self._lock:
             entry = self._entries.get(key)
             if entry is None or self._base is None or not self._session_up():
                 return None
@@ -381,7 +376,7 @@ class LentRegionStore(KVStore):
             return self._base[off : off + n]
 
     def discard(self, key: str) -> None:
-        with self._locked():
+        with self._lock:
             self._discard(key)
 
     def _discard(self, key: str) -> None:
@@ -389,11 +384,11 @@ class LentRegionStore(KVStore):
             self._release()
 
     def keys(self) -> list[str]:
-        with self._locked():
+        with self._lock:
             return sorted(self._entries)
 
     def poll(self) -> list[str]:
-        with self._locked():
+        with self._lock:
             if self._alloc is not None and not self._session_up():
                 return []
             if not self._reclaiming:
@@ -404,6 +399,7 @@ class LentRegionStore(KVStore):
     def close(self) -> None:
         self._stop.set()
         self._watcher.join(timeout=5.0)
-        with self._locked():
+        with self._lock:
             self._release()
+        self._send_frees()
         self._session.close()
