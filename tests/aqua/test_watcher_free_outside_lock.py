@@ -50,6 +50,23 @@ def idle_allocation(store: LentRegionStore) -> str:
     return store._alloc.alloc_id
 
 
+class HeldFree:
+    """Stands in for a store's `client.free`: records the calling thread, then waits for `release`
+    before the real free (a coordinator slow to take it)."""
+
+    def __init__(self, store: LentRegionStore) -> None:
+        self.real = store.client.free
+        self.entered, self.release, self.sent = threading.Event(), threading.Event(), threading.Event()
+        self.threads: list[str] = []
+
+    def __call__(self, alloc_id: str, consumer_id: str | None = None) -> None:
+        self.threads.append(threading.current_thread().name)
+        self.entered.set()
+        self.release.wait(60)
+        self.real(alloc_id, consumer_id)
+        self.sent.set()
+
+
 def run_step(calls: Callable[[], None]) -> None:
     """Run `calls` as the engine's step, in its own thread; fail if it does not return in time."""
     step = threading.Thread(target=calls, name="engine-step", daemon=True)
@@ -67,25 +84,15 @@ def test_it_answers_the_step_and_allocates_anew_while_the_watchers_free_is_held_
     producer, lend = lent
     first = lend("p1")
     store = LentRegionStore(sock_path, "consumer", NBYTES, retry_seconds=0.0)
-    entered, release, sent = threading.Event(), threading.Event(), threading.Event()
-    freed_by: list[str] = []
-    real_free = store.client.free
-
-    def slow_free(alloc_id: str, consumer_id: str | None = None) -> None:
-        freed_by.append(threading.current_thread().name)
-        entered.set()
-        release.wait(60)  # the coordinator is slow to take the free
-        real_free(alloc_id, consumer_id)
-        sent.set()
-
-    monkeypatch.setattr(store.client, "free", slow_free)
+    free = HeldFree(store)
+    monkeypatch.setattr(store.client, "free", free)
     try:
         held = idle_allocation(store)
         second = lend("p2")
         assert producer.request_reclaim(first) == "pending"
         # The watcher sees the reclaim of an idle store and gives the allocation back itself.
-        assert entered.wait(STEP_WAIT_S), "the watcher did not free the reclaimed allocation"
-        assert freed_by == ["aqua-lent-watch"]
+        assert free.entered.wait(STEP_WAIT_S), "the watcher did not free the reclaimed allocation"
+        assert free.threads == ["aqua-lent-watch"]
         got: dict[str, object] = {}
 
         def step() -> None:
@@ -96,21 +103,21 @@ def test_it_answers_the_step_and_allocates_anew_while_the_watchers_free_is_held_
 
         try:
             run_step(step)
-            assert not sent.is_set()  # the free is still held up
+            assert not free.sent.is_set()  # the free is still held up
             assert got["poll"] == [] and got["get"] is None  # the region is detached: nothing read
             assert got["reserve"] is not None  # a new allocation, in the region not reclaimed ...
             new = store._alloc
             assert new is not None and new.region_id == second and new.alloc_id != held
             assert allocations(server) == sorted([held, new.alloc_id])  # ... the old one not yet freed
         finally:
-            release.set()
-        assert sent.wait(STEP_WAIT_S), "the watcher's free was not sent"
+            free.release.set()
+        assert free.sent.wait(STEP_WAIT_S), "the watcher's free was not sent"
         wait_until(lambda: producer.reclaim_status(first) == "done", STEP_WAIT_S, "the reclaim done")
         assert allocations(server) == [new.alloc_id]
         assert (store.allocations, store.releases) == (2, 1)
         assert store.get("req-2") is not None  # the new allocation is the store's
     finally:
-        release.set()
+        free.release.set()
         store.close()
 
 
@@ -172,12 +179,9 @@ def test_a_poll_that_finds_an_idle_allocation_under_reclaim_leaves_its_free_to_t
     region = lend("p1")
     store = LentRegionStore(sock_path, "consumer", NBYTES)
     noticed, go = threading.Event(), threading.Event()
-    freed_by: list[str] = []
-    real_free, real_check = store.client.free, store._check_reclaim
-
-    def recorded_free(alloc_id: str, consumer_id: str | None = None) -> None:
-        freed_by.append(threading.current_thread().name)
-        real_free(alloc_id, consumer_id)
+    free = HeldFree(store)
+    free.release.set()  # the coordinator takes frees at once here
+    real_check = store._check_reclaim
 
     def check_then_hold() -> None:  # the watcher, paused between noticing the reclaim and freeing
         real_check()
@@ -185,7 +189,7 @@ def test_a_poll_that_finds_an_idle_allocation_under_reclaim_leaves_its_free_to_t
             noticed.set()
             go.wait(STEP_WAIT_S)
 
-    monkeypatch.setattr(store.client, "free", recorded_free)
+    monkeypatch.setattr(store.client, "free", free)
     monkeypatch.setattr(store, "_check_reclaim", check_then_hold)
     try:
         held = idle_allocation(store)
@@ -193,11 +197,11 @@ def test_a_poll_that_finds_an_idle_allocation_under_reclaim_leaves_its_free_to_t
         assert noticed.wait(STEP_WAIT_S), "the watcher did not notice the reclaim"
         try:
             assert store.poll() == []  # the engine's step: nothing to evacuate
-            assert freed_by == [] and held in allocations(server)
+            assert free.threads == [] and held in allocations(server)
         finally:
             go.set()
         wait_until(lambda: producer.reclaim_status(region) == "done", STEP_WAIT_S, "the reclaim done")
-        assert freed_by == ["aqua-lent-watch"] and store.releases == 1
+        assert free.threads == ["aqua-lent-watch"] and store.releases == 1
     finally:
         go.set()
         store.close()
@@ -214,17 +218,8 @@ def test_a_discard_that_lets_a_reclaim_finish_leaves_the_free_to_the_watcher(
     producer, lend = lent
     region = lend("p1")
     store = LentRegionStore(sock_path, "consumer", NBYTES)
-    entered, release = threading.Event(), threading.Event()
-    freed_by: list[str] = []
-    real_free = store.client.free
-
-    def slow_free(alloc_id: str, consumer_id: str | None = None) -> None:
-        freed_by.append(threading.current_thread().name)
-        entered.set()
-        release.wait(60)  # the coordinator is slow to take the free
-        real_free(alloc_id, consumer_id)
-
-    monkeypatch.setattr(store.client, "free", slow_free)
+    free = HeldFree(store)
+    monkeypatch.setattr(store.client, "free", free)
     try:
         assert store.reserve("req-1", 4096) is not None
         assert producer.request_reclaim(region) == "pending"
@@ -232,12 +227,12 @@ def test_a_discard_that_lets_a_reclaim_finish_leaves_the_free_to_the_watcher(
         try:
             run_step(lambda: store.discard("req-1"))  # evacuated: the last key goes
             assert store.keys() == [] and store.get("req-1") is None  # detached at once
-            assert entered.wait(STEP_WAIT_S), "the watcher did not send the free"
-            assert freed_by == ["aqua-lent-watch"]
+            assert free.entered.wait(STEP_WAIT_S), "the watcher did not send the free"
+            assert free.threads == ["aqua-lent-watch"]
         finally:
-            release.set()
+            free.release.set()
         wait_until(lambda: producer.reclaim_status(region) == "done", STEP_WAIT_S, "the reclaim done")
         assert allocations(server) == [] and store.releases == 1
     finally:
-        release.set()
+        free.release.set()
         store.close()
