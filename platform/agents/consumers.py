@@ -12,8 +12,9 @@ for a passing reason (the database went away, a lock or statement timeout: `Oper
 `InterfaceError`) is no refusal: it is logged here at WARNING, nothing is counted, and the
 connection is closed with 4503 (`CLOSE_TRY_AGAIN`; RFC 6455's 1013 "try again later" says the same,
 but daphne lets an application close only with 1000 or 3000-4999) and no error frame: the agent
-takes that as a dropped link and reconnects with backoff. (Raising would have daphne close with
-1011 too, but log an "Exception inside application" traceback for each database blip.)
+takes that as a dropped link and reconnects with backoff. (Raising would end the connection as
+well, daphne closing it with 1011, but daphne logs an "Exception inside application" traceback
+for each such database blip.)
 
 One live connection per host: `register` makes a connection the host's current one and only then
 joins the host's group (``agent.<host_id>``), which carries desired-list changes and commands. An
