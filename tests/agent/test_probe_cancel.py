@@ -8,13 +8,14 @@ import asyncio
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpu_agent.probe import ProbeRunner
 from gpu_agent.protocol import Probe, ProbeRequestSpec, parse_frame
+from tests.aqua.conftest import wait_until
 from tests.planning import test_probe_runner as fake
 from tests.planning.test_probe_runner import FakeEngine
 
@@ -36,13 +37,6 @@ def long_probe() -> Probe:
     # 20 requests, one every 0.25 s, 100 tokens each: about 15 s of load if nobody stops it
     requests = [ProbeRequestSpec(0.25 * k, 16, 100) for k in range(20)]
     return Probe("long", "7", 4.0, requests, timeout_s=60.0, seed=1)
-
-
-def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.01)
 
 
 @pytest.mark.usefixtures("slow_tokens")
@@ -71,7 +65,7 @@ def test_a_cancel_frame_stops_the_replay_and_closes_its_streams(engine: str, tmp
     sent = int(counted[1])
     assert 3 <= sent < 10
     # The stand-in notices a closed stream at its next chunks; one left open would run for 9 s more.
-    until(lambda: FakeEngine.in_flight == 0, 5.0, "every stream it had open to be closed")
+    wait_until(lambda: FakeEngine.in_flight == 0, 5.0, "every stream it had open to be closed")
     time.sleep(0.6)  # more than two arrivals apart: a replay still running would send again
     assert len(FakeEngine.bodies) <= sent  # nothing more was sent
 
