@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
-from accounts.models import ApiKey, ApiToken, User
+from accounts.models import ApiKey, ApiToken, User, lock_users
 from core.secret_admin import IssuedSecretAdmin
 
 
@@ -11,6 +16,12 @@ from core.secret_admin import IssuedSecretAdmin
 class PlatformUserAdmin(UserAdmin):
     fieldsets = (*(UserAdmin.fieldsets or ()), ("Platform", {"fields": ("role",)}))
     list_display = ("username", "email", "role", "is_active", "is_superuser")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        """The bulk delete locks the users' rows first, as ``User.delete`` does."""
+        with transaction.atomic():
+            lock_users(queryset.values_list("pk", flat=True))
+            super().delete_queryset(request, queryset)
 
 
 @admin.register(ApiToken)

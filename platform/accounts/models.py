@@ -6,6 +6,7 @@ plaintext is returned once, when issued (see core/secrets.py and accounts/servic
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -28,6 +29,11 @@ class User(AbstractUser):
     ends the user's other sessions then: a token issued with a leaked password must not outlive the
     new one (users cannot list or revoke their tokens themselves). A hash upgrade on sign-in is no
     change, and neither is a save whose ``update_fields`` leave the password out.
+
+    Deleting a user locks its row (FOR UPDATE) before anything else, as ``lock_users`` does for the
+    admin's bulk delete: whatever issues the user a credential locks that row first too
+    (``accounts.services``), so a delete and an issue run one after the other instead of each
+    waiting for rows the other holds (PostgreSQL would abort one with "deadlock detected").
     """
 
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
@@ -50,6 +56,17 @@ class User(AbstractUser):
                 ApiToken.objects.filter(user=self).delete()
         if written:
             self._password_disabled = False
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        with transaction.atomic():
+            lock_users([self.pk])
+            return super().delete(*args, **kwargs)
+
+
+def lock_users(pks: Iterable[Any]) -> None:
+    """Lock these users' rows FOR UPDATE, in primary-key order, until the caller's transaction ends
+    (a user's delete takes this lock before its cascade touches the user's tokens and keys)."""
+    list(User.objects.select_for_update().filter(pk__in=list(pks)).order_by("pk").values_list("pk"))
 
 
 class ApiToken(models.Model):

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Coalesce
@@ -22,13 +23,35 @@ from core.secrets import Issued, digest_secret, issue_secret
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
+class OwnerGone(PermissionDenied):
+    """The user to issue a credential to was deleted meanwhile; nothing was issued."""
+
+
+def _lock_owner(owner: Any) -> None:
+    """Lock the owner's row FOR NO KEY UPDATE until the caller's transaction ends, before it touches
+    the owner's tokens or keys: the order a user's delete takes them in (``User.delete``). Rows that
+    only reference the user (its jobs, its usage) are still written meanwhile.
+
+    Raises:
+        OwnerGone: the user was deleted (perhaps while this waited for the lock).
+    """
+    if not list(
+        get_user_model().objects.select_for_update(no_key=True).filter(pk=owner.pk).values_list("pk")
+    ):
+        raise OwnerGone(f"user {owner.pk} no longer exists")
+
+
 @transaction.atomic
 def issue_api_token(user: Any, name: str) -> Issued:
     """Create an operator API token for ``user``.
 
     The user's expired tokens are deleted, and so are their least recently used live tokens beyond
     API_TOKENS_PER_USER (a script that signs in on every run keeps only its latest tokens).
+
+    Raises:
+        OwnerGone: the user was deleted meanwhile; nothing was issued.
     """
+    _lock_owner(user)  # concurrent sign-ins of one user then retire each other's tokens in turn
     now = timezone.now()
     _tokens_with_last_seen().filter(_expired(now), user=user).delete()
     secret = issue_secret("tok")
@@ -127,6 +150,7 @@ def create_api_key_within_limit(
 
     Raises:
         ApiKeyLimitReached: nothing was created.
+        OwnerGone: the owner was deleted meanwhile; nothing was created.
     """
     _make_room_for_a_key(owner, replaceable=ApiKey.objects.none())
     return create_api_key(owner, name, requests_per_minute, tokens_per_day)
@@ -142,6 +166,7 @@ def issue_playground_key(owner: Any) -> Issued:
 
     Raises:
         ApiKeyLimitReached: the owner's other keys fill the limit; nothing was issued or revoked.
+        OwnerGone: the owner was deleted meanwhile; nothing was issued.
     """
     playground = ApiKey.objects.filter(owner=owner, name=PLAYGROUND_KEY_NAME, revoked=False)
     _make_room_for_a_key(owner, replaceable=playground.order_by("created_at", "pk"))
@@ -156,15 +181,15 @@ def _make_room_for_a_key(owner: Any, replaceable: QuerySet[ApiKey]) -> None:
     owner's live keys, in the order to give them up) as far as that takes; inside the caller's
     transaction, which is to create the key.
 
-    The owner's row is locked until that transaction ends, so concurrent issuers for one owner
-    (two browsers opening the playground, a script creating keys in parallel) count one after
-    another and cannot together pass the limit. FOR NO KEY UPDATE: rows that only reference the
-    user (its jobs, its tokens) are still written meanwhile.
+    The owner's row is locked until that transaction ends (``_lock_owner``), so concurrent issuers
+    for one owner (two browsers opening the playground, a script creating keys in parallel) count
+    one after another and cannot together pass the limit.
 
     Raises:
         ApiKeyLimitReached: revoking every ``replaceable`` key would not make room; none was revoked.
+        OwnerGone: the owner was deleted meanwhile.
     """
-    list(get_user_model().objects.select_for_update(no_key=True).filter(pk=owner.pk).values_list("pk"))
+    _lock_owner(owner)
     limit = settings.API_KEYS_PER_USER
     live = live_api_keys(owner)
     excess = live + 1 - limit

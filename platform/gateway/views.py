@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from accounts.models import ApiKey
 from accounts.roles import is_admin
-from accounts.services import PLAYGROUND_KEY_NAME, ApiKeyLimitReached, issue_playground_key
+from accounts.services import PLAYGROUND_KEY_NAME, ApiKeyLimitReached, OwnerGone, issue_playground_key
 from deployments.models import DesiredState
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -46,6 +46,8 @@ def playground_key(request: HttpRequest) -> JsonResponse:
     if not live:
         try:
             secret = issue_playground_key(request.user).plaintext
+        except OwnerGone:  # deleted by an admin just now
+            return JsonResponse({"detail": "Log in to use the playground."}, status=401)
         except ApiKeyLimitReached as full:
             detail = (
                 f"The playground needs an API key of its own, and you have {full.live} live API keys, "

@@ -9,7 +9,6 @@ run one after the other instead of PostgreSQL aborting one with "deadlock detect
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +22,8 @@ from planning.applying import _lock_hosts
 from registry.models import ServedModel
 from registry.services import update_served_model
 
+from tests.pg_locks import backend_pid, wait_until_blocked
+
 from .conftest import AgentHost
 from .test_model_edit_restart import running
 from .test_reconcile_audit import register
@@ -35,26 +36,6 @@ pytestmark = [
 # An engine setting, and a rename too: its save takes FOR UPDATE on the model row (the name is a
 # unique key), which blocks a foreign-key check.
 EDITS = [{"dtype": "float16"}, {"name": "tiny-v2"}]
-
-
-def backend_pid() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        row = cursor.fetchone()
-        assert row is not None
-        return int(row[0])
-
-
-def wait_until_blocked(pid: int, timeout: float = 10.0) -> None:
-    """Until backend ``pid`` waits for a lock (pg_locks is read live, even inside a transaction)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted", [pid])
-            if cursor.fetchone() is not None:
-                return
-        time.sleep(0.02)
-    raise AssertionError(f"backend {pid} never waited for a lock")
 
 
 def race(

@@ -296,7 +296,7 @@ def test_a_size_change_waits_for_a_deployment_being_created_on_another_host_and_
 ) -> None:
     """The deployment's insert is not committed when the edit starts, on a host where the model
     has no deployment: the edit waits for its host, then sees it."""
-    from .test_model_edit_locks import backend_pid, wait_until_blocked  # it imports this module
+    from tests.pg_locks import backend_pid, wait_until_blocked
 
     register(agent_host.host)
     editor_pid: list[int] = []
