@@ -123,8 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--trace {a.trace}: not a UTF-8 text file ({exc.reason} at byte {exc.start})")
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
-    if a.workload == "trace" and not requests:
-        parser.error(f"--trace {a.trace} holds no requests")
+    if not requests:
+        if a.workload == "trace":
+            parser.error(f"--trace {a.trace} holds no requests")
+        parser.error(f"--rate {a.rate} over --duration {a.duration} draws no requests (seed {a.seed})")
     try:  # now, not after a long simulation
         a.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -109,6 +109,16 @@ def test_the_simulator_names_a_trace_it_cannot_use(
     assert not (tmp_path / "x").exists()
 
 
+def test_the_simulator_refuses_a_generated_workload_with_no_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One request per second for a millisecond draws nothing: refused, as an empty trace is,
+    # rather than a summary of nan latencies.
+    err = sim_error(["--rate", "1", "--duration", "0.001", "--out", str(tmp_path / "x")], capsys)
+    assert "--rate 1.0" in err and "--duration 0.001" in err and "no requests" in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_the_simulator_writes_no_partial_output_when_interrupted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
