@@ -121,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         slo = SLO(a.ttft_slo_ms / 1e3, a.tbt_slo_ms / 1e3)
     except UnicodeDecodeError as exc:
         parser.error(f"--trace {a.trace}: not a UTF-8 text file ({exc.reason} at byte {exc.start})")
+    except MemoryError:  # numpy cannot allocate the arrival times (e.g. --rate 1e9 --duration 300)
+        parser.error(f"--rate {a.rate} over --duration {a.duration} is more requests than fit in memory")
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     if not requests:

@@ -119,6 +119,23 @@ def test_the_simulator_refuses_a_generated_workload_with_no_requests(
     assert not (tmp_path / "x").exists()
 
 
+def test_the_simulator_names_a_rate_and_duration_too_large_to_generate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --rate 1e9 --duration 300 asks numpy for 2.4 TiB of arrival times; the allocator's refusal
+    # is stood in for here (with overcommit a real attempt may be OOM-killed instead).
+    def refused(rng: object, rate: float) -> Callable[[int], Any]:
+        def gaps(n: int) -> Any:
+            raise MemoryError(f"Unable to allocate {n * 8} bytes")
+
+        return gaps
+
+    monkeypatch.setattr("serving.workload.arrivals._exponential_gaps", refused)
+    err = sim_error(["--rate", "1e9", "--duration", "300", "--out", str(tmp_path / "x")], capsys)
+    assert "--rate 1000000000.0" in err and "--duration 300.0" in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_the_simulator_writes_no_partial_output_when_interrupted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
