@@ -105,9 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cost = get_preset(a.model, a.gpu, a.tp)
         blocks = a.kv_blocks
         if blocks is None:
-            blocks = kv_capacity_tokens(a.model, a.gpu, a.tp, a.gpu_memory_utilization) // a.block_size
-            if blocks < 1:
+            tokens = kv_capacity_tokens(a.model, a.gpu, a.tp, a.gpu_memory_utilization)
+            if tokens < 1:
                 parser.error(f"--gpu-memory-utilization {a.gpu_memory_utilization} leaves no room for KV")
+            blocks = tokens // a.block_size
+            if blocks < 1:
+                parser.error(f"--block-size {a.block_size} is more than the {tokens} KV tokens that fit")
         config = EngineConfig(
             max_num_batched_tokens=a.max_num_batched_tokens,
             max_num_seqs=a.max_num_seqs,

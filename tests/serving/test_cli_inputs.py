@@ -136,6 +136,13 @@ def test_the_simulator_names_a_rate_and_duration_too_large_to_generate(
     assert not (tmp_path / "x").exists()
 
 
+def test_the_simulator_names_a_block_size_larger_than_the_kv_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = sim_error([*SIM, "--block-size", "100000000", "--out", str(tmp_path / "x")], capsys)
+    assert "--block-size 100000000" in err and "--gpu-memory-utilization" not in err
+
+
 def test_the_simulator_writes_no_partial_output_when_interrupted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
