@@ -80,12 +80,22 @@ class WorkloadSpec:
         get_length_dist(self.dataset)  # an unknown dataset fails here, listing the known ones
 
     def requests(self, rate: float) -> list[Request]:
-        """The workload at `rate` requests/s."""
+        """The workload at `rate` requests/s.
+
+        Raises:
+            ProfilingError: It draws no requests (a `num_requests` of a few can draw none).
+        """
         _positive_finite("rate", rate)
         kw: dict[str, Any] = {"max_context": self.max_context}
         if self.kind == "gamma":
             kw["burstiness"] = self.burstiness
-        return make_workload(self.kind, rate, self.num_requests / rate, self.dataset, self.seed, **kw)
+        requests = make_workload(self.kind, rate, self.num_requests / rate, self.dataset, self.seed, **kw)
+        if not requests:  # nothing to measure: not an SLA missed (every TTFT would read as inf)
+            raise ProfilingError(
+                f"the workload draws no requests at {rate:.4g} req/s ({self.num_requests=}, "
+                f"{self.seed=}); raise num_requests"
+            )
+        return requests
 
     def burst_requests(self, rate: float, factor: float) -> list[Request]:
         """Poisson arrivals at `rate` with one burst of `factor` x rate for `burst_duration_s`,

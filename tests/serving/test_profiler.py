@@ -144,6 +144,16 @@ def test_it_reports_an_sla_missed_even_at_the_lowest_rate() -> None:
     assert min(probe.rates) == 0.01
 
 
+def test_a_workload_that_draws_no_requests_is_an_error_not_a_missed_sla() -> None:
+    # Poisson arrivals for about 2 requests: seed 0 draws none at any rate (same requests per
+    # rate, times scaled). No latency was measured, so "the SLA is missed" would be wrong.
+    tiny = WorkloadSpec(num_requests=2, seed=0)
+    probe = SimulatorProbe(COST, EngineConfig(num_kv_blocks=FULL_BLOCKS), tiny)
+    with pytest.raises(ProfilingError, match="no requests") as err:
+        profile_model("m", probe, SLA, tiny, ProfilerConfig(max_probes=8))
+    assert "num_requests=2" in str(err.value) and "missed" not in str(err.value)
+
+
 def test_it_bisects_to_the_threshold_with_few_probes_and_reports_progress_to_one() -> None:
     probe = CountingProbe(threshold=37.3)
     seen: list[float] = []
