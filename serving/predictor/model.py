@@ -12,6 +12,7 @@ bucket of their predicted length.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,8 +56,8 @@ class LengthPredictor:
         hash_dim: int = DEFAULT_HASH_DIM,
         bucket_edges: Sequence[int] = DEFAULT_BUCKET_EDGES,
     ) -> None:
-        if not alpha > 0:
-            raise ValueError(f"{alpha=} must be positive")
+        if not 0 < alpha < math.inf:
+            raise ValueError(f"{alpha=} must be positive and finite")
         if list(bucket_edges) != sorted(set(bucket_edges)) or not bucket_edges or bucket_edges[0] != 0:
             raise ValueError(f"{bucket_edges=} must be strictly increasing and start at 0")
         self.alpha = alpha

@@ -71,3 +71,10 @@ def test_it_rejects_bad_input() -> None:
         LengthPredictor(bucket_edges=(0, 64, 32))
     with pytest.raises(RuntimeError, match="fit"):
         LengthPredictor().predict(["hello"])
+
+
+@pytest.mark.parametrize("alpha", [np.inf, np.nan, -1.0])
+def test_it_rejects_a_non_finite_or_negative_alpha(alpha: float) -> None:
+    # alpha=inf used to fit NaN weights and predict -2**63 tokens for every prompt.
+    with pytest.raises(ValueError, match="alpha"):
+        LengthPredictor(alpha=alpha)
