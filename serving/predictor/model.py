@@ -47,6 +47,16 @@ class PredictorReport:
     samples: int
 
 
+def _lengths(texts: Sequence[str], output_tokens: Sequence[int]) -> np.ndarray:
+    """`output_tokens` as floats, checked: one finite length >= 1 per prompt, at least one."""
+    if len(texts) != len(output_tokens) or not texts:
+        raise ValueError("need as many output lengths as prompts, at least one")
+    y = np.asarray(output_tokens, dtype=float)
+    if not np.all(np.isfinite(y) & (y >= 1)):
+        raise ValueError("output lengths must be finite and >= 1")
+    return y
+
+
 class LengthPredictor:
     """Predicts a prompt's response length (tokens) from its text."""
 
@@ -68,11 +78,7 @@ class LengthPredictor:
 
     def fit(self, texts: Sequence[str], output_tokens: Sequence[int]) -> LengthPredictor:
         """Fit on prompts and their response lengths; returns self."""
-        if len(texts) != len(output_tokens) or not texts:
-            raise ValueError("need as many output lengths as prompts, at least one")
-        y = np.asarray(output_tokens, dtype=float)
-        if np.any(y < 1):
-            raise ValueError("output lengths must be >= 1")
+        y = _lengths(texts, output_tokens)
         x = featurize(texts, self.hash_dim)
         reg = self.alpha * np.eye(x.shape[1])
         reg[0, 0] = 0.0  # the intercept is not shrunk

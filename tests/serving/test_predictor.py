@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -78,3 +80,11 @@ def test_it_rejects_a_non_finite_or_negative_alpha(alpha: float) -> None:
     # alpha=inf used to fit NaN weights and predict -2**63 tokens for every prompt.
     with pytest.raises(ValueError, match="alpha"):
         LengthPredictor(alpha=alpha)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_it_refuses_to_fit_non_finite_output_lengths(bad: float) -> None:
+    # A NaN or inf length used to pass the ">= 1" check and give NaN weights (garbage predictions).
+    lengths: list[Any] = [bad, 9]  # as read from a CSV column with a missing value
+    with pytest.raises(ValueError, match="output lengths"):
+        LengthPredictor().fit(["write a poem", "hi"], lengths)
