@@ -99,7 +99,7 @@ class LengthPredictor:
 
     def evaluate(self, texts: Sequence[str], output_tokens: Sequence[int]) -> PredictorReport:
         """Error on held-out prompts against the truth and against predicting the training mean."""
-        y = np.asarray(output_tokens, dtype=float)
+        y = _lengths(texts, output_tokens)
         pred = self.predict(texts).astype(float)
         true_b = np.array([bucket_of(v, self.bucket_edges) for v in y])
         pred_b = np.array([bucket_of(v, self.bucket_edges) for v in pred])

@@ -88,3 +88,15 @@ def test_it_refuses_to_fit_non_finite_output_lengths(bad: float) -> None:
     lengths: list[Any] = [bad, 9]  # as read from a CSV column with a missing value
     with pytest.raises(ValueError, match="output lengths"):
         LengthPredictor().fit(["write a poem", "hi"], lengths)
+
+
+@pytest.mark.parametrize(
+    ("texts", "lengths"),
+    [([], []), (["a b", "c"], [1, 2, 3])],
+    ids=["empty", "mismatched"],
+)
+def test_evaluate_rejects_what_fit_rejects(texts: list[str], lengths: list[int]) -> None:
+    # Empty used to give a report of NaNs; mismatched, numpy's "operands could not be broadcast".
+    fitted = LengthPredictor().fit(["write a poem", "hi"], [200, 5])
+    with pytest.raises(ValueError, match="as many output lengths as prompts"):
+        fitted.evaluate(texts, lengths)
