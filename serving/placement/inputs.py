@@ -137,7 +137,7 @@ class PlacerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.time_limit_s <= 0:
+        if not self.time_limit_s > 0:  # also refuses nan
             raise ValueError(f"{self.time_limit_s=} must be positive")
         if self.num_workers < 1:
             raise ValueError(f"{self.num_workers=} must be positive")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
@@ -225,6 +226,13 @@ def test_it_rejects_invalid_or_infeasible_instances(
         message = "no server with 2 free GPUs"
     with pytest.raises(PlacementError, match=message):
         get_placer(placer).place(models, servers)
+
+
+@pytest.mark.parametrize("limit", [0.0, -1.0, math.nan])
+def test_it_rejects_a_time_limit_that_is_not_positive(limit: float) -> None:
+    # NaN used to pass, and CP-SAT then stopped after 0.05 s with a far worse plan.
+    with pytest.raises(ValueError, match="time_limit_s"):
+        PlacerConfig(time_limit_s=limit)
 
 
 def test_it_rejects_non_positive_sizes_and_missing_profiles() -> None:
