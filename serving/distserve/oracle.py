@@ -155,6 +155,14 @@ class PhaseOracle:
     _brackets: dict[OracleKey, Bisection] = field(default_factory=dict)
     _means: tuple[float, float] | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s", "rel_tol"):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name}={value} must be a positive finite number")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"{self.target=} must be in (0, 1]")
+
     def prefill(self, par: Parallelism, stage_link: Link) -> float:
         """Goodput (req/s) of one prefill instance, fully refined."""
         return self.prefill_bracket(par, stage_link).value()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -245,3 +247,21 @@ def test_the_pruned_search_over_simulated_goodputs_matches_the_exhaustive_one() 
     got = high_affinity_search(pruned, nodes=1, gpus_per_node=4, max_pp=1)
     assert got == want
     assert pruned.simulations <= full.simulations
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"ttft_s": -1.0}, "ttft_s"),
+        ({"tpot_s": 0.0}, "tpot_s"),
+        ({"ttft_s": math.nan}, "ttft_s"),
+        ({"target": 2.0}, "target"),
+        ({"target": 0.0}, "target"),
+        ({"rel_tol": 0.0}, "rel_tol"),
+    ],
+)
+def test_the_oracle_rejects_an_slo_it_cannot_search_for(kw: dict[str, float], named: str) -> None:
+    # These used to search anyway and return a placement with a per-GPU goodput of 0.
+    args: dict[str, Any] = {"ttft_s": 0.4, "tpot_s": 0.04, **kw}
+    with pytest.raises(ValueError, match=named):
+        PhaseOracle(MODEL, GPU, lambda r: poisson(r, 40, 32), **args)
