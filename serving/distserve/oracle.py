@@ -175,6 +175,8 @@ class PhaseOracle:
         if self._means is None:
             reqs = self.workload(1.0)
             n = len(reqs)
+            if n == 0:
+                raise ValueError("the oracle's workload has no requests (at 1 req/s)")
             self._means = (sum(r.prompt_tokens for r in reqs) / n, sum(r.output_tokens for r in reqs) / n)
         return self._means
 

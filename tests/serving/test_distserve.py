@@ -265,3 +265,10 @@ def test_the_oracle_rejects_an_slo_it_cannot_search_for(kw: dict[str, float], na
     args: dict[str, Any] = {"ttft_s": 0.4, "tpot_s": 0.04, **kw}
     with pytest.raises(ValueError, match=named):
         PhaseOracle(MODEL, GPU, lambda r: poisson(r, 40, 32), **args)
+
+
+def test_the_oracle_names_a_workload_with_no_requests() -> None:
+    # Used to be a ZeroDivisionError from the mean prompt length.
+    oracle = PhaseOracle(MODEL, GPU, lambda r: [], 0.4, 0.04)
+    with pytest.raises(ValueError, match="no requests"):
+        oracle.prefill(Parallelism(1, 1), NVLINK3)
