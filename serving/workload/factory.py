@@ -8,6 +8,7 @@ not depend on the arrival process, and two workload kinds can be compared reques
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -105,6 +106,8 @@ def make_workload(
         raise ValueError(f"unknown option(s) {sorted(unknown)} for {kind!r}; allowed: {', '.join(allowed)}")
     if not duration_s >= 0 or math.isinf(duration_s):
         raise ValueError(f"{duration_s=} must be >= 0 and finite")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"{seed=} must be an integer >= 0")
     arrival_ss, length_ss, class_ss = np.random.SeedSequence(seed).spawn(3)
     max_context = kw.get("max_context")
     if max_context is not None and max_context < 2:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -111,6 +112,13 @@ def test_it_rejects_unknown_kinds_datasets_and_options_listing_the_valid_ones() 
         make_workload("gamma", 1.0, 10.0, burst_factor=3.0)
     with pytest.raises(ValueError, match="rate"):
         make_workload("poisson", None, 10.0)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "7"])
+def test_it_rejects_a_seed_that_is_not_a_non_negative_integer_naming_it(seed: Any) -> None:
+    # numpy's own message ("expected non-negative integer") did not say which argument.
+    with pytest.raises(ValueError, match="seed"):
+        make_workload("poisson", 1.0, 10.0, seed=seed)
 
 
 @pytest.mark.parametrize(
