@@ -150,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = engine.run(requests, changes=changes, progress=progress, predictions=predictions)
         progress(engine.now)
     wall = time.perf_counter() - t0
-    span = max(engine.now, a.duration)
+    # The run ends with its last token, not at a later --reclaim-at the engine idled to apply.
+    last_token = max((r.token_times[-1] for r in records if r.token_times), default=0.0)
+    span = max(last_token, a.duration)
     summary = summarize(records, span, slo)
     run_info = {
         "model": a.model, "gpu": a.gpu, "tp": a.tp, "policy": a.policy, "workload": a.workload,

@@ -105,3 +105,15 @@ def test_the_figure_has_both_series_and_distributions() -> None:
     fig = build_figure(recs, "t")
     kinds = sorted(trace.type for trace in fig.data)
     assert kinds == ["bar", "bar", "scattergl", "scattergl"]
+
+
+def test_a_reclaim_after_the_last_request_does_not_dilute_throughput(tmp_path: Path) -> None:
+    # The engine idles until the reclaim to apply it; that idle time is not part of the run.
+    base = ["--rate", "1", "--duration", "10", "--no-progress", "--preemption-mode", "offload_peer"]
+    base += ["--peer-memory-gib", "1"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0
+    assert main([*base, "--reclaim-at", "1000", "--out", str(tmp_path / "b")]) == 0
+    plain = json.loads((tmp_path / "a" / "summary.json").read_text())
+    late = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert late["run"]["simulated_s"] == 1000.0
+    assert late["throughput_tokens_per_s"] == plain["throughput_tokens_per_s"] > 0
