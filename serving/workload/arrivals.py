@@ -18,6 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+# float64 arrival times an array can hold at all (numpy: "Maximum allowed dimension exceeded")
+_MAX_ARRIVALS = np.iinfo(np.intp).max // 8
+
 
 def _check_rate_duration(rate: float, duration_s: float) -> None:
     if not rate > 0 or math.isinf(rate):
@@ -28,6 +31,11 @@ def _check_rate_duration(rate: float, duration_s: float) -> None:
 
 def _renewal(gaps_fn: Callable[[int], np.ndarray], rate: float, start: float, end: float) -> np.ndarray:
     """Cumulative sums of gaps from `start`, kept while < end; draws in blocks for speed."""
+    expected = (end - start) * rate
+    if expected > _MAX_ARRIVALS:
+        raise ValueError(
+            f"{rate=} over {end - start:g} s expects {expected:.3g} arrivals, more than an array can hold"
+        )
     out: list[np.ndarray] = []
     t = start
     block = max(16, int((end - start) * rate * 1.1) + 16)

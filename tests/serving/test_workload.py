@@ -103,6 +103,13 @@ def test_it_validates_arrival_parameters() -> None:
         on_off_arrivals(1.0, 10.0, rng, burst_factor=0.5)
 
 
+@pytest.mark.parametrize("kind", ["poisson", "gamma", "burst"])
+def test_it_names_a_rate_whose_arrivals_no_array_could_hold(kind: str) -> None:
+    # numpy's own message was "Maximum allowed dimension exceeded", naming nothing.
+    with pytest.raises(ValueError, match=r"rate=1e\+300.*arrivals"):
+        make_workload(kind, 1e300, 300.0)
+
+
 def test_it_rejects_unknown_kinds_datasets_and_options_listing_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="poisson, gamma, burst, trace"):
         make_workload("uniform", 1.0, 10.0)
