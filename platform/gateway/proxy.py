@@ -128,7 +128,9 @@ class GatewayApp:
         admission = await database_sync_to_async(services.admit)(key, request.model)
         if admission.limits is not None:  # OpenAI's x-ratelimit-* headers on whatever answers
             send = _with_headers(send, admission.limits.headers())
-        meter = StreamMeter(started, include_usage=request.include_usage)
+        meter = StreamMeter(
+            started, include_usage=request.include_usage, choices_per_prompt=request.body.get("n") or 1
+        )
         state: dict[str, Any] = {"target": None, "outcome": "failed"}
         relay = asyncio.ensure_future(self._relay(request, admission, meter, state, send))
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))

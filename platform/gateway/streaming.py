@@ -2,9 +2,12 @@
 
 The gateway asks the engine for ``stream_options: {include_usage, continuous_usage_stats}`` so
 that every chunk carries the running token counts: usage is known even when the client leaves
-mid-stream. Chunks are rewritten to what the client asked for: ``usage`` is removed (or ``null``
-when the client asked for ``include_usage``), and the engine's final usage chunk is passed on only
-when the client asked for it. An error event (vLLM sends ``data: {"error": {...}}`` then
+mid-stream. A chunk's counts are its choice's alone (vLLM counts each of the request's ``n``
+choices, and each prompt of a legacy completion, on its own), so the meter keeps every choice's
+latest counts and adds them up until the engine's final usage chunk gives the totals. Chunks are
+rewritten to what the client asked for: ``usage`` is removed (or ``null`` when the client asked
+for ``include_usage``), and the engine's final usage chunk is passed on only when the client asked
+for it. An error event (vLLM sends ``data: {"error": {...}}`` then
 ``[DONE]`` when generation fails) is rewritten to the gateway's error shape.
 """
 
@@ -38,6 +41,7 @@ class StreamMeter:
 
     started: float
     include_usage: bool = False
+    choices_per_prompt: int = 1  # the request's ``n``: choice ``i`` is prompt ``i // n``'s
     prompt_tokens: int = 0
     completion_tokens: int = 0
     first_token_at: float | None = None
@@ -46,6 +50,7 @@ class StreamMeter:
     done: bool = False
     failed: bool = False
     _buffer: bytes = b""
+    _choices: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (prompt, completion)
 
     def feed(self, data: bytes) -> list[bytes]:
         """Bytes from the engine -> complete SSE events to send to the client, rewritten."""
@@ -80,11 +85,13 @@ class StreamMeter:
             code = error.get("code")
             status = code if isinstance(code, int) and code >= 400 else 500
             return b"data: " + engine_error(status, chunk).body()
-        self._take_usage(chunk.get("usage"))
         choices = chunk.get("choices")
         if not choices and chunk.get("usage") is not None:
-            # The engine's final usage-only chunk.
+            # The engine's final usage-only chunk: the whole request's.
+            self._take_usage(chunk.get("usage"))
             return b"data: " + _dump(chunk) if self.include_usage else None
+        if isinstance(choices, list):
+            self._take_choice_usage(choices, chunk.get("usage"))
         if isinstance(choices, list) and any(_has_text(c) for c in choices):
             self._token(time.monotonic())
         if self.include_usage:
@@ -97,6 +104,19 @@ class StreamMeter:
         if isinstance(usage, dict):
             self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             self.completion_tokens = int(usage.get("completion_tokens") or 0)
+
+    def _take_choice_usage(self, choices: list[Any], usage: Any) -> None:
+        """A chunk's running counts, which are its choice's alone: the request's are the sum over
+        its choices (prompts counted once per prompt, ``choices_per_prompt`` choices each)."""
+        if not isinstance(usage, dict):
+            return
+        counts = (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+        for choice in choices:
+            index = choice.get("index") if isinstance(choice, dict) else None
+            self._choices[index if isinstance(index, int) else 0] = counts
+        prompts = {i // self.choices_per_prompt: prompt for i, (prompt, _) in self._choices.items()}
+        self.prompt_tokens = sum(prompts.values())
+        self.completion_tokens = sum(completion for _, completion in self._choices.values())
 
     def _token(self, now: float) -> None:
         if self.first_token_at is None:

@@ -298,3 +298,76 @@ def test_a_client_that_leaves_after_done_was_served_in_full(gateway_data: dict[s
     sample = RequestSample.objects.get()
     assert sample.outcome == "completed" and sample.completion_tokens == 2
     assert Usage.objects.get().completion_tokens == 2
+
+
+def choice_chunk(index: int, prompt: int, completion: int, kind: str = "chat") -> dict[str, Any]:
+    """A streamed chunk of choice ``index`` with vLLM's continuous usage: that choice's own counts."""
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": index, "delta": {"content": "x"}}
+        return {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "model": "tiny",
+            "choices": [choice],
+            "usage": usage,
+        }
+    return {
+        "id": "c1",
+        "object": "text_completion",
+        "model": "tiny",
+        "choices": [{"index": index, "text": "x"}],
+        "usage": usage,
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "chunks", "booked"),
+    [
+        # n=3: vLLM's continuous usage counts each choice on its own (3, 2 and 1 tokens so far).
+        (
+            "/v1/chat/completions",
+            {"n": 3},
+            [
+                choice_chunk(index, 7, completion)
+                for index, completion in [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (0, 3)]
+            ],
+            (7, 6),
+        ),
+        # Two prompts (5 and 9 tokens), n=2: choice i is prompt i // 2's.
+        (
+            "/v1/completions",
+            {"prompt": ["a", "b"], "n": 2},
+            [choice_chunk(i, 5 if i < 2 else 9, 1, "text") for i in range(4)]
+            + [choice_chunk(3, 9, 2, "text")],
+            (14, 5),
+        ),
+    ],
+)
+def test_a_stream_with_several_choices_left_mid_way_books_every_choices_tokens(
+    gateway_data: dict[str, Any],
+    path: str,
+    extra: dict[str, Any],
+    chunks: list[dict[str, Any]],
+    booked: tuple[int, int],
+) -> None:
+    async def then_linger() -> AsyncIterator[bytes]:
+        yield b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+        await asyncio.Event().wait()  # still generating when the client leaves
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=then_linger(), headers={"content-type": "text/event-stream"})
+
+    async def leave_after_all(result: Call) -> None:
+        while result.body.count(b"\n\n") < len(chunks):
+            result.sent_body.clear()
+            await result.sent_body.wait()
+
+    base = CHAT if path == "/v1/chat/completions" else {"model": "tiny", "max_tokens": 3}
+    body = {**base, **extra, "stream": True}
+    asyncio.run(call(app_with(upstream), path, body, gateway_data["secret"], disconnect=leave_after_all))
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "disconnected"
+    assert (sample.prompt_tokens, sample.completion_tokens) == booked
+    usage = Usage.objects.get()
+    assert (usage.prompt_tokens, usage.completion_tokens) == booked
