@@ -132,6 +132,7 @@ class GatewayApp:
             started, include_usage=request.include_usage, choices_per_prompt=request.body.get("n") or 1
         )
         state: dict[str, Any] = {"target": None, "outcome": "failed"}
+        refused: GatewayError | None = None  # the relay's error from before the first byte
         relay = asyncio.ensure_future(self._relay(request, admission, meter, state, send))
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
@@ -144,8 +145,11 @@ class GatewayApp:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            with contextlib.suppress(asyncio.CancelledError):
-                await relay  # re-raises a GatewayError from before the first byte
+            try:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relay
+            except GatewayError as error:  # answered once the request is recorded
+                refused = error
         target: Target | None = state["target"]
         if target is not None:  # an engine took the request: what it served counts
             outcome = services.Outcome(
@@ -159,11 +163,17 @@ class GatewayApp:
                 tbt_max_s=meter.tbt_max_s,
             )
             await database_sync_to_async(services.finish)(admission, outcome)
+        if refused is not None:
+            raise refused
 
     async def _open(
-        self, request: CompletionRequest, admission: services.Admission
+        self, request: CompletionRequest, admission: services.Admission, state: dict[str, Any]
     ) -> tuple[Target, httpx.Response]:
-        """Send to the best replica; on a connection error or 5xx before any byte, the next one."""
+        """Send to the best replica; on a connection error or 5xx before any byte, the next one.
+
+        ``state["target"]`` is the replica while it has the request: one that took it and then
+        timed out, or whose client left before its headers (vLLM sends a non-streamed answer's
+        with its body), is recorded with it."""
         path = "/v1/chat/completions" if request.kind == "chat" else "/v1/completions"
         body = json.dumps(
             upstream_body({**request.body, "model": admission.model_name}, request.stream)
@@ -174,6 +184,7 @@ class GatewayApp:
                 "POST", target.base_url + path, content=body, headers={"content-type": "application/json"}
             )
             self.router.acquire(target)
+            state["target"] = target
             try:
                 response = await self.client.send(upstream, stream=True)
             except httpx.ReadTimeout:
@@ -184,6 +195,7 @@ class GatewayApp:
                     f"The engine did not answer within {settings.GATEWAY_READ_TIMEOUT_S:g} s.", timed_out=True
                 ) from None
             except httpx.TransportError as exc:
+                state["target"] = None
                 self.router.release(target)
                 self.router.failed(target)
                 errors.append(f"replica {target.replica_id}: {type(exc).__name__}")
@@ -193,6 +205,7 @@ class GatewayApp:
                 self.router.release(target)
                 raise
             if response.status_code >= 500:
+                state["target"] = None
                 await response.aclose()
                 self.router.release(target)
                 self.router.failed(target)
@@ -221,8 +234,7 @@ class GatewayApp:
         state: dict[str, Any],
         send: Send,
     ) -> None:
-        target, response = await self._open(request, admission)
-        state["target"] = target
+        target, response = await self._open(request, admission, state)
         try:
             if response.status_code != 200 or not request.stream:
                 await self._relay_whole(target, response, meter, state, send)

@@ -371,3 +371,39 @@ def test_a_stream_with_several_choices_left_mid_way_books_every_choices_tokens(
     assert (sample.prompt_tokens, sample.completion_tokens) == booked
     usage = Usage.objects.get()
     assert (usage.prompt_tokens, usage.completion_tokens) == booked
+
+
+def test_a_client_that_leaves_before_a_non_streamed_answer_is_recorded_as_disconnected(
+    gateway_data: dict[str, Any],
+) -> None:
+    # vLLM sends a non-streamed answer's headers with its body, at the end: the client leaves
+    # while the engine, which took the request, is still generating.
+    taken = asyncio.Event()
+    state = {"cancelled": False}
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        taken.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            state["cancelled"] = True
+            raise
+        raise AssertionError("unreachable")
+
+    async def leave_while_generating(result: Call) -> None:
+        await taken.wait()
+
+    result = asyncio.run(
+        call(
+            app_with(upstream),
+            "/v1/chat/completions",
+            CHAT,
+            gateway_data["secret"],
+            disconnect=leave_while_generating,
+        )
+    )
+    assert result.status is None and state["cancelled"], "the engine's request was given up"
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "disconnected" and not sample.stream
+    assert sample.deployment_id == gateway_data["deployments"][0].pk
+    assert Usage.objects.get().requests == 1

@@ -150,3 +150,6 @@ def test_an_engine_silent_past_the_read_timeout_before_its_headers_is_a_504_not_
     result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", CHAT, gateway_data["secret"]))
     assert result.status == 504 and result.json()["error"]["code"] == "upstream_timeout"
     assert len(asked) == 1, "another replica would generate the same answer again"
+    sample = RequestSample.objects.get()  # the engine took it: recorded, as failed
+    assert sample.outcome == "failed" and sample.deployment_id == gateway_data["deployments"][0].pk
+    assert Usage.objects.get().requests == 1
