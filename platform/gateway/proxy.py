@@ -129,7 +129,10 @@ class GatewayApp:
         if admission.limits is not None:  # OpenAI's x-ratelimit-* headers on whatever answers
             send = _with_headers(send, admission.limits.headers())
         meter = StreamMeter(
-            started, include_usage=request.include_usage, choices_per_prompt=request.body.get("n") or 1
+            started,
+            include_usage=request.include_usage,
+            continuous_usage=request.continuous_usage,
+            choices_per_prompt=request.body.get("n") or 1,
         )
         state: dict[str, Any] = {"target": None, "outcome": "failed"}
         refused: GatewayError | None = None  # the relay's error from before the first byte

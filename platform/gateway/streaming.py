@@ -6,9 +6,10 @@ mid-stream. A chunk's counts are its choice's alone (vLLM counts each of the req
 choices, and each prompt of a legacy completion, on its own), so the meter keeps every choice's
 latest counts and adds them up until the engine's final usage chunk gives the totals. Chunks are
 rewritten to what the client asked for: ``usage`` is removed (or ``null`` when the client asked
-for ``include_usage``), and the engine's final usage chunk is passed on only when the client asked
-for it. An error event (vLLM sends ``data: {"error": {...}}`` then
-``[DONE]`` when generation fails) is rewritten to the gateway's error shape.
+for ``include_usage``, kept when it also asked for ``continuous_usage_stats``), and the engine's
+final usage chunk is passed on only when the client asked for it. An error event (vLLM sends
+``data: {"error": {...}}`` then ``[DONE]`` when generation fails) is rewritten to the gateway's
+error shape.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class StreamMeter:
 
     started: float
     include_usage: bool = False
+    continuous_usage: bool = False  # the client's chunks keep the engine's running usage
     choices_per_prompt: int = 1  # the request's ``n``: choice ``i`` is prompt ``i // n``'s
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -94,10 +96,10 @@ class StreamMeter:
             self._take_choice_usage(choices, chunk.get("usage"))
         if isinstance(choices, list) and any(_has_text(c) for c in choices):
             self._token(time.monotonic())
-        if self.include_usage:
-            chunk["usage"] = None
-        else:
+        if not self.include_usage:
             chunk.pop("usage", None)
+        elif not self.continuous_usage:
+            chunk["usage"] = None
         return b"data: " + _dump(chunk)
 
     def _take_usage(self, usage: Any) -> None:

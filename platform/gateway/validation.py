@@ -36,6 +36,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool  # the client asked for a final usage chunk
     body: dict[str, Any]
+    continuous_usage: bool = False  # ... and for the usage so far on every chunk (vLLM's extension)
 
 
 def _is_int(value: Any) -> bool:
@@ -111,7 +112,7 @@ def _check_tree(body: dict[str, Any]) -> None:
                 raise _non_finite(field, directly=False)
 
 
-def _check_common(body: dict[str, Any]) -> tuple[str, bool, bool]:
+def _check_common(body: dict[str, Any]) -> tuple[str, bool, bool, bool]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a non-empty string", "model")
@@ -137,7 +138,7 @@ def _check_common(body: dict[str, Any]) -> tuple[str, bool, bool]:
         raise bad_request("'stop' must be a string or a list of strings", "stop")
     stream = bool(body.get("stream"))
     options = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous_usage = False
     if options is not None:
         if not isinstance(options, dict):
             raise bad_request("'stream_options' must be an object", "stream_options")
@@ -147,7 +148,11 @@ def _check_common(body: dict[str, Any]) -> tuple[str, bool, bool]:
         if not isinstance(usage, bool):
             raise bad_request("'stream_options.include_usage' must be a boolean", "stream_options")
         include_usage = usage
-    return model, stream, include_usage
+        continuous = options.get("continuous_usage_stats")
+        if continuous is not None and not isinstance(continuous, bool):  # vLLM takes null for false
+            raise bad_request("'stream_options.continuous_usage_stats' must be a boolean", "stream_options")
+        continuous_usage = include_usage and continuous is True  # as vLLM: only with include_usage
+    return model, stream, include_usage, continuous_usage
 
 
 def _check_messages(messages: Any) -> None:
@@ -182,9 +187,9 @@ def _check_prompt(prompt: Any) -> None:
 
 def validate(kind: str, body: dict[str, Any]) -> CompletionRequest:
     """Check ``body`` for endpoint ``kind`` ("chat" or "completion"); raises a 400 GatewayError."""
-    model, stream, include_usage = _check_common(body)
+    model, stream, include_usage, continuous_usage = _check_common(body)
     if kind == "chat":
         _check_messages(body.get("messages"))
     else:
         _check_prompt(body.get("prompt"))
-    return CompletionRequest(kind, model, stream, include_usage, body)
+    return CompletionRequest(kind, model, stream, include_usage, body, continuous_usage)

@@ -407,3 +407,24 @@ def test_a_client_that_leaves_before_a_non_streamed_answer_is_recorded_as_discon
     assert sample.outcome == "disconnected" and not sample.stream
     assert sample.deployment_id == gateway_data["deployments"][0].pk
     assert Usage.objects.get().requests == 1
+
+
+def test_a_client_that_asks_for_continuous_usage_stats_gets_each_chunks_usage(
+    gateway_data: dict[str, Any],
+) -> None:
+    # vLLM's extension: with include_usage and continuous_usage_stats, every chunk has the usage so far.
+    def upstream(request: httpx.Request) -> httpx.Response:
+        body = sse(chunk("a", 7, 1), chunk("b", 7, 2), final_usage(7, 2))
+        return httpx.Response(
+            200, stream=httpx.ByteStream(body), headers={"content-type": "text/event-stream"}
+        )
+
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {**CHAT, "stream": True, "stream_options": options}
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
+    chunks = [json.loads(e) for e in result.events()[:-1]]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 2]
+    assert [c["usage"]["prompt_tokens"] for c in chunks] == [7, 7, 7]
+    bad = {**body, "stream_options": {**options, "continuous_usage_stats": "yes"}}
+    refused = asyncio.run(call(app_with(never), "/v1/chat/completions", bad, gateway_data["secret"]))
+    assert refused.status == 400 and refused.json()["error"]["param"] == "stream_options"
