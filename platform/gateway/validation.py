@@ -21,7 +21,8 @@ MAX_JSON_DEPTH = 128
 
 NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 POSITIVE_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n")
-INT_FIELDS = ("seed", "top_k")
+INT_FIELDS = ("seed", "top_k")  # signed 64-bit, as vLLM takes them (it answers a larger top_k with a 500)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 BOOL_FIELDS = ("stream", "echo")
 STRING_FIELDS = ("user", "suffix")
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -125,6 +126,8 @@ def _check_common(body: dict[str, Any]) -> tuple[str, bool, bool, bool]:
     for name in INT_FIELDS:
         if name in body and body[name] is not None and not _is_int(body[name]):
             raise bad_request(f"'{name}' must be an integer, not {body[name]!r}", name)
+        if name in body and _is_int(body[name]) and not INT64_MIN <= body[name] <= INT64_MAX:
+            raise bad_request(f"'{name}' must be a 64-bit signed integer, not {body[name]!r}", name)
     for name in BOOL_FIELDS:
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise bad_request(f"'{name}' must be a boolean, not {body[name]!r}", name)

@@ -32,6 +32,11 @@ COMPLETION = {"model": "tiny", "prompt": "hi"}
         ("chat", {**CHAT, "stream": "yes"}, "stream"),
         ("chat", {**CHAT, "stop": [1, 2]}, "stop"),
         ("chat", {**CHAT, "seed": 1.5}, "seed"),
+        # Past a signed 64-bit integer: vLLM answers top_k >= 2**64 with a 500, which the gateway
+        # took for a failed replica (every replica tried and penalised, then a 503 "retry later").
+        ("chat", {**CHAT, "top_k": 2**64}, "top_k"),
+        ("chat", {**CHAT, "seed": 2**63}, "seed"),
+        ("completion", {**COMPLETION, "seed": -(2**63) - 1}, "seed"),
         ("chat", {**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
         ("chat", {**CHAT, "stream": True, "stream_options": {"include_usage": "y"}}, "stream_options"),
         ("completion", {"model": "tiny"}, "prompt"),
@@ -54,6 +59,8 @@ def test_it_rejects_bad_bodies_naming_the_field(kind: str, body: dict[str, Any],
         ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
         ("completion", {**COMPLETION, "prompt": [1, 2, 3], "stream": True}),
         ("completion", {**COMPLETION, "prompt": [[1, 2], [3]]}),
+        ("completion", {**COMPLETION, "seed": 2**63 - 1, "top_k": -1}),
+        ("chat", {**CHAT, "seed": -(2**63)}),
         ("completion", {**COMPLETION, "prompt": ["a", "b"], "stream": True, "stream_options": {}}),
     ],
 )
