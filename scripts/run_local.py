@@ -11,8 +11,8 @@ status is non-zero.
 
 Environment: HOST / PORT (default 127.0.0.1:8000), CELERY_CONCURRENCY (default 2), plus every
 setting config/settings.py reads (DATABASE_URL, REDIS_URL, ...). A local GPU agent always runs
-(serving the tiny model when vLLM's CPU build is installed) unless LOCAL_AGENT=0; SIMULATE=1 (or
-e.g. SIMULATE=4xA100) adds a simulated 8-GPU host (`make run SIMULATE=1`).
+(serving the tiny model when vLLM's CPU build is installed) unless LOCAL_AGENT=0; SIMULATE=1 adds
+a simulated 8xH100 host (`make run SIMULATE=1`), SIMULATE=<COUNT>x<GPU> (e.g. 4xA100) one of those.
 """
 
 from __future__ import annotations
