@@ -209,8 +209,10 @@ class GatewayApp:
                 raise
             if response.status_code >= 500:
                 state["target"] = None
-                await response.aclose()
-                self.router.release(target)
+                try:
+                    await response.aclose()
+                finally:  # also when the client leaves (the relay is cancelled) while it closes
+                    self.router.release(target)
                 self.router.failed(target)
                 errors.append(f"replica {target.replica_id}: HTTP {response.status_code}")
                 log.warning(
@@ -244,9 +246,11 @@ class GatewayApp:
             else:
                 await self._relay_stream(target, response, meter, state, send)
         finally:
-            with contextlib.suppress(httpx.HTTPError):  # what the client gets is decided already
-                await response.aclose()
-            self.router.release(target)
+            try:
+                with contextlib.suppress(httpx.HTTPError):  # what the client gets is decided already
+                    await response.aclose()
+            finally:  # also when cancelled (again) while it closes
+                self.router.release(target)
 
     async def _relay_whole(
         self, target: Target, response: httpx.Response, meter: StreamMeter, state: dict[str, Any], send: Send

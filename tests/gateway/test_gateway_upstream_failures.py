@@ -5,6 +5,7 @@ as failed. Also the engine's own error events inside a stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -153,3 +154,90 @@ def test_an_engine_silent_past_the_read_timeout_before_its_headers_is_a_504_not_
     sample = RequestSample.objects.get()  # the engine took it: recorded, as failed
     assert sample.outcome == "failed" and sample.deployment_id == gateway_data["deployments"][0].pk
     assert Usage.objects.get().requests == 1
+
+
+class SlowToClose(httpx.AsyncByteStream):
+    """An engine's response body whose close suspends (closing a socket does: anyio's ``aclose``
+    awaits), as a client's departure or a cancellation can interrupt it."""
+
+    def __init__(self, parts: list[bytes], closing: asyncio.Event, linger: bool = False) -> None:
+        self.parts, self.closing, self.linger = parts, closing, linger
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
+        if self.linger:
+            await asyncio.Event().wait()  # still generating
+
+    async def aclose(self) -> None:
+        self.closing.set()
+        await asyncio.sleep(0.2)
+
+
+def outstanding(app: Any, gateway_data: dict[str, Any]) -> list[int]:
+    """The router's requests in flight on each replica (from outside the event loop)."""
+    return [app.router.outstanding(d.replica.pk) for d in gateway_data["deployments"]]
+
+
+def test_a_replica_that_answered_5xx_is_released_when_the_client_leaves_while_it_closes(
+    gateway_data: dict[str, Any],
+) -> None:
+    closing = asyncio.Event()
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, stream=SlowToClose([b'{"error": "boom"}'], closing))
+
+    async def leave_while_closing(result: Any) -> None:
+        await closing.wait()
+
+    app = app_with(upstream)
+    chat = "/v1/chat/completions"
+    asyncio.run(call(app, chat, CHAT, gateway_data["secret"], disconnect=leave_while_closing))
+    assert outstanding(app, gateway_data) == [0, 0], "a request nobody has counts against the replica"
+
+
+def test_a_relay_cancelled_again_while_it_closes_the_engines_stream_releases_the_replica(
+    gateway_data: dict[str, Any],
+) -> None:
+    # The client leaves mid-stream; the server then cancels the application (daphne does after
+    # its application_close_timeout) while the relay still closes the engine's connection.
+    closing = asyncio.Event()
+    body = sse(chunk("a", 7, 1)).removesuffix(b"data: [DONE]\n\n")
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=SlowToClose([body], closing, linger=True))
+
+    app = app_with(upstream)
+
+    async def scenario() -> None:
+        sent = asyncio.Event()
+        left = asyncio.Event()
+        raw = json.dumps({**CHAT, "stream": True}).encode()
+        messages = [{"type": "http.request", "body": raw}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await sent.wait()
+            left.set()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message.get("body"):
+                sent.set()
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": [(b"authorization", f"Bearer {gateway_data['secret']}".encode())],
+        }
+        task = asyncio.ensure_future(app(scope, receive, send))
+        await asyncio.wait_for(closing.wait(), 10)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert left.is_set()
+
+    asyncio.run(scenario())
+    assert outstanding(app, gateway_data) == [0, 0]
