@@ -176,7 +176,9 @@ class GatewayApp:
 
         ``state["target"]`` is the replica while it has the request: one that took it and then
         timed out, or whose client left before its headers (vLLM sends a non-streamed answer's
-        with its body), is recorded with it."""
+        with its body), is recorded with it. It has the request once it was sent (httpcore's
+        trace: the wait for the answer's headers starts), not while the connection is being made:
+        a client that leaves while a dead host's connect hangs asked no engine for anything."""
         path = "/v1/chat/completions" if request.kind == "chat" else "/v1/completions"
         body = json.dumps(
             upstream_body({**request.body, "model": admission.model_name}, request.stream)
@@ -184,15 +186,19 @@ class GatewayApp:
         errors: list[str] = []
         for target in self.router.order(admission.targets):
             upstream = self.client.build_request(
-                "POST", target.base_url + path, content=body, headers={"content-type": "application/json"}
+                "POST",
+                target.base_url + path,
+                content=body,
+                headers={"content-type": "application/json"},
+                extensions={"trace": _when_sent(state, target)},
             )
             self.router.acquire(target)
-            state["target"] = target
             try:
                 response = await self.client.send(upstream, stream=True)
             except httpx.ReadTimeout:
                 # The engine took the request and may still be generating (a non-streamed answer
                 # sends its headers only at the end): another replica would do the work twice.
+                state["target"] = target  # a read: the request was sent
                 self.router.release(target)
                 raise upstream_lost(
                     f"The engine did not answer within {settings.GATEWAY_READ_TIMEOUT_S:g} s.", timed_out=True
@@ -221,6 +227,7 @@ class GatewayApp:
                     response.status_code,
                 )
                 continue
+            state["target"] = target
             return target, response
         log.warning("gateway: every replica of %s failed: %s", admission.model_name, "; ".join(errors))
         raise GatewayError(
@@ -302,6 +309,16 @@ class GatewayApp:
         timed_out = isinstance(exc, httpx.TimeoutException)
         what = "stopped answering" if timed_out else "failed"
         return upstream_lost(f"The engine serving this request {what} mid-response.", timed_out)
+
+
+def _when_sent(state: dict[str, Any], target: Target) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """An httpcore ``trace`` callback that sets ``state["target"]`` once the request is sent."""
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith(".receive_response_headers.started"):  # http11. or http2.
+            state["target"] = target
+
+    return trace
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -74,8 +74,19 @@ async def call(
     return result
 
 
+class StandInEngine(httpx.MockTransport):
+    """``handler`` answers as the engine would; first the request's ``trace`` hears what httpcore
+    tells it once the request is sent (the engine has it: the wait for its headers starts)."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        trace = request.extensions.get("trace")
+        if trace is not None:
+            await trace("http11.receive_response_headers.started", {"request": request})
+        return await super().handle_async_request(request)
+
+
 def app_with(handler: Handler) -> GatewayApp:
-    return GatewayApp(client_factory=lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    return GatewayApp(client_factory=lambda: httpx.AsyncClient(transport=StandInEngine(handler)))
 
 
 def sse(*chunks: dict[str, Any]) -> bytes:

@@ -4,14 +4,18 @@ rewrite, usage, failover and disconnect handling, without engines (fast unit tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from accounts.services import revoke_api_key
+from agents.models import Replica
 from gateway.models import RequestSample, Usage
+from gateway.proxy import GatewayApp
 from inventory.models import HostStatus
 from registry.models import ServedModel
 
@@ -428,3 +432,77 @@ def test_a_client_that_asks_for_continuous_usage_stats_gets_each_chunks_usage(
     bad = {**body, "stream_options": {**options, "continuous_usage_stats": "yes"}}
     refused = asyncio.run(call(app_with(never), "/v1/chat/completions", bad, gateway_data["secret"]))
     assert refused.status == 400 and refused.json()["error"]["param"] == "stream_options"
+
+
+def test_a_client_that_leaves_while_the_gateway_still_connects_to_the_engine_is_not_recorded(
+    gateway_data: dict[str, Any],
+) -> None:
+    # The replica's host does not complete the TCP handshake (its listener's accept queue is full,
+    # so the kernel drops the SYNs, as a dead or partitioned host does): no engine ever saw the
+    # request, so it is no request of that deployment's and no request of the key's usage.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(4):
+        waiting = socket.socket()
+        waiting.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            waiting.connect(("127.0.0.1", port))
+        queued.append(waiting)
+    Replica.objects.update(base_url=f"http://127.0.0.1:{port}")
+    app = GatewayApp(client_factory=lambda: httpx.AsyncClient(timeout=httpx.Timeout(30.0)))
+
+    async def leave_while_connecting(result: Call) -> None:
+        await asyncio.sleep(0.5)
+
+    try:
+        chat = "/v1/chat/completions"
+        asyncio.run(call(app, chat, CHAT, gateway_data["secret"], disconnect=leave_while_connecting))
+    finally:
+        for sock in [*queued, listener]:
+            sock.close()
+    assert not RequestSample.objects.exists()
+    assert not Usage.objects.exists()
+    assert [app.router.outstanding(r.pk) for r in Replica.objects.order_by("pk")] == [0, 0]
+
+
+def test_a_client_that_leaves_once_a_real_engine_has_the_request_is_recorded(
+    gateway_data: dict[str, Any],
+) -> None:
+    # The same over real sockets (httpcore's trace, not the stand-in's): the engine read the whole
+    # request and is generating, its headers to come with the answer.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    Replica.objects.update(base_url=f"http://127.0.0.1:{listener.getsockname()[1]}")
+    app = GatewayApp(client_factory=lambda: httpx.AsyncClient(timeout=httpx.Timeout(30.0)))
+
+    async def scenario() -> None:
+        received = asyncio.Event()
+
+        async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+            await reader.readexactly(length)
+            received.set()
+            await asyncio.Event().wait()
+
+        server = await asyncio.start_server(engine, sock=listener)
+
+        async def leave_while_generating(result: Call) -> None:
+            await received.wait()
+
+        async with server:
+            chat = "/v1/chat/completions"
+            await call(app, chat, CHAT, gateway_data["secret"], disconnect=leave_while_generating)
+            server.close()
+
+    asyncio.run(scenario())
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "disconnected" and Usage.objects.get().requests == 1
+    assert [app.router.outstanding(r.pk) for r in Replica.objects.order_by("pk")] == [0, 0]
