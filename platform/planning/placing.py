@@ -166,8 +166,11 @@ def profiles_for(models: list[ServedModel], burst_level: float) -> list[PlacerPr
                 f"{model.slo_tbt_p99_ms} ms; profile it again"
             )
             continue
+        # The profile belongs to the model (its row), whatever the model was called when profiled:
+        # the name stored in its data is that older name after a rename.
+        data = {**profile.data, "model": model.name}
         try:
-            out[model.name] = model_profile_from_dict(profile.data, model.tensor_parallel_size, burst_level)
+            out[model.name] = model_profile_from_dict(data, model.tensor_parallel_size, burst_level)
         except (ProfilingError, PlacementError) as exc:
             problems.append(f"{model.name}: {exc}")
     try:
