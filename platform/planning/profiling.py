@@ -233,11 +233,18 @@ def run_profile(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
 @transaction.atomic
 def store_profile(model: ServedModel, profile: Profile, backend: str, job_id: int | None) -> ModelProfile:
-    """Make `profile` the model's current profile, unless the job was cancelled meanwhile."""
+    """Make `profile` the model's current profile, unless the job was cancelled meanwhile.
+
+    Raises:
+        ProfilingError: the model was deleted while it was profiled (nothing is stored).
+    """
     if job_id is not None:
         job = Job.objects.select_for_update().filter(pk=job_id).first()
         if job is None or job.status != JobStatus.RUNNING:
             raise JobCancelled(job_id)
+    # Its row, locked (as an edit locks it) until the profile is stored: a delete waits or is seen.
+    if not ServedModel.objects.select_for_update(no_key=True).filter(pk=model.pk).exists():
+        raise ProfilingError(f"model {model.name!r} was deleted while it was profiled; nothing was stored")
     data = profile.to_dict()
     stored, _ = ModelProfile.objects.update_or_create(
         model=model,
