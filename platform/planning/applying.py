@@ -15,7 +15,8 @@ Applying is idempotent: when the deployments already match the plan nothing chan
 applied once: applying it again changes nothing, even when the deployments were changed back by hand
 to what it was computed on (its fingerprint matches again); a new place job plans against them. A
 plan computed against deployments that have changed since (another apply, an operator's edit) is
-refused as stale, and so is one whose hosts, GPUs or models are gone. Applies take every host's
+refused as stale, and so is one whose hosts, GPUs or models are gone, or one of whose model names
+now belongs to another model than the one it was computed for. Applies take every host's
 row lock first (the lock deployment writes take, in host order), so two applies run one after
 the other and the second sees the first's deployments; either every change is made or none.
 """
@@ -82,6 +83,7 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
         )
     _lock_hosts()
     planned = set(plan.assignments)
+    _check_same_models(row)
     seen: set[str] = set()
     extras: list[Deployment] = []  # second running deployments of planned models
     for d in running_deployments():
@@ -111,6 +113,22 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
         {"model": d.model.name, "kind": "stop", "from_server": d.host.name, "to_server": None} for d in extras
     ]
     return ApplyOutcome(True, done, f"Applied {len(done)} change(s).")
+
+
+def _check_same_models(row: PlacementPlan) -> None:
+    """PlanConflict if a name the plan places now belongs to another model than the one it was
+    computed for (that one was deleted or renamed, and another created or renamed to its name).
+    Plans stored before their models' ids were kept are not checked; a model gone altogether is
+    refused by `_targets`."""
+    stored: dict[str, int] = row.model_ids or {}
+    now = dict(ServedModel.objects.filter(name__in=stored).values_list("name", "pk"))
+    other = sorted(name for name, pk in stored.items() if name in now and now[name] != pk)
+    if other:
+        names = ", ".join(repr(name) for name in other)
+        raise PlanConflict(
+            f"The plan was computed for another model named {names} (deleted or renamed since); "
+            "run a new place job."
+        )
 
 
 def _lock_hosts() -> None:

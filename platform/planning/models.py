@@ -61,6 +61,11 @@ class PlacementPlan(models.Model):
     plan = models.JSONField(help_text="serving.placement Plan.to_dict(), relabelled for fewest moves")
     moves = models.JSONField(help_text="the diff against the deployments it was computed on")
     fingerprint = models.CharField(max_length=64, help_text="digest of the deployments it was computed on")
+    # A plan names its models; a name may since belong to another model (deleted and re-created, or
+    # another one renamed to it), which the plan was not computed for (planning/applying.py).
+    model_ids = models.JSONField(
+        default=dict, blank=True, help_text="model name -> id of each model it placed, when it was computed"
+    )
     applied_at = models.DateTimeField(null=True, blank=True)
     applied_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -220,13 +220,16 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     plan = _to_device_gpus(plan, indices, whole)
     moves = diff(current, plan)
     result = {"plan": plan.to_dict(), "moves": [m.to_dict() for m in moves], "fingerprint": before}
-    store_plan(job_id_of(ctx), result)
+    store_plan(job_id_of(ctx), result, {m.name: m.pk for m in models})
     return result
 
 
 @transaction.atomic
-def store_plan(job_id: int | None, result: dict[str, Any]) -> PlacementPlan | None:
-    """Keep the plan for applying, unless the job was cancelled meanwhile."""
+def store_plan(
+    job_id: int | None, result: dict[str, Any], model_ids: dict[str, int] | None = None
+) -> PlacementPlan | None:
+    """Keep the plan for applying, unless the job was cancelled meanwhile; `model_ids` maps the
+    name of each model placed to its id."""
     if job_id is None:
         return None
     job = Job.objects.select_for_update().filter(pk=job_id).first()
@@ -234,6 +237,11 @@ def store_plan(job_id: int | None, result: dict[str, Any]) -> PlacementPlan | No
         raise JobCancelled(job_id)
     plan, _ = PlacementPlan.objects.update_or_create(
         job=job,
-        defaults={"plan": result["plan"], "moves": result["moves"], "fingerprint": result["fingerprint"]},
+        defaults={
+            "plan": result["plan"],
+            "moves": result["moves"],
+            "fingerprint": result["fingerprint"],
+            "model_ids": model_ids or {},
+        },
     )
     return plan
