@@ -15,10 +15,12 @@ Applying is idempotent: when the deployments already match the plan nothing chan
 applied once: applying it again changes nothing, even when the deployments were changed back by hand
 to what it was computed on (its fingerprint matches again); a new place job plans against them. A
 plan computed against deployments that have changed since (another apply, an operator's edit) is
-refused as stale, and so is one whose hosts, GPUs or models are gone, or one of whose model names
-now belongs to another model than the one it was computed for. Applies take every host's
-row lock first (the lock deployment writes take, in host order), so two applies run one after
-the other and the second sees the first's deployments; either every change is made or none.
+refused as stale, and so is one whose hosts, GPUs or models are gone, one that starts or moves a
+model to a host that is offline now (its agent is gone: the model would not run there), or one of
+whose model names now belongs to another model than the one it was computed for. Applies take
+every host's row lock first (the lock deployment writes take, in host order), so two applies run
+one after the other and the second sees the first's deployments; either every change is made or
+none.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from deployments import services as deployments
 from deployments.models import Deployment, DesiredState
 from django.db import transaction
 from django.utils import timezone
-from inventory.models import Device, DeviceKind, Host
+from inventory.models import Device, DeviceKind, Host, HostStatus
 from jobs.models import Job, JobStatus
 from registry.models import ServedModel
 
@@ -150,7 +152,8 @@ def _targets(moves: list[Any]) -> dict[str, _Target]:
     """model name -> its target, for every move that starts or re-places a model.
 
     Raises:
-        PlanConflict: a model, host or GPU of the plan no longer exists.
+        PlanConflict: a model, host or GPU of the plan no longer exists, or a host it starts or
+            moves a model to is offline.
     """
     names = {m.model for m in moves if m.kind != "stop"}
     models = {m.name: m for m in ServedModel.objects.filter(name__in=names)}
@@ -159,6 +162,7 @@ def _targets(moves: list[Any]) -> dict[str, _Target]:
     }
     out: dict[str, _Target] = {}
     gone: list[str] = []
+    offline: list[str] = []
     for m in moves:
         if m.kind == "stop":
             continue
@@ -168,6 +172,9 @@ def _targets(moves: list[Any]) -> dict[str, _Target]:
             continue
         if host is None:
             gone.append(f"host {m.to_server!r}")
+            continue
+        if host.status == HostStatus.OFFLINE:
+            offline.append(host.name)
             continue
         devices = list(
             Device.objects.filter(host=host, kind=DeviceKind.GPU, index__in=m.to_gpus).order_by("index")
@@ -180,6 +187,12 @@ def _targets(moves: list[Any]) -> dict[str, _Target]:
     if gone:
         raise PlanConflict(
             f"The plan refers to what no longer exists: {'; '.join(sorted(set(gone)))}; run a new place job."
+        )
+    if offline:
+        down = ", ".join(repr(name) for name in sorted(set(offline)))
+        raise PlanConflict(
+            f"The plan starts models on offline host(s) {down}, whose agent is not connected; "
+            "bring the host back online or run a new place job."
         )
     return out
 

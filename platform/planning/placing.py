@@ -1,6 +1,7 @@
 """The `place` job: Aqua placement of every registered model over every host, as a diff.
 
-Servers are the hosts with GPU devices (simulated hosts count): one `ServerSpec` per host, with its
+Servers are the hosts with GPU devices that are not offline (simulated hosts count; a model running
+on an offline host is placed elsewhere): one `ServerSpec` per host, with its
 GPU count, the smallest GPU's memory, and NVLink when every GPU is a peer of every other. GPUs held
 by running deployments of models outside the plan are left out (the plan leaves those models
 alone), so the placer's GPU i of a host is its i-th free GPU; the stored plan names device indices
@@ -27,7 +28,7 @@ from typing import Any
 
 from deployments.models import Deployment, DesiredState
 from django.db import transaction
-from inventory.models import Device, DeviceKind, Host
+from inventory.models import Device, DeviceKind, Host, HostStatus
 from jobs.models import Job, JobStatus
 from jobs.registry import JobCancelled, JobContext
 from registry.models import ServedModel
@@ -49,12 +50,17 @@ from serving.placement import (
 from serving.profiler import ProfilingError, model_profile_from_dict
 
 
-def gpus_by_host(held: Mapping[str, set[int]] | None = None) -> dict[str, list[Device]]:
+def gpus_by_host(
+    held: Mapping[str, set[int]] | None = None, *, offline: bool = True
+) -> dict[str, list[Device]]:
     """host name -> its GPU devices by index, less the indices `held` lists for it; hosts left
-    without GPUs are omitted. Ordered by host name."""
+    without GPUs (and, with ``offline=False``, offline hosts) are omitted. Ordered by host name."""
     held = held or {}
     out: dict[str, list[Device]] = {}
-    for host in Host.objects.prefetch_related("devices").order_by("name"):
+    hosts = Host.objects.prefetch_related("devices").order_by("name")
+    if not offline:
+        hosts = hosts.exclude(status=HostStatus.OFFLINE)
+    for host in hosts:
         gpus = sorted(
             (
                 d
@@ -197,10 +203,12 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     profiles = profiles_for(models, float(params.get("burst_level", 4.0)))
     planned = {m.name for m in models}
     held = held_gpus(planned)
-    free = gpus_by_host(held)
+    free = gpus_by_host(held, offline=False)  # no engine starts on a host whose agent is gone
     if not free:
         others = " not used by models outside the plan" if held else ""
-        raise PlacementError(f"no hosts with GPU devices{others} to place on")
+        down = sorted(set(gpus_by_host()) - set(gpus_by_host(offline=False)))
+        offline = f" (offline: {', '.join(down)})" if down else ""
+        raise PlacementError(f"no hosts with GPU devices{others} to place on{offline}")
     specs = [_spec(name, gpus) for name, gpus in free.items()]
     # host -> device index of the placer's GPU 0, 1, ...; and each host whole (for the stored plan,
     # whose GPU numbers are device indices: num_gpus covers the highest)

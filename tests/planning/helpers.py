@@ -7,7 +7,7 @@ from typing import Any
 
 from deployments.models import Deployment, DesiredState
 from deployments.services import create_deployment
-from inventory.models import Device, DeviceKind, Host
+from inventory.models import Device, DeviceKind, Host, HostStatus
 from jobs.models import Job
 from jobs.tasks import run_job
 from planning.models import ModelProfile
@@ -17,8 +17,11 @@ from rest_framework.test import APIClient
 GIB = 1 << 30
 
 
-def make_host(name: str, gpus: int = 2, nvlink: bool = True, simulated: bool = False) -> Host:
-    host = Host.objects.create(name=name, address="10.0.0.1", simulated=simulated)
+def make_host(
+    name: str, gpus: int = 2, nvlink: bool = True, simulated: bool = False, status: str = HostStatus.ONLINE
+) -> Host:
+    """A host with `gpus` H100s; online (as if its agent were connected) unless `status` says."""
+    host = Host.objects.create(name=name, address="10.0.0.1", simulated=simulated, status=status)
     for i in range(gpus):
         peers = [j for j in range(gpus) if j != i] if nvlink else []
         Device.objects.create(
