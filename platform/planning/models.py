@@ -43,6 +43,11 @@ class ModelProfile(models.Model):
     cost_model = models.JSONField(null=True, blank=True, help_text="cost model fitted to engine samples")
     slo_ttft_p99_ms = models.FloatField(help_text="the SLO the profile was searched against")
     slo_tbt_p99_ms = models.FloatField()
+    tensor_parallel_size = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="the model's TP size when profiled (null: profiled before it was kept)",
+    )
     data = models.JSONField(help_text="the whole profile: curve, workload, bursts")
     job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     updated_at = models.DateTimeField(auto_now=True)

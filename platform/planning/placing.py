@@ -10,8 +10,8 @@ current `ModelProfile` at the job's ``burst_level`` (a consumer that needs no sw
 level is placed as neutral: GPUs, but no lender and no DRAM fallback; see
 `serving.profiler.model_profile_from_dict`); tensor parallelism is the model's
 ``tensor_parallel_size``. Anything wrong (a model without a profile, a profile measured against
-another SLO than the model's current one, a burst level its profile lacks, an infeasible instance)
-fails the job with a message naming it, and nothing is stored or applied.
+another SLO or tensor-parallel size than the model's current one, a burst level its profile lacks,
+an infeasible instance) fails the job with a message naming it, and nothing is stored or applied.
 
 The plan is relabelled for the fewest moves against the deployments meant to run now
 (`serving.placement.relabel_for_fewest_moves`) and stored as a `PlacementPlan` with a fingerprint
@@ -170,6 +170,13 @@ def profiles_for(models: list[ServedModel], burst_level: float) -> list[PlacerPr
                 f"the profile of {model.name} was measured against P99 TTFT {profile.slo_ttft_p99_ms} ms / "
                 f"TBT {profile.slo_tbt_p99_ms} ms, but its SLO is now {model.slo_ttft_p99_ms} ms / "
                 f"{model.slo_tbt_p99_ms} ms; profile it again"
+            )
+            continue
+        if profile.tensor_parallel_size not in (None, model.tensor_parallel_size):
+            problems.append(
+                f"the profile of {model.name} was measured at tensor-parallel size "
+                f"{profile.tensor_parallel_size}, but its size is now {model.tensor_parallel_size}; "
+                "profile it again"
             )
             continue
         # The profile belongs to the model (its row), whatever the model was called when profiled:

@@ -260,6 +260,7 @@ def store_profile(model: ServedModel, profile: Profile, backend: str, job_id: in
             "cost_model": data["cost_model"],
             "slo_ttft_p99_ms": model.slo_ttft_p99_ms,
             "slo_tbt_p99_ms": model.slo_tbt_p99_ms,
+            "tensor_parallel_size": model.tensor_parallel_size,
             "data": data,
             "job_id": job_id,
         },
