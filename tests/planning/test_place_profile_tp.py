@@ -31,6 +31,8 @@ def test_a_profile_measured_at_another_tp_size_is_refused(
     job = run_job_via_api(admin_client, "profile", PROFILE)
     assert job.status == JobStatus.SUCCEEDED, job.error
     assert ModelProfile.objects.get(model=model).tensor_parallel_size == 1
+    # shown with the SLO it was measured against: what a place job checks it against
+    assert admin_client.get("/api/v1/profiles/m/").data["tensor_parallel_size"] == 1
     response = admin_client.patch(f"/api/v1/models/{model.pk}/", {"tensor_parallel_size": 2}, format="json")
     assert response.status_code == 200, response.data
 

@@ -25,6 +25,7 @@ class ModelProfileSerializer(serializers.ModelSerializer):
             "cost_model",
             "slo_ttft_p99_ms",
             "slo_tbt_p99_ms",
+            "tensor_parallel_size",
             "data",
             "job",
             "updated_at",
