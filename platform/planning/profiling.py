@@ -244,7 +244,7 @@ def store_profile(model: ServedModel, profile: Profile, backend: str, job_id: in
             raise JobCancelled(job_id)
     # The model's rows, locked until the profile is stored, in the order a delete of the model
     # takes them (its profile's row, then its own; an edit locks its own alone): a delete meanwhile
-    # waits or is seen. Its own row first, PostgreSQL aborted one of the two as a deadlock.
+    # waits or is seen. With its own row first, PostgreSQL aborted one of the two as a deadlock.
     list(ModelProfile.objects.select_for_update().filter(model_id=model.pk).values_list("pk", flat=True))
     if not ServedModel.objects.select_for_update(no_key=True).filter(pk=model.pk).exists():
         raise ProfilingError(f"model {model.name!r} was deleted while it was profiled; nothing was stored")
