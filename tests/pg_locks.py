@@ -1,9 +1,13 @@
-"""For race tests on PostgreSQL's row locks: which backend this thread talks to, and waiting until
-a backend waits for a lock (pg_locks is read live, even inside a transaction)."""
+"""For race tests on PostgreSQL's row locks: which backend this thread talks to, waiting until a
+backend waits for a lock (pg_locks is read live, even inside a transaction), and running one side
+of a race in a thread of its own (its own connection)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from django.db import connection
 
@@ -29,3 +33,20 @@ def wait_until_blocked(pid: int | None = None, timeout: float = 10.0) -> None:
                 return
         time.sleep(0.02)
     raise AssertionError(f"backend {pid or 'other than this one'} never waited for a lock")
+
+
+def in_thread(name: str, work: Callable[[], Any], errors: list[str]) -> threading.Thread:
+    """Start ``work`` in a thread (closing its connection at the end); what it raises is appended
+    to ``errors`` as "name: Type: message"."""
+
+    def run() -> None:
+        try:
+            work()
+        except Exception as exc:
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    return thread

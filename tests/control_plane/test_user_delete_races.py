@@ -20,26 +20,12 @@ from django.db import connection, transaction
 from django.test import Client, RequestFactory, override_settings
 from rest_framework.test import APIClient
 
-from tests.pg_locks import backend_pid, wait_until_blocked
+from tests.pg_locks import backend_pid, in_thread, wait_until_blocked
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: the PostgreSQL path"),
 ]
-
-
-def in_thread(target: Callable[[], Any], errors: list[str]) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()
-        except Exception as exc:
-            errors.append(f"{target.__name__}: {type(exc).__name__}: {exc}")
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 def join(*threads: threading.Thread) -> None:
@@ -91,7 +77,7 @@ def test_a_delete_waits_for_a_playground_key_being_issued_then_deletes_it_too(
         delete_user(bob.pk)
 
     errors: list[str] = []
-    join(in_thread(issue, errors), in_thread(delete, errors))
+    join(in_thread("issue", issue, errors), in_thread("delete", delete, errors))
     assert errors == []
     assert not User.objects.filter(pk=bob.pk).exists()
     assert not ApiKey.objects.filter(owner_id=bob.pk).exists()
@@ -108,7 +94,7 @@ def delete_committed_once_a_request_waits(user: User, errors: list[str]) -> thre
             deleted.set()
             wait_until_blocked()
 
-    thread = in_thread(delete, errors)
+    thread = in_thread("delete", delete, errors)
     assert deleted.wait(10)
     return thread
 
@@ -123,7 +109,7 @@ def test_the_playground_issues_no_key_to_a_user_deleted_meanwhile(bob: User) -> 
     def open_playground() -> None:
         responses.append(browser.post("/playground/key/"))
 
-    join(deleter, in_thread(open_playground, errors))
+    join(deleter, in_thread("open_playground", open_playground, errors))
     assert errors == []
     assert responses[0].status_code == 401
     assert responses[0].json() == {"detail": "Log in to use the playground."}
@@ -139,7 +125,7 @@ def test_signing_in_issues_no_token_to_a_user_deleted_meanwhile(bob: User) -> No
         body = {"username": "bob", "password": "bob-pw-9f2k", "name": "cli"}
         responses.append(APIClient().post("/api/v1/auth/token/", body, format="json"))
 
-    join(deleter, in_thread(sign_in, errors))
+    join(deleter, in_thread("sign_in", sign_in, errors))
     assert errors == []
     assert responses[0].status_code == 403
     assert not ApiToken.objects.filter(user_id=bob.pk).exists()

@@ -8,7 +8,6 @@ transient error, its whole measurement again) or the operator's DELETE (a 500)."
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from planning import profiling
 from planning.models import ModelProfile
 from registry.models import ServedModel
 
-from tests.pg_locks import backend_pid, wait_until_blocked
+from tests.pg_locks import backend_pid, in_thread, wait_until_blocked
 from tests.planning.helpers import GIB, make_model, store_profile
 
 pytestmark = [
@@ -86,32 +85,19 @@ def _race(model: ServedModel, job: Job, deleter_first: bool, monkeypatch: pytest
 
     monkeypatch.setattr(ModelProfile.objects, "update_or_create", upsert_after_pause)
 
-    def thread(who: str, work: Callable[[], Any]) -> threading.Thread:
-        def run() -> None:
-            try:
-                work()
-            except Exception as exc:
-                errors.append(f"{who}: {type(exc).__name__}: {exc}")
-            finally:
-                connection.close()
-
-        t = threading.Thread(target=run)
-        t.start()
-        return t
-
     if deleter_first:
-        threads = [thread("delete", lambda: ServedModel.objects.get(pk=model.pk).delete())]
+        threads = [in_thread("delete", lambda: ServedModel.objects.get(pk=model.pk).delete(), errors)]
         assert ready["delete"].wait(30)
-        threads.append(thread("store", lambda: execute_job(job.pk)))
+        threads.append(in_thread("store", lambda: execute_job(job.pk), errors))
         assert ready["store"].wait(60)
         go_on["store"].set()
         wait_until_blocked(pids["store"])  # on the profile's row, deleted and locked by the delete
         go_on["delete"].set()
     else:
-        threads = [thread("store", lambda: execute_job(job.pk))]
+        threads = [in_thread("store", lambda: execute_job(job.pk), errors)]
         assert ready["store"].wait(60)
         go_on["delete"].set()  # never paused: runs through unless a lock stops it
-        threads.append(thread("delete", lambda: ServedModel.objects.get(pk=model.pk).delete()))
+        threads.append(in_thread("delete", lambda: ServedModel.objects.get(pk=model.pk).delete(), errors))
         wait_until_blocked(None)  # the delete waits for a row the store holds
         go_on["store"].set()
     for t in threads:
