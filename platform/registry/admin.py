@@ -5,9 +5,11 @@ from typing import Any
 from deployments.services import PlacementError, check_tensor_parallel_change
 from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
-from registry.models import ServedModel
+from registry.models import ServedModel, lock_for_delete
 from registry.services import update_served_model
 
 
@@ -31,6 +33,12 @@ class ServedModelAdminForm(forms.ModelForm):
 class ServedModelAdmin(admin.ModelAdmin):
     form = ServedModelAdminForm
     list_display = ("name", "source", "dtype", "tensor_parallel_size", "slo_ttft_p99_ms", "slo_tbt_p99_ms")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ServedModel]) -> None:
+        """The bulk delete locks the models' rows first, as ``ServedModel.delete`` does."""
+        with transaction.atomic():
+            lock_for_delete(queryset.values_list("pk", flat=True))
+            super().delete_queryset(request, queryset)
 
     def save_model(self, request: HttpRequest, obj: ServedModel, form: forms.ModelForm, change: bool) -> None:
         """An edit goes through `update_served_model`, like the API's: an edit of the engine

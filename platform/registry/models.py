@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import models
+from django.db import models, transaction
 
 from registry.validators import (
     validate_engine_options,
@@ -71,3 +74,22 @@ class ServedModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        with transaction.atomic():
+            lock_for_delete([self.pk])
+            return super().delete(*args, **kwargs)
+
+
+def lock_for_delete(pks: Iterable[Any]) -> None:
+    """Lock these models' profile rows, then their own rows (FOR UPDATE, in primary-key order),
+    until the caller's transaction ends: the order storing a profile takes them in
+    (``planning.profiling.store_profile``), before a delete's cascade looks for what refers to
+    them. So a profile stored meanwhile is stored first and deleted with the model (a first
+    profile too, which the cascade would otherwise miss and the delete fail on at commit), and the
+    two never wait for each other's rows (PostgreSQL would abort one as a deadlock)."""
+    from planning.models import ModelProfile  # planning builds on registry
+
+    pks = list(pks)
+    list(ModelProfile.objects.select_for_update().filter(model_id__in=pks).order_by("pk").values_list("pk"))
+    list(ServedModel.objects.select_for_update().filter(pk__in=pks).order_by("pk").values_list("pk"))

@@ -3,21 +3,27 @@
 Deleting a model deletes its profile's row first (the collector's cascade), then the model's row;
 storing a profile locked the model's row, then upserted the profile's row. Taken in opposite
 orders, PostgreSQL aborted one of the two with "deadlock detected": the profile job (retried as a
-transient error, its whole measurement again) or the operator's DELETE (a 500)."""
+transient error, its whole measurement again) or the operator's DELETE (a 500). A delete now
+locks the profile's row and the model's before its cascade (the store's order), so it also waits
+for a first profile being stored and deletes it with the model."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.db import connection
 from django.db.models.sql import subqueries
+from django.test import RequestFactory
 from jobs.kinds.profile import ProfileParams
 from jobs.models import Job, JobStatus
 from jobs.services import execute_job
 from planning import profiling
 from planning.models import ModelProfile
+from registry.admin import ServedModelAdmin
 from registry.models import ServedModel
 
 from tests.pg_locks import backend_pid, in_thread, wait_until_blocked
@@ -37,15 +43,31 @@ PARAMS = {
 }
 
 
-def _profiled_model_and_job() -> tuple[ServedModel, Job]:
+def _profiled_model_and_job(profiled: bool = True) -> tuple[ServedModel, Job]:
     model = make_model("llama-3-8b")
-    store_profile(model, "producer", 4 * GIB)  # a profile exists: the delete cascades to its row
+    if profiled:  # a profile exists: the delete cascades to its row
+        store_profile(model, "producer", 4 * GIB)
     params = ProfileParams(data=PARAMS)
     assert params.is_valid(), params.errors
     return model, Job.objects.create(kind="profile", params=dict(params.validated_data))
 
 
-def _race(model: ServedModel, job: Job, deleter_first: bool, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def delete_one(pk: int) -> None:
+    ServedModel.objects.get(pk=pk).delete()
+
+
+def delete_selected_in_the_admin(pk: int) -> None:
+    request = RequestFactory().post("/admin/registry/servedmodel/")
+    ServedModelAdmin(ServedModel, admin.site).delete_queryset(request, ServedModel.objects.filter(pk=pk))
+
+
+def _race(
+    model: ServedModel,
+    job: Job,
+    deleter_first: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    delete: Callable[[int], None] = delete_one,
+) -> list[str]:
     """Run the profile job and a delete of `model` in two threads. With `deleter_first` the delete
     has deleted the profile's row when the job stores the profile; else the job holds what it locks
     before its upsert when the delete starts. Returns the errors of the two."""
@@ -86,7 +108,7 @@ def _race(model: ServedModel, job: Job, deleter_first: bool, monkeypatch: pytest
     monkeypatch.setattr(ModelProfile.objects, "update_or_create", upsert_after_pause)
 
     if deleter_first:
-        threads = [in_thread("delete", lambda: ServedModel.objects.get(pk=model.pk).delete(), errors)]
+        threads = [in_thread("delete", lambda: delete(model.pk), errors)]
         assert ready["delete"].wait(30)
         threads.append(in_thread("store", lambda: execute_job(job.pk), errors))
         assert ready["store"].wait(60)
@@ -97,7 +119,7 @@ def _race(model: ServedModel, job: Job, deleter_first: bool, monkeypatch: pytest
         threads = [in_thread("store", lambda: execute_job(job.pk), errors)]
         assert ready["store"].wait(60)
         go_on["delete"].set()  # never paused: runs through unless a lock stops it
-        threads.append(in_thread("delete", lambda: ServedModel.objects.get(pk=model.pk).delete(), errors))
+        threads.append(in_thread("delete", lambda: delete(model.pk), errors))
         wait_until_blocked(None)  # the delete waits for a row the store holds
         go_on["store"].set()
     for t in threads:
@@ -125,6 +147,22 @@ def test_a_delete_started_while_the_profile_is_stored_waits_for_it(monkeypatch: 
     model, job = _profiled_model_and_job()
 
     assert _race(model, job, deleter_first=False, monkeypatch=monkeypatch) == []
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, job.error
+    assert not ServedModel.objects.exists() and not ModelProfile.objects.exists()
+
+
+@pytest.mark.parametrize("delete", [delete_one, delete_selected_in_the_admin])
+def test_a_delete_started_while_a_first_profile_is_stored_waits_for_it_and_deletes_it_too(
+    monkeypatch: pytest.MonkeyPatch, delete: Callable[[int], None]
+) -> None:
+    """No profile row yet for the delete to lock: it locks the model's row before its cascade looks
+    for one. Before, the cascade found none, the delete then waited for the model's row, and once
+    the job had stored the first profile it failed at commit (IntegrityError, a 500)."""
+    model, job = _profiled_model_and_job(profiled=False)
+
+    assert _race(model, job, deleter_first=False, monkeypatch=monkeypatch, delete=delete) == []
 
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED, job.error
