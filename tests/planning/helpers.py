@@ -8,6 +8,7 @@ from typing import Any
 from deployments.models import Deployment, DesiredState
 from deployments.services import create_deployment
 from inventory.models import Device, DeviceKind, Host, HostStatus
+from jobs.kinds.profile import ProfileParams
 from jobs.models import Job
 from jobs.tasks import run_job
 from planning.models import ModelProfile
@@ -111,3 +112,20 @@ def result_of(job: Job) -> dict[str, Any]:
     """The job's stored result (a succeeded job always has one)."""
     assert isinstance(job.result, dict), f"job {job.pk} is {job.status}: {job.error}"
     return job.result
+
+
+# A short simulated profile of llama-3-8b on an H100 (the cost-model preset; no engine needed).
+SIMULATED_PROFILE = {
+    "model": "llama-3-8b",
+    "preset_gpu": "h100",
+    "workload": {"num_requests": 50, "burst_duration_s": 1.0},
+    "rel_tol": 0.3,
+    "burst_levels": [2],
+}
+
+
+def queued_profile_job() -> Job:
+    """A queued `profile` job of SIMULATED_PROFILE, its parameters validated as the API does."""
+    params = ProfileParams(data=SIMULATED_PROFILE)
+    assert params.is_valid(), params.errors
+    return Job.objects.create(kind="profile", params=dict(params.validated_data))

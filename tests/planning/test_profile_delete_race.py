@@ -18,7 +18,6 @@ from django.contrib import admin
 from django.db import connection
 from django.db.models.sql import subqueries
 from django.test import RequestFactory
-from jobs.kinds.profile import ProfileParams
 from jobs.models import Job, JobStatus
 from jobs.services import execute_job
 from planning import profiling
@@ -27,29 +26,19 @@ from registry.admin import ServedModelAdmin
 from registry.models import ServedModel
 
 from tests.pg_locks import backend_pid, in_thread, wait_until_blocked
-from tests.planning.helpers import GIB, make_model, store_profile
+from tests.planning.helpers import GIB, make_model, queued_profile_job, store_profile
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: the PostgreSQL path"),
 ]
 
-PARAMS = {
-    "model": "llama-3-8b",
-    "preset_gpu": "h100",
-    "workload": {"num_requests": 50, "burst_duration_s": 1.0},
-    "rel_tol": 0.3,
-    "burst_levels": [2],
-}
-
 
 def _profiled_model_and_job(profiled: bool = True) -> tuple[ServedModel, Job]:
     model = make_model("llama-3-8b")
     if profiled:  # a profile exists: the delete cascades to its row
         store_profile(model, "producer", 4 * GIB)
-    params = ProfileParams(data=PARAMS)
-    assert params.is_valid(), params.errors
-    return model, Job.objects.create(kind="profile", params=dict(params.validated_data))
+    return model, queued_profile_job()
 
 
 def delete_one(pk: int) -> None:

@@ -6,22 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from jobs.kinds.profile import ProfileParams
-from jobs.models import Job, JobStatus
+from jobs.models import JobStatus
 from jobs.tasks import run_job
 from planning import profiling
 from planning.models import ModelProfile
 from registry.models import ServedModel
 
-from tests.planning.helpers import make_model
-
-PARAMS = {
-    "model": "llama-3-8b",
-    "preset_gpu": "h100",
-    "workload": {"num_requests": 50, "burst_duration_s": 1.0},
-    "rel_tol": 0.3,
-    "burst_levels": [2],
-}
+from tests.planning.helpers import make_model, queued_profile_job
 
 
 @pytest.mark.django_db(transaction=True)
@@ -29,9 +20,7 @@ def test_a_model_deleted_while_profiled_fails_the_job_with_a_clear_reason(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = make_model("llama-3-8b")
-    params = ProfileParams(data=PARAMS)
-    assert params.is_valid(), params.errors
-    job = Job.objects.create(kind="profile", params=dict(params.validated_data))
+    job = queued_profile_job()
     measure = profiling.profile_model
 
     def measure_then_delete(*args: Any, **kwargs: Any) -> Any:
