@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from accounts.models import ApiKey
 from accounts.services import authenticate_api_key
@@ -42,6 +44,8 @@ from serving.metrics.latency import percentile
 # One RequestSample per proxied request (thousands a minute); the latency API reads at most a
 # week back (its ``window_s``), so older samples are never read.
 REQUEST_SAMPLE_RETENTION = timedelta(days=7)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -144,31 +148,68 @@ def record_usage(
     model_name: str | None = None,
 ) -> None:
     """Add one request and its tokens to the key's usage of ``model_id`` (named ``model_name``,
-    read from the registry if not given) for the current day."""
+    read from the registry if not given) for the current day.
+
+    A model deleted while the request ran (a stream outlives its deployment's delete) is billed
+    under ``model_name`` on a row without the link, as its earlier rows are kept; usage of a key
+    deleted meanwhile (one without usage yet: keys with usage are protected) is dropped."""
     period = day_start(now or timezone.now())
     rows = Usage.objects.filter(key_id=key_id, model_id=model_id, period_start=period)
-    increments = {
-        "requests": F("requests") + 1,
-        "prompt_tokens": F("prompt_tokens") + prompt_tokens,
-        "completion_tokens": F("completion_tokens") + completion_tokens,
-    }
-    if rows.update(**increments):
+    if rows.update(**_usage_increments(prompt_tokens, completion_tokens)):
         return
+    if model_name is None:
+        model_name = ServedModel.objects.filter(pk=model_id).values_list("name", flat=True).first()
     try:
         with transaction.atomic():
-            if model_name is None:
-                model_name = ServedModel.objects.filter(pk=model_id).values_list("name", flat=True).get()
             Usage.objects.create(
                 key_id=key_id,
                 model_id=model_id,
-                model_name=model_name,
+                model_name=model_name or f"model {model_id}",
                 period_start=period,
                 requests=1,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
             )
-    except IntegrityError:  # created concurrently: add to it
-        rows.update(**increments)
+        return
+    except IntegrityError:  # created concurrently (add to it), or the model or key is gone
+        pass
+    if not rows.update(**_usage_increments(prompt_tokens, completion_tokens)):
+        _record_unlinked_usage(
+            key_id, model_name or f"model {model_id}", period, prompt_tokens, completion_tokens
+        )
+
+
+def _usage_increments(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "requests": F("requests") + 1,
+        "prompt_tokens": F("prompt_tokens") + prompt_tokens,
+        "completion_tokens": F("completion_tokens") + completion_tokens,
+    }
+
+
+def _record_unlinked_usage(
+    key_id: int, model_name: str, period: datetime, prompt_tokens: int, completion_tokens: int
+) -> None:
+    """Book usage of a deleted model on the key's row for that name and day without a model
+    (made here if missing; the key's row lock makes two late requests share one row)."""
+    with transaction.atomic():
+        if not ApiKey.objects.select_for_update().filter(pk=key_id).exists():
+            log.warning("Usage of API key %s, deleted while its request ran, is dropped.", key_id)
+            return
+        rows = Usage.objects.filter(
+            key_id=key_id, model__isnull=True, model_name=model_name, period_start=period
+        )
+        if rows.update(**_usage_increments(prompt_tokens, completion_tokens)):
+            return
+        Usage.objects.create(
+            key_id=key_id,
+            model=None,
+            model_name=model_name,
+            period_start=period,
+            requests=1,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
 
 
 def finish(admission: Admission, outcome: Outcome) -> None:
@@ -182,9 +223,22 @@ def finish(admission: Admission, outcome: Outcome) -> None:
         admission.admitted_at or now,
         model_name=admission.model_name,
     )
+    # The replica's deployment, or the model itself, may have been deleted while the request ran:
+    # a sample without its deployment still counts towards the model's SLO metrics.
+    for deployment_id in dict.fromkeys((outcome.deployment_id, None)):
+        try:
+            with transaction.atomic():
+                _record_sample(admission, outcome, deployment_id, now)
+            return
+        except IntegrityError:
+            continue
+    log.info("Latency sample of deleted model %s dropped.", admission.model_name)
+
+
+def _record_sample(admission: Admission, outcome: Outcome, deployment_id: int | None, now: datetime) -> None:
     RequestSample.objects.create(
         model_id=admission.model_id,
-        deployment_id=outcome.deployment_id,
+        deployment_id=deployment_id,
         ts=now,
         stream=outcome.stream,
         outcome=outcome.outcome,
