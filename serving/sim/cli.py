@@ -126,7 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--trace {a.trace}: not a UTF-8 text file ({exc.reason} at byte {exc.start})")
     except MemoryError:  # numpy cannot allocate the arrival times (e.g. --rate 1e9 --duration 300)
         parser.error(f"--rate {a.rate} over --duration {a.duration} is more requests than fit in memory")
-    except (ValueError, OSError) as exc:
+    except OSError as exc:  # only the trace is read from disk here
+        parser.error(f"--trace {a.trace}: cannot read it ({exc.strerror or exc})")
+    except ValueError as exc:
         parser.error(str(exc))
     if not requests:
         if a.workload == "trace":

@@ -109,6 +109,16 @@ def test_the_simulator_names_a_trace_it_cannot_use(
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("where", ["missing.csv", "."])
+def test_the_simulator_names_the_flag_of_a_trace_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    trace = tmp_path / where  # not there, or a directory
+    err = sim_error(["--workload", "trace", "--trace", str(trace), "--out", str(tmp_path / "x")], capsys)
+    assert f"--trace {trace}: cannot read it" in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_the_simulator_refuses_a_generated_workload_with_no_requests(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
