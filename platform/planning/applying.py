@@ -118,11 +118,23 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
 
 
 def _check_same_models(row: PlacementPlan) -> None:
-    """PlanConflict if a name the plan places now belongs to another model than the one it was
-    computed for (that one was deleted or renamed, and another created or renamed to its name).
+    """PlanConflict if a model the plan places was renamed, or a name it places now belongs to
+    another model than the one it was computed for (that one deleted or renamed, and another
+    created or renamed to its name).
     Plans stored before their models' ids were kept are not checked; a model gone altogether is
     refused by `_targets`."""
     stored: dict[str, int] = row.model_ids or {}
+    names_now = dict(ServedModel.objects.filter(pk__in=stored.values()).values_list("pk", "name"))
+    renamed = sorted(
+        f"{name!r} (now {names_now[pk]!r})"
+        for name, pk in stored.items()
+        if pk in names_now and names_now[pk] != name
+    )
+    if renamed:
+        raise PlanConflict(
+            f"Models of the plan were renamed since it was computed: {', '.join(renamed)}; "
+            "run a new place job."
+        )
     now = dict(ServedModel.objects.filter(name__in=stored).values_list("name", "pk"))
     other = sorted(name for name, pk in stored.items() if name in now and now[name] != pk)
     if other:

@@ -51,3 +51,21 @@ def test_a_plan_with_its_own_models_still_applies(
     assert PlacementPlan.objects.get(job=job).model_ids == ids
     response = admin_client.post(f"/api/v1/plans/{job.pk}/apply/")
     assert response.status_code == 200 and response.data["applied"], response.data
+
+
+@pytest.mark.django_db
+def test_a_plan_whose_model_was_renamed_names_the_rename(
+    admin_client: APIClient, two_hosts: tuple[Host, Host]
+) -> None:
+    for name in ("a", "b"):
+        store_profile(make_model(name), "producer", 4 * GIB)
+    job = run_job_via_api(admin_client, "place", {})
+    assert job.status == JobStatus.SUCCEEDED, job.error
+    model = ServedModel.objects.get(name="b")
+    assert admin_client.patch(f"/api/v1/models/{model.pk}/", {"name": "b2"}, format="json").status_code == 200
+
+    response = admin_client.post(f"/api/v1/plans/{job.pk}/apply/")
+    assert response.status_code == 409, response.data
+    assert "renamed since it was computed: 'b' (now 'b2')" in response.data["detail"]
+    assert deployment_rows() == []
+    assert PlacementPlan.objects.get(job=job).applied_at is None
