@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from accounts.services import create_api_key
 from deployments.models import Deployment
+from django.db import connection, transaction
 from gateway.models import RequestSample, Usage
 from gateway.quota import tokens_used_today
 from gateway.services import Outcome, admit, finish
 from registry.models import ServedModel
+
+from tests.pg_locks import in_thread, wait_until_blocked
 
 
 def outcome(prompt: int, completion: int, deployment_id: int | None = None) -> Outcome:
@@ -97,3 +101,21 @@ def test_a_request_that_outlives_its_deployment_keeps_its_latency_sample(
     sample = RequestSample.objects.get()
     assert (sample.model_id, sample.deployment_id, sample.completion_tokens) == (admission.model_id, None, 4)
     assert Usage.objects.get().model_id == admission.model_id
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: the PostgreSQL path")
+def test_a_request_finishing_while_its_model_is_deleted_waits_and_is_billed(
+    gateway_data: dict[str, Any],
+) -> None:
+    admission = admit(gateway_data["key"], "tiny")
+    errors: list[str] = []
+    with transaction.atomic():
+        delete_model(gateway_data["model"])  # not committed yet: the model row is locked
+        finishing = in_thread("finish", lambda: finish(admission, outcome(3, 4)), errors)
+        wait_until_blocked()  # the usage insert waits for the model row's fate
+    finishing.join(10)
+
+    assert not finishing.is_alive() and errors == []
+    booked = Usage.objects.get()
+    assert (booked.model_id, booked.model_name, booked.requests, booked.prompt_tokens) == (None, "tiny", 1, 3)
+    assert not RequestSample.objects.exists()
