@@ -2,6 +2,7 @@
 
 Every page needs a signed-in user with a role; every change needs the admin role and is refused
 with 403 otherwise, whatever the page showed (templates hide admin actions from viewers too).
+Read-only pages answer GET and HEAD only (405 otherwise), so that no write method is served there.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 from gateway import services as gateway_services
 from jobs import services as jobs_services
 from jobs.api.serializers import describe_kinds
@@ -68,17 +69,20 @@ def _page(request: HttpRequest, template: str, context: dict[str, Any], status: 
     return render(request, f"dashboard/{template}", context, status=status)
 
 
+@require_safe
 @role_required
 def overview(request: HttpRequest) -> HttpResponse:
     snap = snapshots.overview()
     return _page(request, "overview.html", {"snapshot": snap, "pairings": snapshots.pairings(snap)})
 
 
+@require_safe
 @role_required
 def model_list(request: HttpRequest) -> HttpResponse:
     return _page(request, "models.html", {"models": ServedModel.objects.order_by("name")})
 
 
+@require_safe
 @role_required
 def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_object_or_404(ServedModel, pk=pk)
@@ -151,6 +155,7 @@ def _dtypes() -> list[str]:
     return [str(v) for v in DType.values]
 
 
+@require_safe
 @role_required
 def job_list(request: HttpRequest) -> HttpResponse:
     context = {
@@ -186,6 +191,7 @@ def _refused_job_form(request: HttpRequest, errors: forms.Errors) -> HttpRespons
     return _page(request, "jobs.html", context, status=400)
 
 
+@require_safe
 @role_required
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(Job, pk=pk)
@@ -231,6 +237,7 @@ def plan_apply(request: HttpRequest, pk: int) -> HttpResponse:
     return HttpResponseRedirect(reverse("dashboard:job-detail", args=[job.pk]))
 
 
+@require_safe
 @role_required
 def deployment_logs(request: HttpRequest, pk: int) -> HttpResponse:
     deployment = get_object_or_404(Deployment.objects.select_related("model", "host"), pk=pk)
