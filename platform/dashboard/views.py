@@ -194,7 +194,11 @@ def _refused_job_form(request: HttpRequest, errors: forms.Errors) -> HttpRespons
 @require_safe
 @role_required
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    job = get_object_or_404(Job, pk=pk)
+    return _job_page(request, get_object_or_404(Job, pk=pk))
+
+
+def _job_page(request: HttpRequest, job: Job, refusal: str = "", status: int = 200) -> HttpResponse:
+    """The job's page; ``refusal`` says why an action on it (Apply) changed nothing."""
     plan = PlacementPlan.objects.filter(job=job).first()
     grid = _plan_grid(plan)
     context = {
@@ -203,8 +207,9 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "grid": grid,
         "gpu_columns": range(max((len(row["cells"]) for row in grid), default=0)),
         "notice": request.session.pop("dashboard_notice", None),
+        "refusal": refusal,
     }
-    return _page(request, "job_detail.html", context)
+    return _page(request, "job_detail.html", context, status=status)
 
 
 def _plan_grid(plan: PlacementPlan | None) -> list[dict[str, Any]]:
@@ -230,9 +235,9 @@ def plan_apply(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         outcome = apply_plan(job, request.user)
     except PlanNotApplicable as exc:
-        return HttpResponse(str(exc), status=404)
+        return _job_page(request, job, f"Not applied: {exc}.", status=404)
     except PlanConflict as exc:
-        return HttpResponse(str(exc), status=409)
+        return _job_page(request, job, f"Not applied: {exc}", status=409)
     request.session["dashboard_notice"] = outcome.detail
     return HttpResponseRedirect(reverse("dashboard:job-detail", args=[job.pk]))
 

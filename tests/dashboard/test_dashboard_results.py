@@ -6,12 +6,21 @@ import json
 import re
 
 import pytest
+from deployments.models import Deployment, DesiredState
 from django.test import Client
 from jobs.models import Job, JobStatus
 from jobs.tasks import run_job
 from planning.models import PlacementPlan
 
-from tests.planning.helpers import GIB, deploy, make_host, make_model, placement, store_profile
+from tests.planning.helpers import (
+    GIB,
+    deploy,
+    deployment_rows,
+    make_host,
+    make_model,
+    placement,
+    store_profile,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -91,3 +100,25 @@ def test_it_shows_the_profile_curve_with_the_slo_and_the_max_rate(viewer_client:
     shown = json.loads(re.search(r'id="profile-result"[^>]*>(.*?)</script>', page, re.S)[1])  # type: ignore[index]
     assert shown == result
     assert 'id="chart-profile"' in page and "dashboard/profile.js" in page
+
+
+def test_a_refused_apply_shows_the_job_page_with_the_reason_and_changes_nothing(
+    admin_client: Client, place_job: Job
+) -> None:
+    Deployment.objects.filter(model__name="p6").update(desired_state=DesiredState.STOPPED)  # now stale
+    before = deployment_rows()
+    response = admin_client.post(f"/jobs/{place_job.pk}/apply/")
+    assert response.status_code == 409
+    page = response.content.decode()
+    # The job's own page (navigation, grid, a live socket checked at the job's URL), not a bare text.
+    assert f"<h1>Job {place_job.pk}: place</h1>" in page and 'id="plan-grid"' in page
+    assert f'data-page="/jobs/{place_job.pk}/"' in page
+    assert re.search(r'id="refusal">Not applied: The deployments changed since this plan was computed', page)
+    assert deployment_rows() == before
+    assert PlacementPlan.objects.get(job=place_job).applied_at is None
+
+    profile_job = Job.objects.create(kind="profile", status=JobStatus.RUNNING)
+    response = admin_client.post(f"/jobs/{profile_job.pk}/apply/")
+    assert response.status_code == 404
+    page = response.content.decode()
+    assert f'id="refusal">Not applied: job {profile_job.pk} is a running profile job' in page
