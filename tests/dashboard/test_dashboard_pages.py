@@ -239,3 +239,14 @@ def test_the_model_page_shows_what_users_saw_through_the_gateway(
     assert "<dt>Requests</dt><dd>3</dd>" in block
     assert "200.0 / 298.0 ms" in block  # TTFT p50 / p99 (interpolated)
     assert "980.8 ms" in block  # p99 of the largest gaps (0.02, 0.04, 1.0 s)
+
+
+def test_a_refusal_says_why_on_a_page_with_the_navigation(
+    viewer_client: Client, served_model: ServedModel
+) -> None:
+    for url in ("/models/new/", f"/models/{served_model.pk}/edit/"):
+        response = viewer_client.get(url)
+        assert response.status_code == 403, url
+        page = response.content.decode()
+        assert 'id="forbidden-reason">This action needs the admin role.</p>' in page, url
+        assert 'href="/models/"' in page and "Sign out" in page  # not a dead end
