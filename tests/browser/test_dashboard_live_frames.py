@@ -85,6 +85,18 @@ def test_new_jobs_are_listed_newest_first_and_a_reconnect_drops_jobs_no_longer_s
     assert_inert(page)
 
 
+def test_the_jobs_list_says_when_it_has_no_job_and_stops_saying_it_when_one_arrives(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    page = open_page(browser, server, "/jobs/")
+    empty = page.locator("#jobs tr.no-jobs")
+    assert empty.inner_text() == "No jobs yet."
+    page.evaluate("(frame) => window.__push(frame)", {"type": "delta", "set": {"job:1": job()}, "remove": []})
+    assert rows(page) == ["1"] and empty.count() == 0
+    page.evaluate("(frame) => window.__push(frame)", {"type": "snapshot", "data": {}})  # deleted since
+    assert rows(page) == [None] and empty.inner_text() == "No jobs yet."
+
+
 def test_the_gpu_map_draws_an_unknown_host_from_a_delta_and_resyncs_on_reconnect(
     users: dict[str, User], server: AsgiServer, browser: Any
 ) -> None:

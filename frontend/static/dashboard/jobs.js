@@ -12,6 +12,18 @@
     }
     table.tBodies[0].appendChild(row);
   }
+  // The list's "No jobs yet." row (jobs.html) while it has no job row, and only then.
+  function showEmpty() {
+    const empty = table.querySelector("tr.no-jobs");
+    const any = table.querySelector("tr[data-job]") !== null;
+    if (any && empty) empty.remove();
+    if (!any && !empty) {
+      const row = document.createElement("tr");
+      row.className = "no-jobs";
+      row.innerHTML = '<td colspan="5" class="empty">No jobs yet.</td>';
+      table.tBodies[0].appendChild(row);
+    }
+  }
   function update() {
     if (!only) {
       // A job that left the stream (no longer among the newest) would keep its last status forever.
@@ -44,6 +56,7 @@
         setTimeout(function () { location.reload(); }, 500);  // show the result
       }
     }
+    if (!only) showEmpty();
   }
   Live.open(table.dataset.socket, function (message) {
     Live.applyDelta(state, message);
