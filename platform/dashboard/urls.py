@@ -15,6 +15,7 @@ urlpatterns = [
     path("jobs/", views.job_list, name="jobs"),
     path("jobs/start/", views.job_start, name="job-start"),
     path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<int:pk>/apply/", views.plan_apply, name="plan-apply"),
     path("deployments/<int:pk>/logs/", views.deployment_logs, name="deployment-logs"),
     path("assets/plotly-<str:version>.min.js", assets.plotly_js, name="plotly-js"),

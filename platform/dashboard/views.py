@@ -230,6 +230,18 @@ def _plan_grid(plan: PlacementPlan | None) -> list[dict[str, Any]]:
 
 @require_POST
 @admin_required
+def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(Job, pk=pk)
+    try:
+        jobs_services.cancel_job(job)
+    except jobs_services.JobNotActive as exc:  # it finished since the page was loaded
+        return _job_page(request, job, f"Not cancelled: {exc}.", status=409)
+    request.session["dashboard_notice"] = "Cancelled."
+    return HttpResponseRedirect(reverse("dashboard:job-detail", args=[job.pk]))
+
+
+@require_POST
+@admin_required
 def plan_apply(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(Job, pk=pk)
     try:
