@@ -6,9 +6,11 @@ one transaction. The consumer hands its batches to the process's ``TelemetryWrit
 whatever accumulated while the previous write ran: one commit per write instead of one per frame,
 and no Django model instances on the hot path (see benchmarks/telemetry_ingest.py for the rates).
 A frame is stored within one write's time of its arrival; if the ASGI process dies, frames not yet
-written are lost, like frames in flight. When a group commit fails (a frame the database refuses, a
-device deleted meanwhile), its frames are written again one transaction each, so that a bad frame
-loses only itself and not the telemetry of every other host in the group.
+written are lost, like frames in flight. Rows of a device or deployment deleted while their frame
+waited (the foreign keys refuse them) are dropped and the write is tried again without them: the
+rest of the frame is stored. When a group commit fails otherwise (a frame the database refuses),
+its frames are written again one transaction each, so that a bad frame loses only itself and not
+the telemetry of every other host in the group.
 
 Timestamps are the agent's (a frame buffered while the link was down keeps the time it was
 sampled), clamped to the server's clock so that a fast agent clock cannot put samples in the
@@ -28,8 +30,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
-from django.db import InterfaceError, OperationalError, connection, transaction
+from deployments.models import Deployment
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
+from inventory.models import Device
 
 from agents.models import AgentLink, DeviceSample, EngineSample
 from agents.services import LinkedHost, wire_pk
@@ -169,6 +173,41 @@ def write_rows(batches: Sequence[Batch]) -> int:
     return len(devices)
 
 
+def write_dropping_deleted(batches: Sequence[Batch]) -> int:
+    """`write_rows`; when a foreign key refuses the rows, again without those of devices and
+    deployments deleted since their frames were built. The normal path costs no query more."""
+    try:
+        return write_rows(batches)
+    except IntegrityError:
+        if not drop_deleted(batches):
+            raise  # something else the database refuses
+        return write_rows(batches)
+
+
+def drop_deleted(batches: Sequence[Batch]) -> int:
+    """Drop from the batches (in place) the rows of devices and deployments that no longer exist;
+    returns how many rows were dropped."""
+    device_ids = {r[0] for b in batches for r in b.devices}
+    deployment_ids = {r[0] for b in batches for r in b.engines}
+    devices = set(Device.objects.filter(pk__in=device_ids).values_list("pk", flat=True))
+    deployments = set(Deployment.objects.filter(pk__in=deployment_ids).values_list("pk", flat=True))
+    if devices == device_ids and deployments == deployment_ids:
+        return 0
+    dropped = 0
+    for b in batches:
+        before = len(b.devices) + len(b.engines)
+        b.devices = [r for r in b.devices if r[0] in devices]
+        b.engines = [r for r in b.engines if r[0] in deployments]
+        dropped += before - len(b.devices) - len(b.engines)
+    log.info(
+        "Dropped %d telemetry row(s) of deleted devices %s and deployments %s",
+        dropped,
+        sorted(device_ids - devices),
+        sorted(deployment_ids - deployments),
+    )
+    return dropped
+
+
 def write_each(batches: Sequence[Batch]) -> list[Batch]:
     """Write the batches one transaction each (after their group commit failed); returns those
     that failed, each logged with its host. Stops at an error of the connection itself: the
@@ -176,7 +215,7 @@ def write_each(batches: Sequence[Batch]) -> list[Batch]:
     failed: list[Batch] = []
     for i, batch in enumerate(batches):
         try:
-            write_rows([batch])
+            write_dropping_deleted([batch])
         except (OperationalError, InterfaceError):
             log.exception("Telemetry writes failed: the database is unavailable")
             return failed + list(batches[i:])
@@ -255,7 +294,7 @@ class TelemetryWriter:
         while time.monotonic() < deadline and (batches := self._take()):
             loop.call_soon_threadsafe(self._drained.set)  # room again for submitters
             try:
-                write_rows(batches)
+                write_dropping_deleted(batches)
             except Exception:
                 if len(batches) == 1:
                     only = batches[0]
