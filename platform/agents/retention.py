@@ -26,7 +26,7 @@ from enum import Enum
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from gateway.services import prune_request_samples
 
@@ -182,9 +182,11 @@ def _downsample(
             yield row
 
     folded = fold(spec, key_field, rows())
+    fk = key_field.removesuffix("_id")
+    live = _lock_keys(raw_model._meta.get_field(fk).related_model, {k for k, _ in folded})
+    folded = {key: agg for key, agg in folded.items() if key[0] in live}  # the rest cascade away
     if not folded:
         return 0, 0
-    fk = key_field.removesuffix("_id")
     existing = {
         (getattr(m, key_field), m.minute): m
         for m in minute_model.objects.select_for_update().filter(
@@ -215,3 +217,21 @@ def _downsample(
     deleted, _ = old.filter(pk__lte=max_pk).delete()
     log.debug("Folded %d raw %s rows into %d minute rows.", deleted, fk, len(folded))
     return len(folded), deleted
+
+
+def _lock_keys(model: Any, pks: set[int]) -> set[int]:
+    """Which of these devices or deployments still exist, locked FOR KEY SHARE until the pass
+    commits: the lock its new minute rows' foreign-key checks take at commit, taken before the
+    pass locks or deletes rows of theirs. A delete (which locks its row first, then deletes the
+    rows referring to it) then either waits for the pass or is done before it, instead of the two
+    waiting for each other. SQLite has one writer at a time: nothing to lock."""
+    if not pks:
+        return set()
+    if connection.vendor != "postgresql":
+        return set(model.objects.filter(pk__in=pks).values_list("pk", flat=True))
+    table, pk = (connection.ops.quote_name(n) for n in (model._meta.db_table, model._meta.pk.column))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {pk} FROM {table} WHERE {pk} = ANY(%s) ORDER BY {pk} FOR KEY SHARE", [sorted(pks)]
+        )
+        return {row[0] for row in cursor.fetchall()}

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db import transaction
+from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
-from deployments.models import Deployment
+from deployments.models import Deployment, lock_for_delete
 from deployments.services import update_deployment
 
 
@@ -28,6 +30,12 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
+        """The bulk delete locks the deployments' rows first, as ``Deployment.delete`` does."""
+        with transaction.atomic():
+            lock_for_delete(queryset.values_list("pk", flat=True))
+            super().delete_queryset(request, queryset)
 
     def save_model(self, request: HttpRequest, obj: Deployment, form: ModelForm, change: bool) -> None:
         update_deployment(obj, desired_state=form.cleaned_data["desired_state"])

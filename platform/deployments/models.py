@@ -9,7 +9,10 @@ what the agent has no engine of.
 
 from __future__ import annotations
 
-from django.db import models
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import models, transaction
 from inventory.models import Device, Host
 from registry.models import ServedModel
 
@@ -67,3 +70,18 @@ class Deployment(models.Model):
     @property
     def converged(self) -> bool:
         return self.desired_state == self.observed_state
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        with transaction.atomic():
+            lock_for_delete([self.pk])
+            return super().delete(*args, **kwargs)
+
+
+def lock_for_delete(pks: Iterable[Any]) -> None:
+    """Lock these deployments' rows FOR UPDATE, in primary-key order, until the caller's transaction
+    ends, before a delete's cascade looks for the rows that refer to them. A status storing a first
+    replica holds the row (``agents.services.report_status``): it is stored first and deleted with
+    the deployment. A row inserted later that refers to it (a telemetry sample) waits for the
+    delete and is refused by its foreign key. Either committed between the cascade and the
+    deployment's own delete failed the delete at commit."""
+    list(Deployment.objects.select_for_update().filter(pk__in=list(pks)).order_by("pk").values_list("pk"))

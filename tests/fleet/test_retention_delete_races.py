@@ -1,0 +1,91 @@
+"""Telemetry retention while a deployment is deleted, on PostgreSQL's row locks.
+
+Retention folds a deployment's raw samples into new minute rows, which refer to it. A delete
+committed after the fold read the samples failed the whole retention pass at commit (IntegrityError;
+every host's fold retried a minute later). A delete started while the pass held the deployment's
+samples waited for them holding the deployment's row, which the pass's foreign-key check waited for
+at commit: PostgreSQL aborted one of the two as a deadlock. Retention now takes the foreign-key
+check's lock on the deployments up front and folds only those that still exist."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from agents import retention
+from agents.models import DeviceMinute, EngineMinute, EngineSample
+from deployments.models import Deployment
+from django.db import connection
+from django.utils import timezone
+from inventory.models import Device, Host
+from registry.models import ServedModel
+
+from tests.pg_locks import in_thread, wait_until_blocked
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: the PostgreSQL path"),
+]
+
+
+def deployment_with_old_samples() -> Deployment:
+    host = Host.objects.create(name="gpu-a")
+    device = Device.objects.create(host=host, index=0, uuid="GPU-0", name="H100", memory_total_bytes=80 << 30)
+    model = ServedModel.objects.create(
+        name="m", source="/m", max_context_length=128, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+    )
+    deployment = Deployment.objects.create(model=model, host=host)
+    deployment.devices.set([device])
+    old = timezone.now() - timedelta(hours=1)
+    EngineSample.objects.create(deployment=deployment, ts=old, state="running")
+    return deployment
+
+
+@pytest.mark.parametrize("pause_at", ["after-reading", "after-folding"])
+def test_a_deployment_deleted_during_retention_is_deleted_and_the_pass_stores_the_rest(
+    monkeypatch: pytest.MonkeyPatch, pause_at: str
+) -> None:
+    """after-reading: the delete commits between the fold's read and its writes; after-folding: the
+    delete starts while the pass holds what it wrote."""
+    deployment = deployment_with_old_samples()
+    kept = Deployment.objects.create(model=deployment.model, host=deployment.host)
+    EngineSample.objects.create(deployment=kept, ts=timezone.now() - timedelta(hours=1), state="running")
+    paused, go_on, errors = threading.Event(), threading.Event(), list[str]()
+    fold, downsample = retention.fold, retention._downsample
+
+    def pause() -> None:
+        paused.set()
+        assert go_on.wait(30)
+
+    def fold_pausing(spec: retention.Spec, *args: Any) -> Any:
+        out = fold(spec, *args)
+        if spec is retention.ENGINE_SPEC and pause_at == "after-reading":
+            pause()
+        return out
+
+    def downsample_pausing(raw_model: Any, *args: Any) -> Any:
+        out = downsample(raw_model, *args)
+        if raw_model is EngineSample and pause_at == "after-folding":
+            pause()
+        return out
+
+    monkeypatch.setattr(retention, "fold", fold_pausing)
+    monkeypatch.setattr(retention, "_downsample", downsample_pausing)
+    threads = [in_thread("retention", retention.downsample_and_prune, errors)]
+    assert paused.wait(30)
+    threads.append(in_thread("delete", Deployment.objects.get(pk=deployment.pk).delete, errors))
+    if pause_at == "after-reading":
+        threads.pop().join(timeout=60)  # nothing holds it up
+    else:
+        wait_until_blocked(None)  # the delete waits for what the pass holds
+    go_on.set()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+
+    assert errors == []
+    assert list(Deployment.objects.values_list("pk", flat=True)) == [kept.pk]
+    assert list(EngineMinute.objects.values_list("deployment_id", flat=True)) == [kept.pk]
+    assert not EngineSample.objects.exists() and not DeviceMinute.objects.exists()
