@@ -94,10 +94,10 @@ def status_at(
 
 
 def mark_seen(host: Host, now: datetime | None = None) -> Host:
-    """Record a heartbeat from the host's agent."""
+    """Record a heartbeat from the host's agent (nothing when the host was deleted meanwhile)."""
     now = now or timezone.now()
     Host.objects.filter(pk=host.pk).update(last_seen_at=now, status=HostStatus.ONLINE)
-    host.refresh_from_db()
+    host.last_seen_at, host.status = now, HostStatus.ONLINE  # no re-read: the row may be gone
     return host
 
 
