@@ -27,7 +27,7 @@ class OwnerGone(PermissionDenied):
     """The user to issue a credential to was deleted meanwhile; nothing was issued."""
 
 
-def _lock_owner(owner: Any) -> None:
+def lock_owner(owner: Any) -> None:
     """Lock the owner's row FOR NO KEY UPDATE until the caller's transaction ends, before it touches
     the owner's tokens or keys: the order a user's delete takes them in (``User.delete``). Rows that
     only reference the user (its jobs, its usage) are still written meanwhile.
@@ -51,7 +51,7 @@ def issue_api_token(user: Any, name: str) -> Issued:
     Raises:
         OwnerGone: the user was deleted meanwhile; nothing was issued.
     """
-    _lock_owner(user)  # concurrent sign-ins of one user then retire each other's tokens in turn
+    lock_owner(user)  # concurrent sign-ins of one user then retire each other's tokens in turn
     now = timezone.now()
     _tokens_with_last_seen().filter(_expired(now), user=user).delete()
     secret = issue_secret("tok")
@@ -181,7 +181,7 @@ def _make_room_for_a_key(owner: Any, replaceable: QuerySet[ApiKey]) -> None:
     owner's live keys, in the order to give them up) as far as that takes; inside the caller's
     transaction, which is to create the key.
 
-    The owner's row is locked until that transaction ends (``_lock_owner``), so concurrent issuers
+    The owner's row is locked until that transaction ends (``lock_owner``), so concurrent issuers
     for one owner (two browsers opening the playground, a script creating keys in parallel) count
     one after another and cannot together pass the limit.
 
@@ -189,7 +189,7 @@ def _make_room_for_a_key(owner: Any, replaceable: QuerySet[ApiKey]) -> None:
         ApiKeyLimitReached: revoking every ``replaceable`` key would not make room; none was revoked.
         OwnerGone: the owner was deleted meanwhile.
     """
-    _lock_owner(owner)
+    lock_owner(owner)
     limit = settings.API_KEYS_PER_USER
     live = live_api_keys(owner)
     excess = live + 1 - limit

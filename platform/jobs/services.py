@@ -15,6 +15,7 @@ import uuid
 from functools import partial
 from typing import Any
 
+from accounts.services import lock_owner
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
@@ -41,9 +42,16 @@ def create_job(kind: str, params: dict[str, Any], user: Any | None) -> Job:
     (if any) runs in the same transaction as the insert and may refuse the job (``JobRefused``;
     nothing is written). If the broker cannot take the message, the job is marked failed with the
     reason instead of staying queued forever.
+
+    Raises:
+        OwnerGone: ``user`` was deleted meanwhile; nothing was written.
     """
     job_kind = get_kind(kind)  # KeyError for an unknown kind: callers validate first
     with transaction.atomic():
+        if user is not None:
+            # A delete of the user (which locks the row first) then runs before or after the insert,
+            # not between its cascade and its commit: the insert would fail there (IntegrityError).
+            lock_owner(user)
         if job_kind.admit is not None:
             job_kind.admit(params)
         job = Job.objects.create(kind=kind, params=params, created_by=user, celery_id=str(uuid.uuid4()))
