@@ -139,6 +139,16 @@ def test_it_starts_a_job_with_validated_params(admin_client: Client) -> None:
     assert Job.objects.count() == 1
 
 
+def test_a_jobs_parameters_are_shown_as_json_the_job_form_takes_back(admin_client: Client) -> None:
+    params = {"model": "tiny", "apply": True, "rates": [0.5, None]}
+    job = Job.objects.create(kind="profile", params=params, status=JobStatus.SUCCEEDED)
+    page = html.unescape(admin_client.get(f"/jobs/{job.pk}/").content.decode())
+    shown = re.search(r'<code id="shown-params">(.*?)</code>', page)
+    assert shown is not None and json.loads(shown.group(1)) == params  # not Python's repr
+    listing = html.unescape(admin_client.get("/jobs/").content.decode())
+    assert '"required": true' in listing and "'required'" not in listing  # the kinds' parameters
+
+
 def test_viewers_see_no_admin_action_and_are_refused_when_forcing_one(
     viewer_client: Client, admin_client: Client, served_model: ServedModel
 ) -> None:

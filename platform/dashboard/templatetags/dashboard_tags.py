@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from accounts.roles import is_admin
@@ -14,3 +15,9 @@ register = template.Library()
 def platform_admin(user: Any) -> bool:
     """``{% if user|platform_admin %}``: the user holds the admin role (whatever the view passed)."""
     return is_admin(user)
+
+
+@register.filter
+def as_json(value: Any) -> str:
+    """``{{ job.params|as_json }}``: JSON, which the job form takes back (not Python's repr)."""
+    return json.dumps(value, sort_keys=True)
