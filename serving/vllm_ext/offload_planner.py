@@ -92,12 +92,18 @@ class OffloadPlanner:
         return usable - num_computed_tokens, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external: int) -> None:
-        """Plan the load of `num_external` tokens into the blocks just allocated."""
+        """Plan the load of `num_external` tokens into the blocks just allocated (none: the
+        request's buffer, if any, is freed)."""
         req_id = request.request_id
         local = self._local_hit.pop(req_id, 0)
-        if num_external <= 0:
-            return
         saved = self._offloaded.pop(req_id, 0)
+        if num_external <= 0:
+            # Admitted without a load (vLLM declined it: a request with prompt logprobs skips every
+            # cache; or the local prefix cache covers it): the buffer is never read (a later
+            # preemption saves anew). Free it now, not when the request finishes.
+            if saved:
+                self._drop(req_id)
+            return
         if saved < local + num_external:
             raise RuntimeError(f"{req_id}: load of {local}+{num_external} tokens but {saved} saved")
         block_ids = blocks.get_block_ids()[0]
@@ -152,5 +158,9 @@ class OffloadPlanner:
         self._live.pop(req_id, None)
         self._local_hit.pop(req_id, None)
         if self._offloaded.pop(req_id, None) is not None:
-            self._meta.drops.append(req_id)
-            self.counters["offloads_dropped"] += 1
+            self._drop(req_id)
+
+    def _drop(self, req_id: str) -> None:
+        """Have the worker free `req_id`'s buffer in the next step (no longer in `_offloaded`)."""
+        self._meta.drops.append(req_id)
+        self.counters["offloads_dropped"] += 1

@@ -102,6 +102,20 @@ def test_planner_forgets_lost_offloads_and_drops_finished_ones() -> None:
     assert step(p, {}, set()).drops == ["b"]
 
 
+def test_planner_frees_a_buffer_that_vllm_declines_to_load() -> None:
+    # vLLM admits a request without the offered load when it skips every cache (prompt logprobs):
+    # it recomputes, and the buffer must not stay held while it runs (until it finishes).
+    p = OffloadPlanner(BS)
+    step(p, {"a": (0, 40, [1, 2])}, set())
+    step(p, {}, {"a"})
+    assert p.get_num_new_matched_tokens(req("a", 41), 0) == (40, False)
+    p.update_state_after_alloc(req("a", 41), SimpleNamespace(get_block_ids=lambda: ([5, 6],)), 0)  # type: ignore[arg-type]
+    meta = step(p, {}, set(), cached={"a": (0, 41, [5, 6])}, resumed={"a"})
+    assert meta.loads == [] and meta.drops == ["a"]
+    p.request_finished("a")  # nothing left to free
+    assert step(p, {}, set()).drops == []
+
+
 def make_worker(tmp_path: Path, dram_bytes: int = 1 << 20) -> tuple[OffloadWorker, list[torch.Tensor]]:
     caches = [torch.randn(8, 2, 2, BS, 64) for _ in range(2)]
     w = OffloadWorker(OffloadConfig(stats_dir=str(tmp_path)), [DramStore(dram_bytes, pin=False)])
