@@ -10,6 +10,8 @@ Bookkeeping (all keyed by request id):
   _offloaded:  requests with a saved buffer and its token count. Optimistic: the worker reports
                saves it could not keep (`lost`), and a load that finds nothing reports its
                blocks as invalid, so vLLM recomputes them. Never wrong tokens, at worst recompute.
+  _unrestorable: requests vLLM never loads KV for (`skip_reading_prefix_cache`, set for prompt
+               logprobs): not saved on preemption, as nothing would read the copy.
 
 Preemption is seen at two moments: in `get_num_new_matched_tokens` when a preempted request is
 re-admitted in the same step (vLLM asks only for requests with no computed tokens), and in
@@ -54,6 +56,7 @@ class OffloadPlanner:
         self._live: dict[str, _Extent] = {}
         self._offloaded: dict[str, int] = {}
         self._local_hit: dict[str, int] = {}
+        self._unrestorable: set[str] = set()
         self._meta = AquaConnectorMetadata()
         self.counters: dict[str, int] = {
             "saves_planned": 0,
@@ -67,7 +70,7 @@ class OffloadPlanner:
     # -- preemption -------------------------------------------------------------------------
     def _capture(self, req_id: str) -> None:
         live = self._live.pop(req_id, None)
-        if live is None:
+        if live is None or req_id in self._unrestorable:
             return
         block_ids, num_tokens = live.block_ids, live.num_tokens
         n_blocks = math.ceil(num_tokens / self.block_size)
@@ -82,6 +85,10 @@ class OffloadPlanner:
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         """Tokens restorable beyond `num_computed_tokens` (loaded synchronously)."""
         req_id = request.request_id
+        if request.skip_reading_prefix_cache:  # vLLM ignores what we offer: never copy it out
+            self._unrestorable.add(req_id)
+            self._live.pop(req_id, None)
+            return 0, False
         self._capture(req_id)  # preempted since the last build_connector_meta
         saved = self._offloaded.get(req_id, 0)
         # The last token is always computed by the engine: it produces the next logits.
@@ -157,6 +164,7 @@ class OffloadPlanner:
         """Drop all state of a finished (or aborted) request and free its offloaded buffer."""
         self._live.pop(req_id, None)
         self._local_hit.pop(req_id, None)
+        self._unrestorable.discard(req_id)
         if self._offloaded.pop(req_id, None) is not None:
             self._drop(req_id)
 

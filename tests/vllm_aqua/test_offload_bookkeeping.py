@@ -48,8 +48,10 @@ def step(
     return planner.build_connector_meta(so)  # type: ignore[arg-type]
 
 
-def req(req_id: str, num_tokens: int) -> Any:
-    return SimpleNamespace(request_id=req_id, num_tokens=num_tokens)
+def req(req_id: str, num_tokens: int, skip_reading_prefix_cache: bool = False) -> Any:
+    return SimpleNamespace(
+        request_id=req_id, num_tokens=num_tokens, skip_reading_prefix_cache=skip_reading_prefix_cache
+    )
 
 
 def test_planner_saves_a_preempted_request_and_restores_all_but_the_last_token() -> None:
@@ -100,6 +102,19 @@ def test_planner_forgets_lost_offloads_and_drops_finished_ones() -> None:
     assert p.get_num_new_matched_tokens(req("a", 41), 0) == (0, False)
     p.request_finished("b")
     assert step(p, {}, set()).drops == ["b"]
+
+
+def test_planner_never_saves_a_request_that_vllm_would_not_load() -> None:
+    # A request with prompt logprobs skips every cache (vLLM's skip_reading_prefix_cache): its KV
+    # would be copied out on each preemption and never read back.
+    p = OffloadPlanner(BS)
+    assert p.get_num_new_matched_tokens(req("a", 40, skip_reading_prefix_cache=True), 0) == (0, False)
+    assert p.get_num_new_matched_tokens(req("b", 40), 0) == (0, False)
+    step(p, {"a": (0, 40, [1, 2]), "b": (0, 40, [3, 4])}, set())
+    assert step(p, {}, {"a", "b"}).saves == [SaveJob("b", [3, 4], 40)]
+    assert p.get_num_new_matched_tokens(req("a", 41, skip_reading_prefix_cache=True), 0) == (0, False)
+    p.request_finished("a")
+    assert step(p, {}, set()).drops == []  # nothing was held for it
 
 
 def test_planner_frees_a_buffer_that_vllm_declines_to_load() -> None:
