@@ -148,7 +148,8 @@ def register(
         address=frame.address, simulated=frame.simulated, heartbeat_interval_s=frame.heartbeat_interval_s
     )
     reported = {d.index for d in frame.devices}
-    Device.objects.filter(host=host, deployments__isnull=True).exclude(index__in=reported).delete()
+    gone = Device.objects.filter(host=host, deployments__isnull=True).exclude(index__in=reported)
+    _delete_devices(list(gone.values_list("pk", flat=True)))
     _free_moved_uuids(host, frame)
     for info in frame.devices:
         Device.objects.update_or_create(
@@ -181,6 +182,16 @@ def register(
         connected_at=now,
         run=run,
     )
+
+
+def _delete_devices(pks: list[int]) -> None:
+    """Delete these devices, their rows locked FOR UPDATE in primary-key order before the cascade
+    deletes their samples (as ``Deployment.delete`` locks its row): telemetry retention holds the
+    devices it folds FOR KEY SHARE while it deletes their samples, and waited for a cascade that
+    had deleted them first while the cascade waited for its lock (a deadlock, the register lost)."""
+    if pks:
+        list(Device.objects.select_for_update().filter(pk__in=pks).order_by("pk").values_list("pk"))
+        Device.objects.filter(pk__in=pks).delete()
 
 
 def _refuse_foreign_devices(host: Host, frame: Register) -> None:

@@ -14,15 +14,19 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from agents import retention
-from agents.models import DeviceMinute, EngineMinute, EngineSample
+from agents import retention, services
+from agents.models import DeviceMinute, DeviceSample, EngineMinute, EngineSample
 from deployments.models import Deployment
 from django.db import connection
 from django.utils import timezone
 from inventory.models import Device, Host
+from inventory.services import register_host
 from registry.models import ServedModel
 
+from gpu_agent.protocol import Register, parse_frame
 from tests.pg_locks import in_thread, wait_until_blocked
+
+from .conftest import register_frame
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -89,3 +93,43 @@ def test_a_deployment_deleted_during_retention_is_deleted_and_the_pass_stores_th
     assert list(Deployment.objects.values_list("pk", flat=True)) == [kept.pk]
     assert list(EngineMinute.objects.values_list("deployment_id", flat=True)) == [kept.pk]
     assert not EngineSample.objects.exists() and not DeviceMinute.objects.exists()
+
+
+def test_a_device_an_agent_no_longer_reports_is_deleted_during_retention_without_a_deadlock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's register deletes the device its host no longer has (its samples first, then its
+    row) while the pass holds the device's foreign-key lock and is yet to delete those samples."""
+    host = register_host("gpu-a", "10.0.0.5")
+    frame = parse_frame(register_frame(gpus=2))
+    assert isinstance(frame, Register)
+    services.register(host, frame)
+    gone = Device.objects.get(host=host, index=1)
+    DeviceSample.objects.create(
+        device=gone, ts=timezone.now() - timedelta(hours=1), memory_used_bytes=1, memory_free_bytes=1
+    )
+    paused, go_on, errors = threading.Event(), threading.Event(), list[str]()
+    lock_keys = retention._lock_keys
+
+    def lock_keys_pausing(model: Any, pks: set[int]) -> set[int]:
+        out = lock_keys(model, pks)
+        if model is Device:
+            paused.set()
+            assert go_on.wait(30)
+        return out
+
+    monkeypatch.setattr(retention, "_lock_keys", lock_keys_pausing)
+    one = parse_frame(register_frame(gpus=1))
+    assert isinstance(one, Register)
+    threads = [in_thread("retention", retention.downsample_and_prune, errors)]
+    assert paused.wait(30)
+    threads.append(in_thread("register", lambda: services.register(host, one), errors))
+    wait_until_blocked(None)  # the register waits for the pass
+    go_on.set()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+
+    assert errors == []
+    assert list(Device.objects.values_list("index", flat=True)) == [0]
+    assert not DeviceSample.objects.exists() and not DeviceMinute.objects.exists()
