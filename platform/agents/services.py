@@ -31,7 +31,7 @@ from deployments.services import report_observed_state
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from inventory.models import AgentToken, Device, DeviceKind, Host
+from inventory.models import AgentToken, Device, DeviceKind, Host, lock_devices_for_delete
 from inventory.services import agent_token_is_live, live_agent_token, mark_seen
 
 from agents import reconcile
@@ -185,12 +185,10 @@ def register(
 
 
 def _delete_devices(pks: list[int]) -> None:
-    """Delete these devices, their rows locked FOR UPDATE in primary-key order before the cascade
-    deletes their samples (as ``Deployment.delete`` locks its row): telemetry retention holds the
-    devices it folds FOR KEY SHARE while it deletes their samples, and waited for a cascade that
-    had deleted them first while the cascade waited for its lock (a deadlock, the register lost)."""
+    """Delete these devices, their rows locked first (``lock_devices_for_delete``: telemetry
+    retention holds the devices it folds while it deletes their samples)."""
     if pks:
-        list(Device.objects.select_for_update().filter(pk__in=pks).order_by("pk").values_list("pk"))
+        lock_devices_for_delete(pks)
         Device.objects.filter(pk__in=pks).delete()
 
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db import transaction
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from core.secret_admin import IssuedSecretAdmin
-from inventory.models import AgentToken, Device, Host
+from inventory.models import AgentToken, Device, Host, lock_devices_for_delete
 from inventory.services import agent_tokens_revoked
 
 
@@ -22,6 +24,12 @@ class HostAdmin(admin.ModelAdmin):
     # overwritten, and an interval set by hand (unbounded) could keep a dead host online.
     readonly_fields = ("status", "last_seen_at", "heartbeat_interval_s")
     inlines = [DeviceInline]
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        """The bulk delete locks the hosts' devices first, as ``Host.delete`` does."""
+        with transaction.atomic():
+            lock_devices_for_delete(Device.objects.filter(host__in=queryset).values_list("pk", flat=True))
+            super().delete_queryset(request, queryset)
 
 
 @admin.register(AgentToken)

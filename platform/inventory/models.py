@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from django.db import models
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import models, transaction
 
 from inventory.validators import validate_host_address
 
@@ -46,6 +49,11 @@ class Host(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        with transaction.atomic():
+            lock_devices_for_delete(Device.objects.filter(host=self).values_list("pk", flat=True))
+            return super().delete(*args, **kwargs)
+
 
 class Device(models.Model):
     """An accelerator (or the CPU, for CPU-only hosts) on a host.
@@ -68,6 +76,21 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host.name}:{self.index} ({self.name})"
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        with transaction.atomic():
+            lock_devices_for_delete([self.pk])
+            return super().delete(*args, **kwargs)
+
+
+def lock_devices_for_delete(pks: Iterable[Any]) -> None:
+    """Lock these devices' rows FOR UPDATE, in primary-key order, until the caller's transaction
+    ends, before a delete's cascade deletes their samples. Telemetry retention holds the devices
+    it folds FOR KEY SHARE while it deletes their old samples: a cascade that deleted those samples
+    first and then waited for the device's row deadlocked with it (PostgreSQL aborted one side).
+    A telemetry write waiting on the lock is refused by its foreign key after the delete and drops
+    those rows (agents.ingest)."""
+    list(Device.objects.select_for_update().filter(pk__in=list(pks)).order_by("pk").values_list("pk"))
 
 
 class AgentToken(models.Model):

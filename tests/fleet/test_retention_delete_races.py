@@ -1,11 +1,13 @@
-"""Telemetry retention while a deployment is deleted, on PostgreSQL's row locks.
+"""Telemetry retention while a deployment, a host or a device is deleted, on PostgreSQL's row locks.
 
 Retention folds a deployment's raw samples into new minute rows, which refer to it. A delete
 committed after the fold read the samples failed the whole retention pass at commit (IntegrityError;
 every host's fold retried a minute later). A delete started while the pass held the deployment's
 samples waited for them holding the deployment's row, which the pass's foreign-key check waited for
 at commit: PostgreSQL aborted one of the two as a deadlock. Retention now takes the foreign-key
-check's lock on the deployments up front and folds only those that still exist."""
+check's lock on the deployments and devices up front and folds only those that still exist; every
+delete of a device (its host's, the agent's register, the admin's) locks the device's row before
+its cascade deletes the samples the pass is about to delete."""
 
 from __future__ import annotations
 
@@ -17,8 +19,11 @@ import pytest
 from agents import retention, services
 from agents.models import DeviceMinute, DeviceSample, EngineMinute, EngineSample
 from deployments.models import Deployment
+from django.contrib import admin
 from django.db import connection
+from django.test import RequestFactory
 from django.utils import timezone
+from inventory.admin import HostAdmin
 from inventory.models import Device, Host
 from inventory.services import register_host
 from registry.models import ServedModel
@@ -133,3 +138,53 @@ def test_a_device_an_agent_no_longer_reports_is_deleted_during_retention_without
     assert errors == []
     assert list(Device.objects.values_list("index", flat=True)) == [0]
     assert not DeviceSample.objects.exists() and not DeviceMinute.objects.exists()
+
+
+def delete_host(pk: int) -> None:
+    Host.objects.get(pk=pk).delete()
+
+
+def delete_host_in_the_admin(pk: int) -> None:
+    request = RequestFactory().post("/admin/inventory/host/")
+    HostAdmin(Host, admin.site).delete_queryset(request, Host.objects.filter(pk=pk))
+
+
+def delete_device(pk: int) -> None:
+    Device.objects.get(host_id=pk, index=0).delete()  # the admin's device inline deletes one so
+
+
+@pytest.mark.parametrize("delete", [delete_host, delete_host_in_the_admin, delete_device])
+def test_a_host_or_device_deleted_during_retention_is_deleted_without_a_deadlock(
+    monkeypatch: pytest.MonkeyPatch, delete: Any
+) -> None:
+    """An operator deletes a host (or one of its devices) in the admin while the pass holds the
+    device's foreign-key lock and is yet to delete its old samples; the cascade deleted them first
+    and then waited for the device's row."""
+    host = Host.objects.create(name="gpu-a")
+    device = Device.objects.create(host=host, index=0, uuid="GPU-0", name="H100", memory_total_bytes=80 << 30)
+    DeviceSample.objects.create(
+        device=device, ts=timezone.now() - timedelta(hours=1), memory_used_bytes=1, memory_free_bytes=1
+    )
+    paused, go_on, errors = threading.Event(), threading.Event(), list[str]()
+    lock_keys = retention._lock_keys
+
+    def lock_keys_pausing(model: Any, pks: set[int]) -> set[int]:
+        out = lock_keys(model, pks)
+        if model is Device:
+            paused.set()
+            assert go_on.wait(30)
+        return out
+
+    monkeypatch.setattr(retention, "_lock_keys", lock_keys_pausing)
+    threads = [in_thread("retention", retention.downsample_and_prune, errors)]
+    assert paused.wait(30)
+    threads.append(in_thread("delete", lambda: delete(host.pk), errors))
+    wait_until_blocked(None)  # the delete waits for the pass
+    go_on.set()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+
+    assert errors == []
+    assert not Device.objects.exists() and not DeviceSample.objects.exists()
+    assert not DeviceMinute.objects.exists()  # folded, then deleted with its device
