@@ -4,7 +4,8 @@
   request costs one hop to the database thread before it is proxied.
 - ``finish``: record usage (per key, model and UTC day, atomic ``F()`` updates that work on SQLite
   and PostgreSQL) and the request's latency sample.
-- ``served_models`` for /v1/models, ``served_model`` for /v1/models/{model}, and
+- ``served_models`` for /v1/models, ``served_model`` for /v1/models/{model} (and
+  ``served_model_names`` for the playground), and
   ``latency_summary`` for the dashboard's SLO charts.
 - ``prune_request_samples``: drops latency samples past ``REQUEST_SAMPLE_RETENTION`` (run with the
   telemetry retention, agents/retention.py).
@@ -258,10 +259,18 @@ def prune_request_samples(now: datetime | None = None) -> int:
 
 
 def _served() -> QuerySet[ServedModel]:
-    """The models a key may see and use: those with a deployment that should be running
-    (/v1/models lists them; ``admit`` answers 404 for any other)."""
-    running = Deployment.objects.filter(model=OuterRef("pk"), desired_state=DesiredState.RUNNING)
+    """The models a key may see and use: those with a deployment that should be running on a real
+    host (/v1/models lists them; ``admit`` answers 404 for any other). A simulated host (the
+    cluster view's demo hosts) runs no engine, so a model deployed only there is never served."""
+    running = Deployment.objects.filter(
+        model=OuterRef("pk"), desired_state=DesiredState.RUNNING, host__simulated=False
+    )
     return ServedModel.objects.filter(Exists(running))
+
+
+def served_model_names() -> list[str]:
+    """The names /v1/models lists, in its order (the playground's model menu)."""
+    return list(_served().order_by("name").values_list("name", flat=True))
 
 
 def _model_object(model: ServedModel) -> dict[str, object]:

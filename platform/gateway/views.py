@@ -12,14 +12,13 @@ from __future__ import annotations
 from accounts.models import ApiKey
 from accounts.roles import is_admin
 from accounts.services import PLAYGROUND_KEY_NAME, ApiKeyLimitReached, OwnerGone, issue_playground_key
-from deployments.models import DesiredState
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
-from registry.models import ServedModel
 
 from core.secrets import digest_secret
+from gateway.services import served_model_names
 
 SESSION_KEY = "gateway_playground_key"
 
@@ -27,8 +26,7 @@ SESSION_KEY = "gateway_playground_key"
 @require_GET
 @login_required
 def playground(request: HttpRequest) -> HttpResponse:
-    models = ServedModel.objects.filter(deployments__desired_state=DesiredState.RUNNING).distinct()
-    context = {"models": [m.name for m in models.order_by("name")], "is_admin": is_admin(request.user)}
+    context = {"models": served_model_names(), "is_admin": is_admin(request.user)}
     return render(request, "gateway/playground.html", context)
 
 
