@@ -225,11 +225,12 @@ def finish(admission: Admission, outcome: Outcome) -> None:
         model_name=admission.model_name,
     )
     # The replica's deployment, or the model itself, may have been deleted while the request ran:
-    # a sample without its deployment still counts towards the model's SLO metrics.
+    # a sample without its deployment still counts towards the model's SLO metrics. The proxy calls
+    # this in autocommit (a worker thread, no transaction): a refused insert leaves no transaction
+    # to roll back, so none is opened on this per-request path (it would cost a BEGIN and COMMIT).
     for deployment_id in dict.fromkeys((outcome.deployment_id, None)):
         try:
-            with transaction.atomic():
-                _record_sample(admission, outcome, deployment_id, now)
+            _record_sample(admission, outcome, deployment_id, now)
             return
         except IntegrityError:
             continue
