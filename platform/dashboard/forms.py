@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from accounts.api.serializers import QUOTA_FIELDS, ApiKeySerializer
 from django.db.models import Field
-from django.http import QueryDict
+from django.http import HttpRequest, QueryDict
 from jobs.api.serializers import JobSerializer
 from registry.api.serializers import ServedModelSerializer
 from registry.models import ServedModel
@@ -128,5 +129,23 @@ def job_serializer(post: QueryDict) -> tuple[JobSerializer | None, Errors]:
     except JsonInputError as exc:
         return None, {exc.field: [str(exc)]}
     serializer = JobSerializer(data={"kind": post.get("kind", ""), "params": params})
+    serializer.is_valid()
+    return serializer, field_errors(serializer.errors)
+
+
+API_KEY_FIELDS = ["name", "requests_per_minute", "tokens_per_day"]
+
+
+def api_key_serializer(post: QueryDict, request: HttpRequest) -> tuple[ApiKeySerializer, Errors]:
+    """A validated serializer for a new API key of ``request.user``, and the field errors.
+
+    An empty quota is left out, so that the configured default applies (as when the API's body
+    omits it); a quota given by a non-admin is refused there ("Only admins may set quotas.")."""
+    data: dict[str, Any] = {"name": post.get("name", "")}
+    for name in QUOTA_FIELDS:
+        value = post.get(name, "").strip()
+        if value:
+            data[name] = value
+    serializer = ApiKeySerializer(data=data, context={"request": request})
     serializer.is_valid()
     return serializer, field_errors(serializer.errors)

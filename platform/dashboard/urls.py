@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard import assets, views
+from dashboard import assets, keys, views
 
 app_name = "dashboard"
 
@@ -17,6 +17,9 @@ urlpatterns = [
     path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
     path("jobs/<int:pk>/apply/", views.plan_apply, name="plan-apply"),
+    path("api-keys/", keys.key_list, name="api-keys"),
+    path("api-keys/new/", keys.key_create, name="api-key-create"),
+    path("api-keys/<int:pk>/revoke/", keys.key_revoke, name="api-key-revoke"),
     path("deployments/<int:pk>/logs/", views.deployment_logs, name="deployment-logs"),
     path("assets/plotly-<str:version>.min.js", assets.plotly_js, name="plotly-js"),
 ]

@@ -1,7 +1,8 @@
 """Dashboard pages. Thin: authorise, read or validate through the owning app, render.
 
 Every page needs a signed-in user with a role; every change needs the admin role and is refused
-with 403 otherwise, whatever the page showed (templates hide admin actions from viewers too).
+with 403 otherwise, whatever the page showed (templates hide admin actions from viewers too), but a
+user's changes to their own API keys (keys.py).
 Read-only pages answer GET and HEAD only (405 otherwise), so that no write method is served there.
 """
 
