@@ -32,7 +32,7 @@ from planning.models import PlacementPlan
 from registry.models import ServedModel
 from rest_framework.exceptions import ValidationError
 
-from dashboard import forms, snapshots
+from dashboard import deploy_forms, forms, snapshots
 from dashboard.assets import PLOTLY_VERSION
 
 View = Callable[..., HttpResponse]
@@ -80,13 +80,21 @@ def overview(request: HttpRequest) -> HttpResponse:
 @require_safe
 @role_required
 def model_list(request: HttpRequest) -> HttpResponse:
-    return _page(request, "models.html", {"models": ServedModel.objects.order_by("name")})
+    notice = request.session.pop("dashboard_notice", None)  # a model deleted from its page
+    return _page(request, "models.html", {"models": ServedModel.objects.order_by("name"), "notice": notice})
 
 
 @require_safe
 @role_required
 def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    model = get_object_or_404(ServedModel, pk=pk)
+    return model_page(request, get_object_or_404(ServedModel, pk=pk))
+
+
+def model_page(
+    request: HttpRequest, model: ServedModel, extra: dict[str, Any] | None = None, status: int = 200
+) -> HttpResponse:
+    """The model's page; ``extra`` carries what a refused action on it (deploy_views) shows:
+    ``refusal``, or the Deploy form's values and errors."""
     points = snapshots.model_history(model)
     deployments = Deployment.objects.filter(model=model).select_related("host").order_by("pk")
     flat = [p for series in points.values() for p in series]
@@ -98,8 +106,12 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "attainment_span": snapshots.span_label(snapshots.ATTAINMENT_WINDOW),
         "slo": {"ttft_ms": model.slo_ttft_p99_ms, "tbt_ms": model.slo_tbt_p99_ms},
         "gateway": _gateway_latency_ms(model),
+        "notice": request.session.pop("dashboard_notice", None),
     }
-    return _page(request, "model_detail.html", context)
+    if is_admin(request.user):
+        context.update(deploy_forms.deploy_context())
+    context.update(extra or {})
+    return _page(request, "model_detail.html", context, status=status)
 
 
 GATEWAY_WINDOW = timedelta(minutes=10)

@@ -274,3 +274,21 @@ def report_observed_state(deployment: Deployment, state: ObservedState, message:
     Deployment.objects.filter(pk=deployment.pk).update(**changes)
     deployment.refresh_from_db()
     return deployment
+
+
+class DeploymentRunning(ValueError):
+    """A deployment meant to run was to be deleted: it is stopped first."""
+
+
+@transaction.atomic
+def delete_stopped_deployment(deployment: Deployment) -> None:
+    """Delete ``deployment`` if it is meant to be stopped; raise ``DeploymentRunning`` otherwise.
+
+    The dashboard's Delete: its desired state is read under the host's lock and the row's, in the
+    order every deployment writer takes them, so that a Start committed meanwhile is seen."""
+    _lock_host(deployment.host_id)
+    Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+    deployment.refresh_from_db(fields=["desired_state"])
+    if deployment.desired_state != DesiredState.STOPPED:
+        raise DeploymentRunning(f"Deployment {deployment.pk} is meant to run: stop it before deleting it.")
+    deployment.delete()

@@ -46,7 +46,8 @@ class Conflict(APIException):
 NAMED_PER_KIND = 10
 
 
-def _still_used(exc: ProtectedError) -> str:
+def still_used(exc: ProtectedError) -> str:
+    """The 409's message: what still refers to the row (the dashboard shows the same)."""
     kinds: dict[str, list[str]] = {}  # verbose_name_plural -> primary keys
     for obj in exc.protected_objects:
         kinds.setdefault(str(obj._meta.verbose_name_plural), []).append(str(obj.pk))
@@ -71,5 +72,5 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         exc = PayloadTooLarge(f"Request body is larger than {limit} bytes.")
     elif isinstance(exc, ProtectedError):
-        exc = Conflict(_still_used(exc))
+        exc = Conflict(still_used(exc))
     return drf_exception_handler(exc, context)
