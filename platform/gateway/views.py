@@ -49,8 +49,8 @@ def playground_key(request: HttpRequest) -> JsonResponse:
         except ApiKeyLimitReached as full:
             detail = (
                 f"The playground needs an API key of its own, and you have {full.live} live API keys, "
-                f"the most a user may hold ({full.limit}); revoke one at /api/v1/api-keys/ "
-                "(POST /api/v1/api-keys/{id}/revoke/) to use the playground."
+                f"the most a user may hold ({full.limit}); revoke one on the API keys page "
+                "(/api-keys/) to use the playground."
             )
             return JsonResponse({"detail": detail}, status=409)
         request.session[SESSION_KEY] = secret

@@ -305,7 +305,7 @@ def test_a_refused_playground_key_is_shown_and_nothing_is_sent(
     idle(page)
     error = page.inner_text("#pg-error")
     assert f"you have {settings.API_KEYS_PER_USER} live API keys" in error
-    assert "revoke one at /api/v1/api-keys/" in error and "to use the playground" in error
+    assert "revoke one on the API keys page (/api-keys/)" in error and "to use the playground" in error
     assert page.evaluate("() => window.__requests.length") == 0
     assert transcript(page) == [] and page.input_value("#pg-input") == "hello"
     assert db_call(lambda: ApiKey.objects.filter(name="playground").count()) == 0

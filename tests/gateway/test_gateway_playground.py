@@ -108,7 +108,7 @@ def test_with_the_limit_full_of_the_users_own_keys_it_answers_409_and_issues_not
     response = playground_key(bob)
     assert response.status_code == 409
     detail = response.json()["detail"]
-    assert "you have 10 live API keys" in detail and "/api/v1/api-keys/" in detail
+    assert "you have 10 live API keys" in detail and "the API keys page (/api-keys/)" in detail
     assert "to use the playground" in detail
     assert ApiKey.objects.filter(owner=bob).count() == 10
     assert all(not key.revoked for key in ApiKey.objects.filter(pk__in=[k.pk for k in own]))
