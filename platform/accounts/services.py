@@ -138,6 +138,11 @@ class ApiKeyLimitReached(Exception):
         self.live = live
         self.limit = limit
 
+    @property
+    def advice(self) -> str:
+        """What a user creating a key is told (the API's 400, the dashboard's form error)."""
+        return f"You have {self}; revoke one first."
+
 
 @transaction.atomic
 def create_api_key_within_limit(

@@ -44,11 +44,7 @@ def key_create(request: HttpRequest) -> HttpResponse:
                 request.user, data["name"], data.get("requests_per_minute"), data.get("tokens_per_day")
             )
         except services.ApiKeyLimitReached as full:
-            message = (
-                f"You have {full.live} live API keys, the most a user may hold ({full.limit}); "
-                "revoke one first."
-            )
-            errors = {"non_field_errors": [message]}
+            errors = {"non_field_errors": [full.advice]}
         else:
             response = _keys_page(request, created=issued.record, secret=issued.plaintext, status=201)
             add_never_cache_headers(response)  # no copy of the secret in a cache or the history

@@ -100,6 +100,31 @@ def test_a_deployment_deleted_during_retention_is_deleted_and_the_pass_stores_th
     assert not EngineSample.objects.exists() and not DeviceMinute.objects.exists()
 
 
+def race_retention_holding_devices(monkeypatch: pytest.MonkeyPatch, name: str, work: Any) -> list[str]:
+    """Run a retention pass paused right after it locked the devices it folds, start ``work`` in a
+    thread of its own, let the pass go on once ``work`` waits for a lock; the errors of both."""
+    paused, go_on, errors = threading.Event(), threading.Event(), list[str]()
+    lock_keys = retention._lock_keys
+
+    def lock_keys_pausing(model: Any, pks: set[int]) -> set[int]:
+        out = lock_keys(model, pks)
+        if model is Device:
+            paused.set()
+            assert go_on.wait(30)
+        return out
+
+    monkeypatch.setattr(retention, "_lock_keys", lock_keys_pausing)
+    threads = [in_thread("retention", retention.downsample_and_prune, errors)]
+    assert paused.wait(30)
+    threads.append(in_thread(name, work, errors))
+    wait_until_blocked(None)  # it waits for the pass
+    go_on.set()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+    return errors
+
+
 def test_a_device_an_agent_no_longer_reports_is_deleted_during_retention_without_a_deadlock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -113,27 +138,9 @@ def test_a_device_an_agent_no_longer_reports_is_deleted_during_retention_without
     DeviceSample.objects.create(
         device=gone, ts=timezone.now() - timedelta(hours=1), memory_used_bytes=1, memory_free_bytes=1
     )
-    paused, go_on, errors = threading.Event(), threading.Event(), list[str]()
-    lock_keys = retention._lock_keys
-
-    def lock_keys_pausing(model: Any, pks: set[int]) -> set[int]:
-        out = lock_keys(model, pks)
-        if model is Device:
-            paused.set()
-            assert go_on.wait(30)
-        return out
-
-    monkeypatch.setattr(retention, "_lock_keys", lock_keys_pausing)
     one = parse_frame(register_frame(gpus=1))
     assert isinstance(one, Register)
-    threads = [in_thread("retention", retention.downsample_and_prune, errors)]
-    assert paused.wait(30)
-    threads.append(in_thread("register", lambda: services.register(host, one), errors))
-    wait_until_blocked(None)  # the register waits for the pass
-    go_on.set()
-    for t in threads:
-        t.join(timeout=60)
-        assert not t.is_alive()
+    errors = race_retention_holding_devices(monkeypatch, "register", lambda: services.register(host, one))
 
     assert errors == []
     assert list(Device.objects.values_list("index", flat=True)) == [0]
@@ -165,25 +172,7 @@ def test_a_host_or_device_deleted_during_retention_is_deleted_without_a_deadlock
     DeviceSample.objects.create(
         device=device, ts=timezone.now() - timedelta(hours=1), memory_used_bytes=1, memory_free_bytes=1
     )
-    paused, go_on, errors = threading.Event(), threading.Event(), list[str]()
-    lock_keys = retention._lock_keys
-
-    def lock_keys_pausing(model: Any, pks: set[int]) -> set[int]:
-        out = lock_keys(model, pks)
-        if model is Device:
-            paused.set()
-            assert go_on.wait(30)
-        return out
-
-    monkeypatch.setattr(retention, "_lock_keys", lock_keys_pausing)
-    threads = [in_thread("retention", retention.downsample_and_prune, errors)]
-    assert paused.wait(30)
-    threads.append(in_thread("delete", lambda: delete(host.pk), errors))
-    wait_until_blocked(None)  # the delete waits for the pass
-    go_on.set()
-    for t in threads:
-        t.join(timeout=60)
-        assert not t.is_alive()
+    errors = race_retention_holding_devices(monkeypatch, "delete", lambda: delete(host.pk))
 
     assert errors == []
     assert not Device.objects.exists() and not DeviceSample.objects.exists()

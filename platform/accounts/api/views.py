@@ -111,11 +111,7 @@ class ApiKeyViewSet(
                 request.user, data["name"], data.get("requests_per_minute"), data.get("tokens_per_day")
             )
         except services.ApiKeyLimitReached as full:
-            message = (
-                f"You have {full.live} live API keys, the most a user may hold ({full.limit}); "
-                "revoke one first."
-            )
-            raise ValidationError({"non_field_errors": [message]}) from None
+            raise ValidationError({"non_field_errors": [full.advice]}) from None
         issued.record.secret = issued.plaintext
         return Response(IssuedApiKeySerializer(issued.record).data, status=status.HTTP_201_CREATED)
 
