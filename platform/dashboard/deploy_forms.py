@@ -20,6 +20,9 @@ from dashboard.forms import Errors, field_errors
 DEPLOY_FIELDS = ("host", "gpus")
 # The API's field -> the form's input it is shown beside.
 _SHOWN_AT = {"devices": "gpus"}
+# The largest index a device may have (Device.index is a PositiveSmallIntegerField): a larger one
+# names no GPU, and SQLite cannot compare with one past 64 bits (OverflowError: a 500).
+_MAX_INDEX = 32767
 
 
 def deploy_context(values: dict[str, str] | None = None, errors: Errors | None = None) -> dict[str, Any]:
@@ -37,7 +40,7 @@ def _indices(text: str) -> list[int]:
     """``"0, 1"`` -> ``[0, 1]``; ValueError naming the entry that is not an index."""
     out = []
     for part in text.replace(",", " ").split():
-        if not part.isdigit():
+        if not part.isdecimal():  # isdigit() takes "²", which int() refuses
             raise ValueError(f"Not a GPU index: {part!r} (list indices such as 0,1).")
         out.append(int(part))
     return out
@@ -59,7 +62,8 @@ def deploy_serializer(post: QueryDict, model: ServedModel) -> tuple[DeploymentSe
         return None, {**errors, "gpus": ["List the GPU indices to deploy on (such as 0,1)."]}
     if host is None:
         return None, errors
-    by_index = dict(Device.objects.filter(host=host, index__in=indices).values_list("index", "pk"))
+    known = [i for i in indices if i <= _MAX_INDEX]
+    by_index = dict(Device.objects.filter(host=host, index__in=known).values_list("index", "pk"))
     missing = sorted({i for i in indices if i not in by_index})
     if missing:
         named = ", ".join(map(str, missing))

@@ -54,6 +54,8 @@ def _set_state(request: HttpRequest, pk: int, state: DesiredState, verb: str) ->
         services.update_deployment(deployment, desired_state=state)
     except services.PlacementError as exc:  # a Start whose devices another deployment took (the API: 400)
         return _refused(request, deployment.model, f"Deployment {pk} not {verb}: {exc}", 400)
+    except Deployment.DoesNotExist:  # deleted by another request since it was read
+        raise Http404("No such deployment.") from None
     return _back(request, deployment.model_id, f"Deployment {pk} {verb}.")
 
 

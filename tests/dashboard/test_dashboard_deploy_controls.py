@@ -4,8 +4,12 @@ nothing. A viewer is shown none of these controls and is refused a forged post."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from dashboard import deploy_views
 from deployments.models import Deployment, DesiredState, ObservedState
+from django.shortcuts import get_object_or_404
 from django.test import Client
 from inventory.models import Device, Host, HostStatus
 from inventory.services import register_host
@@ -70,8 +74,19 @@ def test_an_admin_deploys_a_model_on_gpus_of_a_host(
         ("0", 1, "Devices already used by: tiny@sim-a."),
         ("1", 2, "Model tiny needs 2 device(s) (its tensor-parallel size); got 1."),
         ("1,1", 1, "A device is listed twice."),
+        ("99999999999999999999", 1, "Host sim-a has no GPU 99999999999999999999."),
+        ("\u00b2", 1, "Not a GPU index: &#x27;\u00b2&#x27; (list indices such as 0,1)."),
     ],
-    ids=["no-such-gpu", "not-an-index", "none", "gpu-in-use", "fewer-than-tp", "twice"],
+    ids=[
+        "no-such-gpu",
+        "not-an-index",
+        "none",
+        "gpu-in-use",
+        "fewer-than-tp",
+        "twice",
+        "huge",
+        "superscript",
+    ],
 )
 def test_a_refused_deploy_shows_the_error_beside_the_gpus_and_creates_nothing(
     admin_client: Client, deployment: Deployment, gpus: str, tp: int, error: str
@@ -129,6 +144,20 @@ def test_a_start_on_devices_another_deployment_took_is_refused(
     )
     deployment.refresh_from_db()
     assert deployment.desired_state == DesiredState.STOPPED
+
+
+@pytest.mark.parametrize("action", ["stop", "start", "delete"])
+def test_a_deployment_deleted_since_it_was_read_is_a_404(
+    admin_client: Client, deployment: Deployment, action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def read_then_deleted(*args: Any, **kwargs: Any) -> Any:  # another request deletes it meanwhile
+        found = get_object_or_404(*args, **kwargs)
+        Deployment.objects.filter(pk=found.pk).delete()
+        return found
+
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)
+    monkeypatch.setattr(deploy_views, "get_object_or_404", read_then_deleted)
+    assert admin_client.post(f"/deployments/{deployment.pk}/{action}/").status_code == 404
 
 
 def test_a_running_deployment_is_not_deleted(admin_client: Client, deployment: Deployment) -> None:
