@@ -111,15 +111,18 @@ async def _one(
     rid: str,
     start: float,
     progress: tuple[int, asyncio.Event] | None = None,
+    log: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Stream one request; with `progress` = (n, event), set the event once n tokens arrived."""
+    """Stream one request; with `progress` = (n, event), set the event once n tokens arrived.
+    With `log`, append the request's submit and first-token times in wall-clock seconds (the
+    clock of benchmarks/steptrace_sched.py's engine-side trace)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     sp = SamplingParams(
         temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA
     )
-    t0 = time.perf_counter()
+    wall0, t0 = time.time(), time.perf_counter()
     stamps: list[float] = []
     n_prompt = 0
     async for out in llm.generate(prompt, sp, request_id=rid):
@@ -128,6 +131,8 @@ async def _one(
         if progress is not None and len(stamps) >= progress[0]:
             progress[1].set()
         n_prompt = max(n_prompt, len(out.prompt_token_ids or []))
+    if log is not None and stamps:
+        log.append({"id": rid, "submit": wall0, "first": wall0 + stamps[0] - t0})
     return {"id": rid, "submit": t0 - start, "stamps": [s - start for s in stamps], "prompt_tokens": n_prompt}
 
 
@@ -136,23 +141,24 @@ def _shorts(cfg: dict[str, Any]) -> list[str]:
     return engines.make_prompts(cfg["n_short"], seed=8, min_words=6, max_words=20)
 
 
-async def _workload(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, Any]:
+async def _workload(
+    llm: Any, cfg: dict[str, Any], tag: str, log: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     longs = engines.make_prompts(cfg["n_long"], seed=7, min_words=20, max_words=40)
     shorts = _shorts(cfg)
     # Warm up (first forward passes allocate and JIT).
     await _one(llm, "warm up", 4, f"warm-{tag}", time.perf_counter())
     start = time.perf_counter()
     halfway = asyncio.Event()
+    progress = (cfg["burst_after_tokens"], halfway)
     tasks = [
-        asyncio.create_task(
-            _one(llm, p, cfg["long_tokens"], f"long-{tag}-{i}", start, (cfg["burst_after_tokens"], halfway))
-        )
+        asyncio.create_task(_one(llm, p, cfg["long_tokens"], f"long-{tag}-{i}", start, progress, log))
         for i, p in enumerate(longs)
     ]
     await halfway.wait()
     burst_at = time.perf_counter() - start
     tasks += [
-        asyncio.create_task(_one(llm, p, cfg["short_tokens"], f"short-{tag}-{i}", start))
+        asyncio.create_task(_one(llm, p, cfg["short_tokens"], f"short-{tag}-{i}", start, log=log))
         for i, p in enumerate(shorts)
     ]
     results = await asyncio.gather(*tasks)
@@ -174,12 +180,17 @@ async def _workload(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, Any]:
     }
 
 
-async def _idle_burst(llm: Any, cfg: dict[str, Any], tag: str) -> dict[str, float]:
+async def _idle_burst(
+    llm: Any, cfg: dict[str, Any], tag: str, log: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
     """The workload's burst of shorts sent to an idle engine: its TTFT with no long request in the
     way (the scheduler still decides how the waves of `max_num_seqs` shorts share the slots)."""
     start = time.perf_counter()
     results = await asyncio.gather(
-        *(_one(llm, p, cfg["short_tokens"], f"idle-{tag}-{i}", start) for i, p in enumerate(_shorts(cfg)))
+        *(
+            _one(llm, p, cfg["short_tokens"], f"idle-{tag}-{i}", start, log=log)
+            for i, p in enumerate(_shorts(cfg))
+        )
     )
     ttft = [r["stamps"][0] - r["submit"] for r in results]
     return {"ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99)}
@@ -199,7 +210,9 @@ NOOP_CONNECTOR = {
 }
 
 
-def _make(name: str, cfg: dict[str, Any]) -> tuple[Any, Path, float]:
+def _make(name: str, cfg: dict[str, Any], trace_file: str | None = None) -> tuple[Any, Path, float]:
+    """Start engine `name` (see VARIANTS); with `trace_file`, its scheduler is the traced
+    variant of benchmarks/steptrace_sched.py, writing there."""
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -215,6 +228,10 @@ def _make(name: str, cfg: dict[str, Any]) -> tuple[Any, Path, float]:
         kwargs["kv_transfer_config"] = engines.aqua_kv_transfer(dram_bytes=1 << 30, stats_dir=str(stats))
     if name == "default_with_noop_connector":
         kwargs["kv_transfer_config"] = dict(NOOP_CONNECTOR)
+    if trace_file is not None:
+        traced = "TracingAquaScheduler" if "scheduler_cls" in kwargs else "TracingScheduler"
+        kwargs["scheduler_cls"] = f"benchmarks.steptrace_sched.{traced}"
+        kwargs["additional_config"] = {**kwargs.get("additional_config", {}), "steptrace_file": trace_file}
     args = AsyncEngineArgs(
         model=str(model),
         dtype="float32",
@@ -329,6 +346,22 @@ async def _resume_costs(llm: Any, stats: Path) -> dict[str, float]:
     }
 
 
+def burst_config(quick: bool) -> dict[str, Any]:
+    """The engines' and the workload's settings (--quick: shorter outputs, a smaller burst)."""
+    long_tokens = 160 if quick else 320
+    return {
+        "n_long": 8,
+        "long_tokens": long_tokens,
+        "n_short": 8 if quick else 16,
+        "short_tokens": 8,
+        "burst_after_tokens": long_tokens // 2,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 256,
+        "max_model_len": 512,
+        "kv_tokens": 8 * 512,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="a short run (under 3 minutes)")
@@ -342,17 +375,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else FULL_ROUNDS)
-    cfg = {
-        "n_long": 8,
-        "long_tokens": 160 if args.quick else 320,
-        "n_short": 8 if args.quick else 16,
-        "short_tokens": 8,
-        "burst_after_tokens": (160 if args.quick else 320) // 2,
-        "max_num_seqs": 8,
-        "max_num_batched_tokens": 256,
-        "max_model_len": 512,
-        "kv_tokens": 8 * 512,
-    }
+    cfg = burst_config(args.quick)
     t0 = time.perf_counter()
     # --quick starts only the two engines the headline ratios compare: on a slow 2-core machine
     # an engine takes 30-55 s to start, and five of them alone outran the 3-minute budget.
