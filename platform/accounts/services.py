@@ -224,8 +224,26 @@ def authenticate_api_key(plaintext: str) -> ApiKey | None:
 
 
 def revoke_api_key(key: ApiKey) -> ApiKey:
-    """Mark the key revoked (idempotent); it stops authenticating immediately."""
-    ApiKey.objects.filter(pk=key.pk).update(revoked=True)
+    """Mark the key revoked (idempotent); it stops authenticating immediately.
+
+    Raises:
+        ApiKey.DoesNotExist: the key was deleted meanwhile (with its owner).
+    """
+    if not ApiKey.objects.filter(pk=key.pk).update(revoked=True):
+        raise ApiKey.DoesNotExist(f"API key {key.pk} no longer exists")
+    key.refresh_from_db()
+    return key
+
+
+def update_api_key(key: ApiKey, changes: dict[str, Any]) -> ApiKey:
+    """Write ``changes`` (name, quotas) to the key, and only them: a revoke or a use recorded since
+    ``key`` was read is kept.
+
+    Raises:
+        ApiKey.DoesNotExist: the key was deleted meanwhile (with its owner); nothing was written.
+    """
+    if changes and not ApiKey.objects.filter(pk=key.pk).update(**changes):
+        raise ApiKey.DoesNotExist(f"API key {key.pk} no longer exists")
     key.refresh_from_db()
     return key
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from accounts import services
+from accounts.models import ApiKey
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
@@ -57,7 +58,10 @@ def key_create(request: HttpRequest) -> HttpResponse:
 @role_required
 def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     key = get_object_or_404(services.api_keys_visible_to(request.user), pk=pk)  # others': 404
-    services.revoke_api_key(key)
+    try:
+        services.revoke_api_key(key)
+    except ApiKey.DoesNotExist:  # deleted (with its owner) since it was read
+        raise Http404("No such API key.") from None
     request.session[NOTICE] = f"Revoked {key.name} ({key.prefix}…)."
     return HttpResponseRedirect(reverse("dashboard:api-keys"))
 

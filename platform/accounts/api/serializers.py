@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from accounts.models import ApiKey, ApiToken
 from accounts.roles import is_admin
-from accounts.services import PLAYGROUND_KEY_NAME
+from accounts.services import PLAYGROUND_KEY_NAME, update_api_key
 from core.serializers import StrictModelSerializer
 
 QUOTA_FIELDS = ("requests_per_minute", "tokens_per_day")
@@ -55,6 +55,10 @@ class ApiKeySerializer(StrictModelSerializer):
             if errors:
                 raise serializers.ValidationError(errors)
         return attrs
+
+    def update(self, instance: ApiKey, validated_data: dict[str, Any]) -> ApiKey:
+        # Not instance.save(): it would write back a stale `revoked`, and re-insert a deleted key.
+        return update_api_key(instance, validated_data)
 
 
 class IssuedApiKeySerializer(ApiKeySerializer):

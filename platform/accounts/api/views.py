@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import Throttled
+from rest_framework.exceptions import NotFound, Throttled
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -118,10 +118,19 @@ class ApiKeyViewSet(
     @extend_schema(request=None, responses=ApiKeySerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str | None = None) -> Response:
-        key = services.revoke_api_key(self.get_object())
+        try:
+            key = services.revoke_api_key(self.get_object())
+        except ApiKey.DoesNotExist:  # deleted (with its owner) since get_object() read it
+            raise NotFound("No ApiKey matches the given query.") from None
         return Response(ApiKeySerializer(key, context=self.get_serializer_context()).data)
 
     def get_serializer(self, *args: Any, **kwargs: Any) -> BaseSerializer[Any]:
         if self.action in ("update", "partial_update"):
             kwargs["partial"] = True
         return super().get_serializer(*args, **kwargs)
+
+    def perform_update(self, serializer: BaseSerializer[ApiKey]) -> None:
+        try:
+            serializer.save()
+        except ApiKey.DoesNotExist:  # deleted (with its owner) since get_object() read it
+            raise NotFound("No ApiKey matches the given query.") from None
