@@ -28,6 +28,7 @@ from jobs.api.serializers import describe_kinds
 from jobs.models import Job
 from jobs.registry import JobRefused
 from planning.applying import PlanConflict, PlanNotApplicable, apply_plan
+from planning.applying import refusal as plan_refusal
 from planning.models import PlacementPlan
 from registry.models import ServedModel
 from rest_framework.exceptions import ValidationError
@@ -217,6 +218,8 @@ def _job_page(request: HttpRequest, job: Job, refusal: str = "", status: int = 2
     context = {
         "job": job,
         "plan": plan,
+        # Why an Apply would be refused now (a stale plan): then the page offers none.
+        "stale": plan_refusal(plan) if plan is not None else None,
         "grid": grid,
         "gpu_columns": range(max((len(row["cells"]) for row in grid), default=0)),
         "notice": request.session.pop("dashboard_notice", None),

@@ -20,7 +20,8 @@ model to a host that is offline now (its agent is gone: the model would not run 
 whose model names now belongs to another model than the one it was computed for. Applies take
 every host's row lock first (the lock deployment writes take, in host order), so two applies run
 one after the other and the second sees the first's deployments; either every change is made or
-none.
+none. `refusal` runs the same checks without writing, for the dashboard, which offers no Apply for a
+plan an apply would refuse.
 """
 
 from __future__ import annotations
@@ -84,26 +85,12 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
             "Run a new place job to change the placement.",
         )
     _lock_hosts()
-    planned = set(plan.assignments)
-    _check_same_models(row)
-    seen: set[str] = set()
-    extras: list[Deployment] = []  # second running deployments of planned models
-    for d in running_deployments():
-        if d.model.name in planned:
-            if d.model.name in seen:
-                extras.append(d)
-            seen.add(d.model.name)
-    moves = diff(current_placement(planned), plan)
-    if not moves and not extras:
+    checked = _check(row, plan)
+    if checked is None:
         row.applied_at, row.applied_by = timezone.now(), user
         row.save(update_fields=["applied_at", "applied_by"])
         return ApplyOutcome(False, [], "The deployments already match this plan; nothing changed.")
-    if fingerprint() != row.fingerprint:
-        raise PlanConflict(
-            "The deployments changed since this plan was computed (another plan was applied or a "
-            "deployment was edited); run a new place job."
-        )
-    targets = _targets(moves)
+    moves, extras, targets = checked
     try:
         _execute(moves, extras, targets)
     except deployments.PlacementError as exc:
@@ -115,6 +102,51 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
         {"model": d.model.name, "kind": "stop", "from_server": d.host.name, "to_server": None} for d in extras
     ]
     return ApplyOutcome(True, done, f"Applied {len(done)} change(s).")
+
+
+def refusal(row: PlacementPlan) -> str | None:
+    """Why `apply_plan` would refuse ``row``'s plan as of now (its `PlanConflict` message), or
+    ``None``: it would apply it, find it already in effect, or (applied before) change nothing.
+    Read without locks, for a page that offers Apply: an apply decides again under its locks, and
+    the deployments may still refuse a change then."""
+    if row.applied_at is not None:
+        return None
+    try:
+        _check(row, Plan.from_dict(row.plan))
+    except PlanConflict as exc:
+        return str(exc)
+    return None
+
+
+_Checked = tuple[list[Any], list[Deployment], dict[str, "_Target"]]
+
+
+def _check(row: PlacementPlan, plan: Plan) -> _Checked | None:
+    """What applying ``plan`` (``row``'s) to today's deployments takes: its moves, the second
+    running deployments of planned models to stop, and where each started or moved model goes;
+    ``None`` when the deployments already match it. Writes nothing.
+
+    Raises:
+        PlanConflict: the plan is stale, or refers to models, hosts or GPUs that changed.
+    """
+    planned = set(plan.assignments)
+    _check_same_models(row)
+    seen: set[str] = set()
+    extras: list[Deployment] = []  # second running deployments of planned models
+    for d in running_deployments():
+        if d.model.name in planned:
+            if d.model.name in seen:
+                extras.append(d)
+            seen.add(d.model.name)
+    moves = diff(current_placement(planned), plan)
+    if not moves and not extras:
+        return None
+    if fingerprint() != row.fingerprint:
+        raise PlanConflict(
+            "The deployments changed since this plan was computed (another plan was applied or a "
+            "deployment was edited); run a new place job."
+        )
+    return moves, extras, _targets(moves)
 
 
 def _check_same_models(row: PlacementPlan) -> None:
