@@ -36,6 +36,18 @@ def other_user(db: None) -> User:
     return make_user("charlie", Role.VIEWER)
 
 
+def issued_form(client: Client) -> str:
+    """The one-time value of the New key form on the page the client loads now."""
+    found = re.search(r'<input type="hidden" name="form" value="([^"]+)">', client.get(PAGE).content.decode())
+    assert found, "no form value on the page"
+    return found.group(1)
+
+
+def post_form(client: Client, fields: dict[str, str]) -> Any:
+    """What a browser posts: the form of a freshly loaded page, filled in with ``fields``."""
+    return client.post(NEW, {"form": issued_form(client), **fields})
+
+
 def _secret(response: Any) -> str:
     found = re.search(r'<code id="new-secret">([^<]+)</code>', response.content.decode())
     assert found, "no secret on the page"
@@ -76,7 +88,7 @@ def test_an_admin_sees_every_users_keys_as_in_the_api(
 def test_a_viewer_creates_a_key_whose_secret_is_shown_once_and_works_for_v1(
     viewer_client: Client, viewer_user: User, settings: Any
 ) -> None:
-    response = viewer_client.post(NEW, {"name": "notebook", "requests_per_minute": "", "tokens_per_day": ""})
+    response = post_form(viewer_client, {"name": "notebook", "requests_per_minute": "", "tokens_per_day": ""})
     assert response.status_code == 201
     assert "no-store" in response["Cache-Control"]
     secret = _secret(response)
@@ -98,7 +110,7 @@ def test_a_viewer_creates_a_key_whose_secret_is_shown_once_and_works_for_v1(
 
 
 def test_an_admin_sets_quotas_on_a_new_key(admin_client: Client, admin_user: User) -> None:
-    response = admin_client.post(NEW, {"name": "batch", "requests_per_minute": "5", "tokens_per_day": "700"})
+    response = post_form(admin_client, {"name": "batch", "requests_per_minute": "5", "tokens_per_day": "700"})
     assert response.status_code == 201
     key = ApiKey.objects.get(owner=admin_user)
     assert (key.requests_per_minute, key.tokens_per_day) == (5, 700)
@@ -120,7 +132,7 @@ def test_bad_input_gets_the_apis_field_errors_and_creates_nothing(role: Role, fo
     user = make_user("dora", role)
     client = Client()
     client.force_login(user)
-    response = client.post(NEW, form)
+    response = post_form(client, form)
     assert response.status_code == 400
     errors = field_errors(response)
 
@@ -136,7 +148,7 @@ def test_bad_input_gets_the_apis_field_errors_and_creates_nothing(role: Role, fo
 
 
 def test_the_reserved_name_says_why(viewer_client: Client) -> None:
-    errors = field_errors(viewer_client.post(NEW, {"name": "playground"}))
+    errors = field_errors(post_form(viewer_client, {"name": "playground"}))
     assert errors["name"] == [
         "'playground' is reserved for the chat playground's own keys; choose another name."
     ]
@@ -148,7 +160,7 @@ def test_at_the_key_limit_it_says_so_and_creates_nothing(
     settings.API_KEYS_PER_USER = 2
     for name in ("one", "two"):
         create_api_key(viewer_user, name)
-    response = viewer_client.post(NEW, {"name": "three"})
+    response = post_form(viewer_client, {"name": "three"})
     assert response.status_code == 400
     assert field_errors(response) == {
         "non_field_errors": ["You have 2 live API keys, the most a user may hold (2); revoke one first."]
