@@ -33,6 +33,7 @@ import time
 import uuid
 from importlib import import_module
 from typing import Any
+from urllib.parse import parse_qs
 
 from accounts.models import User
 from accounts.roles import role_of
@@ -46,7 +47,7 @@ from django.utils import timezone
 from jobs.models import Job
 from registry.models import ServedModel
 
-from dashboard import snapshots
+from dashboard import job_pages, snapshots
 from dashboard.deltas import Throttle, diff, push_interval_s
 from gpu_agent.protocol import Command
 
@@ -243,12 +244,23 @@ class OverviewConsumer(SnapshotConsumer):
 
 
 class JobsConsumer(SnapshotConsumer):
-    """``/ws/dashboard/jobs/``: the newest jobs' status and progress."""
+    """``/ws/dashboard/jobs/``: the newest jobs' status and progress. ``?through=<pk>``: the jobs of a
+    page of older jobs instead, the newest ``JOBS_SHOWN`` up to that one (job_pages), so that the
+    page never hears of newer jobs; a ``through`` that is not a job id refuses the socket."""
 
     stream = "jobs"
+    through: int | None = None
+
+    async def prepare(self) -> bool:
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        values = query.get("through")
+        if values is None:
+            return True
+        self.through = job_pages.parse_id(values[0]) if len(values) == 1 else None
+        return self.through is not None
 
     async def read(self) -> snapshots.Snapshot:
-        return await database_sync_to_async(snapshots.jobs)()
+        return await database_sync_to_async(snapshots.jobs)(self.through)
 
 
 class JobConsumer(SnapshotConsumer):

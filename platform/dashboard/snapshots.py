@@ -145,9 +145,13 @@ def job_row(job: Job) -> dict[str, Any]:
     }
 
 
-def jobs() -> Snapshot:
-    """The newest jobs (``job:<pk>``): status and progress."""
-    return {f"job:{job.pk}": job_row(job) for job in Job.objects.order_by("-pk")[:JOBS_SHOWN]}
+def jobs(through: int | None = None) -> Snapshot:
+    """The newest ``JOBS_SHOWN`` jobs (``job:<pk>``), or with ``through`` the newest up to that
+    one (the rows of a page of older jobs): status and progress."""
+    listed = Job.objects.order_by("-pk")
+    if through is not None:
+        listed = listed.filter(pk__lte=through)
+    return {f"job:{job.pk}": job_row(job) for job in listed[:JOBS_SHOWN]}
 
 
 def job(pk: int) -> Snapshot:

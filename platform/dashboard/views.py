@@ -33,7 +33,7 @@ from planning.models import PlacementPlan
 from registry.models import ServedModel
 from rest_framework.exceptions import ValidationError
 
-from dashboard import deploy_forms, forms, snapshots
+from dashboard import deploy_forms, forms, job_pages, snapshots
 from dashboard.assets import PLOTLY_VERSION
 
 View = Callable[..., HttpResponse]
@@ -172,12 +172,13 @@ def _dtypes() -> list[str]:
 @require_safe
 @role_required
 def job_list(request: HttpRequest) -> HttpResponse:
-    context = {
-        "jobs": Job.objects.order_by("-pk")[: snapshots.JOBS_SHOWN],
-        "kinds": describe_kinds(),
-        "errors": {},
-        "values": {},
-    }
+    """The newest jobs, live; ``?page=N`` older ones (job_pages). A bad page is refused on the page."""
+    context: dict[str, Any] = {"kinds": describe_kinds(), "errors": {}, "values": {}}
+    try:
+        context.update(job_pages.jobs_page(request.GET.get("page")))
+    except job_pages.PageRefused as exc:
+        context.update(refusal=str(exc), pages=exc.pages)
+        return _page(request, "jobs.html", context, status=exc.status)
     return _page(request, "jobs.html", context)
 
 
@@ -197,7 +198,7 @@ def job_start(request: HttpRequest) -> HttpResponse:
 
 def _refused_job_form(request: HttpRequest, errors: forms.Errors) -> HttpResponse:
     context = {
-        "jobs": Job.objects.order_by("-pk")[: snapshots.JOBS_SHOWN],
+        **job_pages.jobs_page(None),
         "kinds": describe_kinds(),
         "errors": errors,
         "values": {"kind": request.POST.get("kind", ""), "params": request.POST.get("params", "")},

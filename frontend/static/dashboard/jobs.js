@@ -1,8 +1,12 @@
 // Job rows: status and progress bars updated from the jobs socket.
+// The list's first page (jobs.html) lists new jobs as they come; a page of older jobs (data-older,
+// ?page=2...) only updates the rows it was loaded with; a job's own page (data-only), its one row.
 "use strict";
 (function () {
   const table = document.getElementById("jobs");
   const only = table.dataset.only;
+  const older = table.dataset.older !== undefined;
+  const fixed = Boolean(only) || older;  // no row is added or dropped
   const state = {};
   // Newest first, as the page lists them: a frame may bring several new jobs, in any key order.
   function insert(row) {
@@ -24,18 +28,28 @@
       table.tBodies[0].appendChild(row);
     }
   }
+  // The first page's "Older" link, once new jobs pushed listed ones to page 2: the stream is full
+  // (it carries the newest data-shown jobs) and a row left it.
+  function showOlder() {
+    const pager = document.getElementById("jobs-pager");
+    if (!pager || Object.keys(state).length < Number(table.dataset.shown)) return;
+    pager.hidden = false;
+    document.getElementById("older-jobs").hidden = false;
+  }
   function update() {
-    if (!only) {
+    if (!fixed) {
       // A job that left the stream (no longer among the newest) would keep its last status forever.
+      let dropped = false;
       for (const row of [...table.tBodies[0].rows]) {
-        if (row.dataset.job && !(("job:" + row.dataset.job) in state)) row.remove();
+        if (row.dataset.job && !(("job:" + row.dataset.job) in state)) { row.remove(); dropped = true; }
       }
+      if (dropped) showOlder();
     }
     for (const [key, job] of Object.entries(state)) {
       const id = key.split(":")[1];
       if (only && id !== only) continue;
       let row = table.querySelector('tr[data-job="' + id + '"]');
-      if (!row && !only) {
+      if (!row && !fixed) {
         row = document.createElement("tr");
         row.dataset.job = id;
         row.innerHTML = '<td><a href="/jobs/' + id + '/">' + id + '</a></td><td></td><td class="status"></td>' +
@@ -56,7 +70,7 @@
         setTimeout(function () { location.reload(); }, 500);  // show the result
       }
     }
-    if (!only) showEmpty();
+    if (!fixed) showEmpty();
   }
   Live.open(table.dataset.socket, function (message) {
     Live.applyDelta(state, message);
