@@ -1,5 +1,5 @@
 """The dashboard's scripts against crafted socket frames: hostile strings stay text, new rows land in
-order, and a reconnect's snapshot replaces what the page showed.
+order (never on a page of older jobs), and a reconnect's snapshot replaces what the page showed.
 
 A stand-in ``WebSocket`` (installed before the page's scripts run) lets the test deliver frames and
 drop the connection; the pages themselves come from the real server.
@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 from accounts.models import User
+from dashboard.snapshots import JOBS_SHOWN
+from jobs.models import Job, JobStatus
 
-from tests.browser.conftest import sign_in
+from tests.browser.conftest import db_call, sign_in
 from tests.fleet.servers import AsgiServer
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -119,3 +121,30 @@ def test_the_gpu_map_draws_an_unknown_host_from_a_delta_and_resyncs_on_reconnect
     page.evaluate("() => window.__push({type: 'snapshot', data: {}})")
     assert page.locator("section.host").count() == 0  # the host went away while the socket was down
     assert page.locator("#hosts .empty").inner_text() == "No hosts yet."
+
+
+def test_a_page_of_older_jobs_only_updates_its_rows_and_page_one_offers_older_once_jobs_fall_off(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    def make(count: int) -> list[int]:
+        Job.objects.bulk_create([Job(kind="noop", status=JobStatus.RUNNING) for _ in range(count)])
+        return list(Job.objects.order_by("pk").values_list("pk", flat=True))
+
+    pks = db_call(make, JOBS_SHOWN)  # every job fits on page 1: no pager
+    page = open_page(browser, server, "/jobs/")
+    assert page.locator("#jobs-pager").is_hidden()
+    newer = {f"job:{pk}": job() for pk in [pks[-1] + 1, *pks[:0:-1]]}  # a new job; pks[0] falls off
+    page.evaluate("(data) => window.__push({type: 'snapshot', data: data})", newer)
+    assert rows(page)[-1] == str(pks[1]) and page.locator("#older-jobs").is_visible()
+
+    pks = db_call(make, 1)
+    older = open_page(browser, server, "/jobs/?page=2")
+    socket = older.evaluate("() => window.__sockets.at(-1).url")
+    assert socket.endswith(f"/ws/dashboard/jobs/?through={pks[0]}")
+    delta = {"type": "delta", "set": {f"job:{pks[0]}": job("failed"), "job:999999": job()}, "remove": []}
+    older.evaluate("(frame) => window.__push(frame)", delta)
+    assert rows(older) == [str(pks[0])]  # the new job is not listed here
+    assert older.locator(f'tr[data-job="{pks[0]}"]').get_attribute("data-status") == "failed"
+    older.evaluate("() => window.__push({type: 'snapshot', data: {}})")  # deleted: the row stays as it was
+    assert rows(older) == [str(pks[0])] and older.locator("#newer-jobs").get_attribute("href") == "/jobs/"
+    assert_inert(older)
