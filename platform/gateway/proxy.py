@@ -6,10 +6,14 @@ middleware stack (sessions, CSRF, auth, messages: thread hops) that an API-key e
 need, and the disconnect would surface as a cancellation somewhere inside httpx rather than as an
 event the proxy handles. A plain ASGI app owns ``receive``: while a response streams, a watcher
 task waits on ``receive()`` for ``http.disconnect`` (daphne queues it when the client's connection
-drops) and cancels the relay at once, which closes the httpx stream to the
-engine; vLLM sees its connection close and aborts the request ("Aborted request ..." in its log,
-``vllm:num_requests_running`` drops). The relay reads the next upstream chunk only after ``send()``
-of the previous one returned, so the engine is never read faster than the server accepts bytes.
+drops) and cancels the relay at once, which closes the httpx stream to the engine; vLLM sees its
+connection close and aborts the request ("Aborted request ..." in its log,
+``vllm:num_requests_running`` drops). A non-streamed request is given up the same way while the
+gateway waits for its answer. Either is booked, as "disconnected", with the usage the engine
+reported so far; one that left before the engine reported any (a non-streamed answer carries its
+usage at its end) with its prompt tokens as that engine counts them (``prompt_count``). The relay
+reads the next upstream chunk only after ``send()`` of the previous one returned, so the engine is
+never read faster than the server accepts bytes.
 Under daphne that is the whole backpressure there is: daphne's ``send()`` returns once Twisted has
 taken the bytes, and Twisted does not push back on a client that stops reading, so such a client's
 chunks queue in the server (bounded by the request's ``max_tokens``) until it reads or leaves.
@@ -41,6 +45,7 @@ from django.conf import settings
 
 from gateway import services
 from gateway.errors import GatewayError, engine_error, upstream_lost
+from gateway.prompt_count import count_prompt_tokens
 from gateway.routing import Router, Target
 from gateway.streaming import StreamMeter, upstream_body
 from gateway.validation import MAX_BODY_BYTES, CompletionRequest, body_too_large, parse_body, validate
@@ -155,11 +160,19 @@ class GatewayApp:
                 refused = error
         target: Target | None = state["target"]
         if target is not None:  # an engine took the request: what it served counts
+            prompt_tokens = meter.prompt_tokens
+            if state["outcome"] == "disconnected" and not prompt_tokens:
+                # Left before the engine's usage came (a non-streamed answer's comes at its end):
+                # the engine has the prompt all the same.
+                counted = await count_prompt_tokens(
+                    self.client, target.base_url, admission.model_name, request
+                )
+                prompt_tokens = counted or 0
             outcome = services.Outcome(
                 deployment_id=target.deployment_id,
                 stream=request.stream,
                 outcome=state["outcome"],
-                prompt_tokens=meter.prompt_tokens,
+                prompt_tokens=prompt_tokens,
                 completion_tokens=meter.completion_tokens,
                 ttft_s=meter.ttft_s,
                 tbt_mean_s=meter.tbt_mean_s,
