@@ -63,7 +63,12 @@ def _plan_of(job: Job) -> tuple[PlacementPlan, Plan]:
     row = PlacementPlan.objects.select_for_update().filter(job=job).first()
     if row is None:
         raise PlanNotApplicable(f"job {job.pk} has no stored plan")
-    return row, Plan.from_dict(row.plan)
+    try:
+        return row, Plan.from_dict(row.plan)
+    except ValueError as exc:  # stored by an older version in another shape
+        raise PlanNotApplicable(
+            f"job {job.pk}'s stored plan cannot be read ({exc}); run a new place job"
+        ) from None
 
 
 @transaction.atomic
@@ -112,7 +117,11 @@ def refusal(row: PlacementPlan) -> str | None:
     if row.applied_at is not None:
         return None
     try:
-        _check(row, Plan.from_dict(row.plan))
+        plan = Plan.from_dict(row.plan)
+    except ValueError as exc:  # stored by an older version in another shape
+        return f"The stored plan cannot be read ({exc}); run a new place job."
+    try:
+        _check(row, plan)
     except PlanConflict as exc:
         return str(exc)
     return None

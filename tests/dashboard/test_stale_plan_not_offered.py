@@ -76,3 +76,25 @@ def test_a_stale_plan_offers_no_apply_and_says_why(
     assert f'id="refusal">Not applied: {detail}</p>' in shown and "plan-stale" not in shown
     assert deployment_rows() == before
     assert PlacementPlan.objects.get(job=place_job).applied_at is None
+
+
+def test_a_plan_stored_in_an_unreadable_shape_offers_no_apply_and_the_api_says_why(
+    admin_client: Client,
+    place_job: Job,  # noqa: F811
+) -> None:
+    row = PlacementPlan.objects.get(job=place_job)
+    for server in row.plan["servers"]:
+        del server["gpu_memory_bytes"]  # as a plan stored before that field was added
+    row.save(update_fields=["plan"])
+    before = deployment_rows()
+
+    page = admin_client.get(f"/jobs/{place_job.pk}/")
+    assert page.status_code == 200
+    text = page.content.decode().replace("&#x27;", "'")
+    assert 'id="apply-plan"' not in text and f"{STALE}The stored plan cannot be read" in text
+
+    api = APIClient()
+    api.force_authenticate(place_job.created_by)
+    refused = api.post(f"/api/v1/plans/{place_job.pk}/apply/")
+    assert refused.status_code == 404 and "stored plan cannot be read" in refused.json()["detail"]
+    assert deployment_rows() == before
