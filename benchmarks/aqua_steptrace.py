@@ -71,10 +71,13 @@ def _steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _burst(steps: list[dict[str, Any]], reqs: list[dict[str, Any]], prefix: str) -> dict[str, float]:
+def _burst(
+    steps: list[dict[str, Any]], adds: list[dict[str, Any]], reqs: list[dict[str, Any]], prefix: str
+) -> dict[str, float]:
     burst = [r for r in reqs if r["id"].startswith(prefix)]
     ids = {r["id"] for r in burst}
     first_submit = min(r["submit"] for r in burst)
+    first_add = min(a["t"] for a in adds if _base(a["id"]) in ids)
     last = max(burst, key=lambda r: r["first"] - r["submit"])
     mine = [s for s in steps if any(_base(i) in ids for i in s["ids"])]
     first_step = mine[0]
@@ -85,6 +88,7 @@ def _burst(steps: list[dict[str, Any]], reqs: list[dict[str, Any]], prefix: str)
     return {
         "ttft_p99_ms": 1e3 * ab.pct(ttft, 99),
         "in_flight_ms": 1e3 * (first_step["t0"] - first_submit),
+        "to_scheduler_ms": 1e3 * (first_add - first_submit),
         "steps_to_last_first_token": len(span),
         "those_steps_ms": 1e3 * (ends[k] - first_step["t0"]),
         "delivery_ms": 1e3 * (last["first"] - ends[k]),
@@ -92,7 +96,11 @@ def _burst(steps: list[dict[str, Any]], reqs: list[dict[str, Any]], prefix: str)
 
 
 def _round(
-    steps: list[dict[str, Any]], reqs: list[dict[str, Any]], tag: str, max_seqs: int
+    steps: list[dict[str, Any]],
+    adds: list[dict[str, Any]],
+    reqs: list[dict[str, Any]],
+    tag: str,
+    max_seqs: int,
 ) -> dict[str, Any]:
     longs = [r for r in reqs if r["id"].startswith(f"long-{tag}-")]
     shorts = {r["id"] for r in reqs if r["id"].startswith(f"short-{tag}-")}
@@ -104,8 +112,8 @@ def _round(
         "steps": len(mine),
         "decode_step_ms": 1e3 * statistics.median(decodes),
         "host_ms_per_step": 1e3 * statistics.median(s["host"] for s in mine),
-        "burst": _burst(steps, reqs, f"short-{tag}-"),
-        "idle_burst": _burst(steps, reqs, f"idle-{tag}-"),
+        "burst": _burst(steps, adds, reqs, f"short-{tag}-"),
+        "idle_burst": _burst(steps, adds, reqs, f"idle-{tag}-"),
     }
 
 
@@ -138,8 +146,9 @@ async def _run(cfg: dict[str, Any], rounds: int, tmp: Path) -> dict[str, Any]:
     time.sleep(0.5)  # the engine processes flush their trace files as they exit
     out: dict[str, Any] = {}
     for name in ENGINES:
-        steps = _steps(_load(files[name]))
-        per_round = [_round(steps, reqs[name], f"r{i}", cfg["max_num_seqs"]) for i in range(rounds)]
+        events = _load(files[name])
+        steps, adds = _steps(events), [e for e in events if e["ev"] == "add"]
+        per_round = [_round(steps, adds, reqs[name], f"r{i}", cfg["max_num_seqs"]) for i in range(rounds)]
         out[name] = {"rounds": per_round, "median": _medians(per_round)}
     return out
 
@@ -151,12 +160,17 @@ def main() -> None:
     ap.add_argument(
         "--rounds", type=positive_int, default=None, help="measured rounds (default 5; 1 with --quick)"
     )
+    ap.add_argument("--traces", type=Path, default=None, help="keep the engines' step traces in this folder")
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else 5)
     cfg = ab.burst_config(quick=False)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="aqua-steptrace-") as tmp:
-        result = asyncio.run(_run(cfg, rounds, Path(tmp)))
+    if args.traces is not None:
+        args.traces.mkdir(parents=True, exist_ok=True)
+        result = asyncio.run(_run(cfg, rounds, args.traces))
+    else:
+        with tempfile.TemporaryDirectory(prefix="aqua-steptrace-") as tmp:
+            result = asyncio.run(_run(cfg, rounds, Path(tmp)))
     result.update({"config": cfg, "rounds": rounds, "quick": args.quick, "wall_s": time.perf_counter() - t0})
     write_json_atomic(args.out, result, sort_keys=True)
     for name in ENGINES:
@@ -168,7 +182,8 @@ def main() -> None:
         for part in ("burst", "idle_burst"):
             b = m[part]
             print(
-                f"  {part}: p99 TTFT {b['ttft_p99_ms']:.1f} ms = in flight {b['in_flight_ms']:.1f} + "
+                f"  {part}: p99 TTFT {b['ttft_p99_ms']:.1f} ms = in flight {b['in_flight_ms']:.1f} "
+                f"(to the scheduler {b['to_scheduler_ms']:.1f}) + "
                 f"{b['steps_to_last_first_token']:.0f} steps {b['those_steps_ms']:.1f} + "
                 f"delivery {b['delivery_ms']:.1f}"
             )
