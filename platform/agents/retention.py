@@ -6,7 +6,8 @@ deletes those raw rows, and deletes minute rows older than the history window. A
 arrives late for a minute already folded (an agent flushing its buffer after a reconnect) is
 merged into the existing minute row, weighted by sample counts. The same sweep prunes the chat
 gateway's per-request latency samples (``gateway.services.prune_request_samples``), the other
-table that grows with traffic.
+table that grows with traffic, and its expired token reservations (those of a web process that died
+mid-request, ``gateway.reservations.prune_token_reservations``).
 
 It runs every ``TELEMETRY_DOWNSAMPLE_INTERVAL_S`` in the ASGI process's sweeper (agents/sweeper.py) and
 as the Celery task ``agents.downsample_telemetry`` (beat schedule in settings) where beat runs.
@@ -28,6 +29,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from gateway.reservations import prune_token_reservations
 from gateway.services import prune_request_samples
 
 from agents.models import DeviceMinute, DeviceSample, EngineMinute, EngineSample
@@ -142,6 +144,7 @@ class RetentionReport:
     raw_deleted: int
     minutes_deleted: int
     request_samples_deleted: int = 0  # the gateway's, past their retention
+    reservations_deleted: int = 0  # the gateway's token reservations, expired
 
 
 def raw_cutoff(now: datetime) -> datetime:
@@ -151,7 +154,7 @@ def raw_cutoff(now: datetime) -> datetime:
 
 def downsample_and_prune(now: datetime | None = None) -> RetentionReport:
     """Fold raw samples past the raw window into minutes; drop minutes past the history window and
-    the gateway's request samples past theirs."""
+    the gateway's request samples past theirs and its expired token reservations."""
     now = now or timezone.now()
     cutoff = raw_cutoff(now)
     with transaction.atomic():
@@ -161,8 +164,10 @@ def downsample_and_prune(now: datetime | None = None) -> RetentionReport:
         old_dev, _ = DeviceMinute.objects.filter(minute__lt=history_start).delete()
         old_eng, _ = EngineMinute.objects.filter(minute__lt=history_start).delete()
     requests = prune_request_samples(now)  # unrelated rows: not inside the telemetry transaction
-    report = RetentionReport(dev_n, eng_n, dev_del + eng_del, old_dev + old_eng, requests)
-    if report.raw_deleted or report.minutes_deleted or report.request_samples_deleted:
+    # Expired by the database clock, the one reservations are made and counted by (not ``now``).
+    reservations = prune_token_reservations()
+    report = RetentionReport(dev_n, eng_n, dev_del + eng_del, old_dev + old_eng, requests, reservations)
+    if report.raw_deleted or report.minutes_deleted or report.request_samples_deleted or reservations:
         log.info("Telemetry retention: %s", report)
     return report
 

@@ -365,6 +365,9 @@ API_TOKENS_PER_USER = env_int("API_TOKENS_PER_USER", 10, minimum=1)
 GATEWAY_CONNECT_TIMEOUT_S = env_float("GATEWAY_CONNECT_TIMEOUT_S", 3.0, minimum=0.1)
 GATEWAY_READ_TIMEOUT_S = env_float("GATEWAY_READ_TIMEOUT_S", 600.0, minimum=1.0)
 GATEWAY_UNAVAILABLE_RETRY_AFTER_S = env_int("GATEWAY_UNAVAILABLE_RETRY_AFTER_S", 5, minimum=1)
+# How long a request's token reservation (its most possible cost, held against the key's daily
+# quota until it finishes) counts: only a web process that died mid-request leaves one this old.
+GATEWAY_RESERVATION_TTL_S = env_int("GATEWAY_RESERVATION_TTL_S", 900, minimum=1)
 
 LOGGING = {
     "version": 1,

@@ -1,5 +1,6 @@
-"""What the gateway records: usage per key, model and period; each key's rate-limit state; and
-per-request latency samples that feed each model's SLO metrics.
+"""What the gateway records: usage per key, model and period; each key's rate-limit state; the
+tokens its requests in flight hold against its daily quota; and per-request latency samples that
+feed each model's SLO metrics.
 
 Counters and rate-limit states are updated with ``F()`` expressions (one UPDATE, atomic on SQLite
 and PostgreSQL); a missing row is created under its unique constraint and a lost creation race
@@ -53,6 +54,25 @@ class RateLimitState(models.Model):
         help_text="theoretical arrival time: from then on the key has its full burst again "
         "(nanoseconds since the Unix epoch)"
     )
+
+
+class TokenReservation(models.Model):
+    """The most tokens one admitted request may still cost, held against its key's daily quota
+    from its admission until it finishes and its real usage is booked (gateway/reservations.py).
+
+    A web process that dies mid-request leaves its reservations behind: they stop counting at
+    ``expires_at`` and are pruned with the telemetry retention."""
+
+    key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
+    tokens = models.PositiveBigIntegerField(help_text="prompt estimate + n x max_tokens")
+    created_at = models.DateTimeField(help_text="admission, by the database clock: the quota's day")
+    expires_at = models.DateTimeField(help_text="from then on it no longer counts")
+
+    class Meta:
+        indexes = [models.Index(fields=["expires_at"], name="gateway_reservation_expiry")]  # pruning
+
+    def __str__(self) -> str:
+        return f"{self.tokens} tokens of key {self.key_id} until {self.expires_at:%H:%M:%S}"
 
 
 class RequestSample(models.Model):

@@ -130,7 +130,21 @@ class GatewayApp:
 
     async def _complete(self, request: CompletionRequest, key: ApiKey, receive: Receive, send: Send) -> None:
         started = time.monotonic()
-        admission = await database_sync_to_async(services.admit)(key, request.model)
+        admission = await database_sync_to_async(services.admit)(key, request.model, body=request.body)
+        try:
+            await self._serve(request, admission, started, receive, send)
+        finally:  # finish released its token reservation, unless no engine took the request
+            if admission.reservation is not None and not admission.reservation.released:
+                await database_sync_to_async(services.release)(admission)
+
+    async def _serve(
+        self,
+        request: CompletionRequest,
+        admission: services.Admission,
+        started: float,
+        receive: Receive,
+        send: Send,
+    ) -> None:
         if admission.limits is not None:  # OpenAI's x-ratelimit-* headers on whatever answers
             send = _with_headers(send, admission.limits.headers())
         meter = StreamMeter(

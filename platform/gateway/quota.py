@@ -17,15 +17,27 @@
   each see the other's TAT as a clock step, and requests alternating between them were never
   refused. The database clock stepped back by more than 10 s restarts the key's state instead of
   refusing it for as long as the step (`_advance`).
-- Tokens per day: the key's ``Usage`` rows of the current UTC day (by the database clock at
-  admission, as the rate limit). A request is refused once the day's total reached the quota; the
-  request that crosses it is served in full (its size is only known when it ends), so a key can
-  overshoot by one response.
+- Tokens per day, counted as OpenAI counts its token limits: a request is admitted only if the
+  most it may cost (its estimate, gateway/estimate.py: the prompt's estimated tokens plus ``n`` x
+  ``max_tokens``, or the model's context without one) fits in what the key has left of the current
+  UTC day (by the database clock at admission, as the rate limit): ``used + reserved + estimate <=
+  tokens_per_day``, with ``used`` the day's booked ``Usage`` and ``reserved`` the estimates of the
+  key's requests still in flight (``TokenReservation`` rows, gateway/reservations.py). The
+  admission books its own estimate as a reservation under a lock on the key's row, so concurrent
+  requests of one key, on any web host, together never reserve more than the quota; when the
+  request ends its reservation is replaced by its real usage. So a key's day never exceeds its
+  quota, except by a prompt longer than its estimate (4 characters a token) or a request that
+  outlives its reservation (``GATEWAY_RESERVATION_TTL_S``). Refusals: a key whose day is used up,
+  or whose used and reserved tokens leave too little, is 429 ``tokens_quota_exceeded`` with
+  Retry-After (the next UTC midnight; a few seconds when only requests in flight are in the way:
+  their reservations free up as they end); a request whose estimate alone exceeds the whole quota
+  could never be admitted and is 400 ``request_too_large``, naming its output limit to lower.
 
 An admitted request's response carries OpenAI's rate-limit headers (``RateLimits.headers``):
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``. Remaining requests are how many more
-the key could send right now; requests reset when its full burst is available again, tokens at
-the next UTC midnight. Resets are durations like ``59s`` or ``1m30s``.
+the key could send right now; remaining tokens are the quota less the day's usage and every
+reservation in flight, this request's included. Requests reset when the key's full burst is
+available again, tokens at the next UTC midnight. Resets are durations like ``59s`` or ``1m30s``.
 """
 
 from __future__ import annotations
@@ -35,12 +47,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from accounts.models import ApiKey
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import BigIntegerField, Case, F, Q, QuerySet, Sum, Value, When
-from django.db.models.functions import Greatest
+from django.db.models import BigIntegerField, Case, F, OuterRef, Q, QuerySet, Subquery, Sum, Value, When
+from django.db.models.functions import Coalesce, Greatest
 
-from gateway.errors import rate_limited
-from gateway.models import RateLimitState, Usage
+from gateway.errors import GatewayError, bad_request, rate_limited
+from gateway.models import RateLimitState, TokenReservation, Usage
 
 NS_PER_S = 1_000_000_000
 # How far behind the time that set a key's TAT a request's time must be to count as the database
@@ -74,11 +87,37 @@ def day_start(now: datetime) -> datetime:
     return now.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def tokens_used_today(key: ApiKey, now: datetime) -> int:
-    totals = Usage.objects.filter(key=key, period_start=day_start(now)).aggregate(
-        p=Sum("prompt_tokens"), c=Sum("completion_tokens")
+def tokens_held_today(key_id: int, now: datetime) -> tuple[int, int]:
+    """The key's tokens of ``now``'s UTC day: (used: booked usage, reserved: its requests in
+    flight, their unexpired ``TokenReservation`` rows).
+
+    One statement, so one snapshot: a request that ends books its usage before it drops its
+    reservation (``services.finish``), and a snapshot sees it in one or both, never in neither."""
+    day = day_start(now)
+    total = F("prompt_tokens") + F("completion_tokens")
+    used = (
+        Usage.objects.filter(key=OuterRef("pk"), period_start=day)
+        .values("key")
+        .annotate(t=Sum(total, output_field=BigIntegerField()))
+        .values("t")
     )
-    return int(totals["p"] or 0) + int(totals["c"] or 0)
+    reserved = (
+        TokenReservation.objects.filter(key=OuterRef("pk"), created_at__gte=day, expires_at__gt=now)
+        .values("key")
+        .annotate(t=Sum("tokens"))
+        .values("t")
+    )
+    zero = Value(0, output_field=BigIntegerField())
+    row = (
+        ApiKey.objects.filter(pk=key_id)
+        .annotate(
+            used=Coalesce(Subquery(used, output_field=BigIntegerField()), zero),
+            reserved=Coalesce(Subquery(reserved, output_field=BigIntegerField()), zero),
+        )
+        .values_list("used", "reserved")
+        .first()
+    )
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 @dataclass(frozen=True)
@@ -116,27 +155,63 @@ def _until_tomorrow(now: datetime) -> float:
     return (day_start(now) + timedelta(days=1) - now).total_seconds()
 
 
-def check_token_quota(key: ApiKey, now: datetime) -> int:
-    """Raise 429 if the key used its tokens for today; else the tokens it used today."""
-    used = tokens_used_today(key, now)
-    if used >= key.tokens_per_day:
-        raise rate_limited(
-            f"Token quota exceeded: {used} of {key.tokens_per_day} tokens used today (UTC).",
-            int(_until_tomorrow(now)) + 1,
-            "tokens_quota_exceeded",
-        )
-    return used
+def check_token_quota(key: ApiKey, now: datetime, estimate: int = 1) -> tuple[int, int]:
+    """Raise unless a request that may cost ``estimate`` tokens fits in the key's quota today
+    (`refuse_over_quota`); else the key's (used, reserved) tokens of today. Takes no lock: the
+    admission's check that reserves is `reservations.reserve_tokens`."""
+    used, reserved = tokens_held_today(key.pk, now)
+    refuse_over_quota(key.tokens_per_day, used, reserved, estimate, now)
+    return used, reserved
+
+
+def refuse_over_quota(
+    quota: int, used: int, reserved: int, estimate: int, now: datetime, limit_field: str = "max_tokens"
+) -> None:
+    """Raise unless ``used + reserved + estimate <= quota``: 429 if the day is used up or too
+    little is left of it, 400 if the estimate alone is over the quota (no retry would help)."""
+    if used < quota and used + reserved + estimate <= quota:
+        return
+    numbers = f"{used} used and {reserved} reserved by requests in flight, of {quota} tokens today (UTC)"
+    if used >= quota:
+        raise _quota_exceeded(f"Token quota exceeded: {numbers}.", int(_until_tomorrow(now)) + 1)
+    if estimate > quota:
+        raise request_too_large(estimate, quota, limit_field)
+    # Booked usage only grows until midnight; reservations free up as their requests end.
+    wait = (
+        int(_until_tomorrow(now)) + 1
+        if used + estimate > quota
+        else settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S
+    )
+    raise _quota_exceeded(
+        f"Token quota exceeded: this request may use up to {estimate} tokens (its prompt and "
+        f"n x {limit_field}); {numbers}.",
+        wait,
+    )
+
+
+def _quota_exceeded(message: str, retry_after_s: int) -> GatewayError:
+    return rate_limited(message, retry_after_s, "tokens_quota_exceeded")
+
+
+def request_too_large(estimate: int, quota: int, limit_field: str) -> GatewayError:
+    return bad_request(
+        f"This request may use up to {estimate} tokens (its prompt and n x {limit_field}), more "
+        f"than this key's whole daily quota of {quota} tokens: lower {limit_field} (or n).",
+        limit_field,
+        "request_too_large",
+    )
 
 
 def rate_limits(
-    key: ApiKey, now: datetime, tokens_used: int, requests_remaining: int, requests_reset_s: float
+    key: ApiKey, now: datetime, tokens_held: int, requests_remaining: int, requests_reset_s: float
 ) -> RateLimits:
+    """The headers' figures; ``tokens_held``: the day's used and reserved tokens together."""
     return RateLimits(
         requests_limit=key.requests_per_minute,
         requests_remaining=requests_remaining,
         requests_reset_s=requests_reset_s,
         tokens_limit=key.tokens_per_day,
-        tokens_remaining=max(0, key.tokens_per_day - tokens_used),
+        tokens_remaining=max(0, key.tokens_per_day - tokens_held),
         tokens_reset_s=_until_tomorrow(now),
     )
 

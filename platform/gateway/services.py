@@ -1,14 +1,15 @@
 """The gateway's synchronous domain operations (the ASGI app calls them in a worker thread).
 
-- ``admit``: API key -> model -> quotas -> the model's healthy replicas, in one call, so that a
-  request costs one hop to the database thread before it is proxied.
+- ``admit``: API key -> model -> quotas (the request's token reservation) -> the model's healthy
+  replicas, in one call, so that a request costs one hop to the database thread before it is proxied.
 - ``finish``: record usage (per key, model and UTC day, atomic ``F()`` updates that work on SQLite
-  and PostgreSQL) and the request's latency sample.
+  and PostgreSQL), release the request's token reservation, and record its latency sample.
+- ``release``: release an admitted request's reservation where it never reaches ``finish``.
 - ``served_models`` for /v1/models, ``served_model`` for /v1/models/{model} (and
   ``served_model_names`` for the playground), and
   ``latency_summary`` for the dashboard's SLO charts.
 - ``prune_request_samples``: drops latency samples past ``REQUEST_SAMPLE_RETENTION`` (run with the
-  telemetry retention, agents/retention.py).
+  telemetry retention, agents/retention.py, as ``reservations.prune_token_reservations`` is).
 """
 
 from __future__ import annotations
@@ -30,15 +31,10 @@ from inventory.models import HostStatus
 from registry.models import ServedModel
 
 from gateway.errors import model_not_found, unauthorized, unavailable
+from gateway.estimate import estimate_tokens
 from gateway.models import RequestSample, Usage
-from gateway.quota import (
-    RateLimits,
-    check_token_quota,
-    database_now,
-    day_start,
-    rate_limits,
-    take_request,
-)
+from gateway.quota import RateLimits, database_now, day_start, rate_limits, take_request
+from gateway.reservations import release_reservation, reserve_tokens
 from gateway.routing import Target
 from serving.metrics.latency import percentile
 
@@ -47,6 +43,14 @@ from serving.metrics.latency import percentile
 REQUEST_SAMPLE_RETENTION = timedelta(days=7)
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Reservation:
+    """An admission's token reservation (gateway/reservations.py); ``released`` once it is dropped."""
+
+    id: int
+    released: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class Admission:
     # When it was admitted, by the database clock (the quotas' clock): its usage is booked to that
     # day, the day whose quota admitted it. None: booked by this host's clock when it finishes.
     admitted_at: datetime | None = None
+    # The tokens it holds against the key's daily quota until it ends (`finish` or `release`).
+    reservation: Reservation | None = None
 
 
 @dataclass(frozen=True)
@@ -108,8 +114,15 @@ def healthy_targets(model: ServedModel) -> list[Target]:
     return [Target(replica_id, deployment_id, url) for replica_id, deployment_id, url in replicas]
 
 
-def admit(key: ApiKey, model_name: str, now: datetime | None = None) -> Admission:
+def admit(
+    key: ApiKey, model_name: str, now: datetime | None = None, *, body: dict[str, Any] | None = None
+) -> Admission:
     """Find the model, apply the (authenticated) key's quotas, list healthy replicas.
+
+    The token quota reserves the most the request may cost (gateway/estimate.py, from its
+    validated ``body``; without one, as a request without max_tokens, the model's whole context)
+    until ``finish`` (or ``release``) replaces it with what it used. A refusal after the
+    reservation (no healthy replica, the rate limit) releases it again.
 
     ``now`` defaults to the database server's clock (`database_now`), not this host's: the limits
     are shared by every web host, so they keep one clock. It is the time of the rate limit, the
@@ -121,22 +134,37 @@ def admit(key: ApiKey, model_name: str, now: datetime | None = None) -> Admissio
     model's lookup (one query, as before).
 
     Raises:
-        GatewayError: 404 unknown or unserved model, 429 over a quota, 503 no healthy replica.
+        GatewayError: 404 unknown or unserved model, 429 over a quota, 400 a request that may
+            cost more than the key's whole daily quota, 503 no healthy replica.
     """
     now = now or database_now()
     model = _served().filter(name=model_name).first()
     if model is None:
         raise model_not_found(model_name)
-    tokens_used = check_token_quota(key, now)
-    targets = healthy_targets(model)
-    if not targets:
-        raise unavailable(
-            f"No healthy replica of model '{model_name}' is available; retry later.",
-            settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S,
-        )
-    remaining, reset_s = take_request(key, now)
-    limits = rate_limits(key, now, tokens_used, remaining, reset_s)
-    return Admission(key.pk, model.pk, model.name, targets, limits, admitted_at=now)
+    reservation_id, tokens_held = reserve_tokens(
+        key, now, estimate_tokens(body or {}, model.max_context_length)
+    )
+    try:
+        targets = healthy_targets(model)
+        if not targets:
+            raise unavailable(
+                f"No healthy replica of model '{model_name}' is available; retry later.",
+                settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S,
+            )
+        remaining, reset_s = take_request(key, now)
+    except BaseException:
+        release_reservation(reservation_id)
+        raise
+    limits = rate_limits(key, now, tokens_held, remaining, reset_s)
+    reservation = Reservation(reservation_id)
+    return Admission(key.pk, model.pk, model.name, targets, limits, admitted_at=now, reservation=reservation)
+
+
+def release(admission: Admission) -> None:
+    """Drop the admission's token reservation, once: a request that ends without ``finish``."""
+    if admission.reservation is not None and not admission.reservation.released:
+        release_reservation(admission.reservation.id)
+        admission.reservation.released = True
 
 
 def record_usage(
@@ -214,7 +242,9 @@ def _record_unlinked_usage(
 
 
 def finish(admission: Admission, outcome: Outcome) -> None:
-    """Record a proxied request's usage (in the day it was admitted) and latency sample."""
+    """Record a proxied request's usage (in the day it was admitted), release its reservation
+    (after: until then an admission sees its tokens in either, never in neither) and record its
+    latency sample."""
     now = timezone.now()
     record_usage(
         admission.key_id,
@@ -224,6 +254,7 @@ def finish(admission: Admission, outcome: Outcome) -> None:
         admission.admitted_at or now,
         model_name=admission.model_name,
     )
+    release(admission)
     # The replica's deployment, or the model itself, may have been deleted while the request ran:
     # a sample without its deployment still counts towards the model's SLO metrics. The proxy calls
     # this in autocommit (a worker thread, no transaction): a refused insert leaves no transaction

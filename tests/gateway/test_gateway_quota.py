@@ -132,7 +132,7 @@ def test_usage_is_booked_to_the_day_whose_quota_admitted_it(
     assert list(Usage.objects.filter(key=key).values_list("period_start", "prompt_tokens")) == [
         (datetime(2026, 3, 4, tzinfo=UTC), 30)
     ]
-    assert check_token_quota(key, before_midnight) == 100
+    assert check_token_quota(key, before_midnight) == (100, 0)  # used; its reservation released
 
 
 def test_admission_without_a_time_takes_the_database_clock_not_the_hosts(
@@ -299,12 +299,13 @@ def test_durations_read_like_openais() -> None:
 def test_an_admission_carries_the_keys_limits_as_headers(gateway_data: dict[str, Any]) -> None:
     issued = create_api_key(gateway_data["user"], "h", requests_per_minute=5, tokens_per_day=100)
     record_usage(issued.record.pk, gateway_data["model"].pk, 30, 10, NOW)
-    headers = dict(admit(issued.record, "tiny", NOW).limits.headers())  # type: ignore[union-attr]
+    body = {"model": "tiny", "prompt": "12345678", "max_tokens": 8}  # may cost 2 + 8 tokens
+    headers = dict(admit(issued.record, "tiny", NOW, body=body).limits.headers())  # type: ignore[union-attr]
     assert headers[b"x-ratelimit-limit-requests"] == b"5"
     assert headers[b"x-ratelimit-remaining-requests"] == b"4"
     assert headers[b"x-ratelimit-reset-requests"] == b"12s"  # one request's worth at 5 per minute
     assert headers[b"x-ratelimit-limit-tokens"] == b"100"
-    assert headers[b"x-ratelimit-remaining-tokens"] == b"60"
+    assert headers[b"x-ratelimit-remaining-tokens"] == b"50"  # 40 used, 10 reserved by this request
     assert headers[b"x-ratelimit-reset-tokens"] == b"13h39m15s"  # to midnight UTC from 10:20:45
 
 

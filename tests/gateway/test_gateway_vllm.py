@@ -229,9 +229,13 @@ def test_it_serves_non_streaming_chat_and_completions_and_sums_their_usage(stack
 
 
 def test_it_enforces_the_token_quota_and_request_rate_with_429(stack: Stack) -> None:
-    client, _ = client_for(stack, tokens_per_day=5)
-    client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=4)  # crosses it
-    with pytest.raises(openai.RateLimitError) as caught:
+    client, _ = client_for(stack, tokens_per_day=9)
+    with pytest.raises(openai.BadRequestError) as too_large:  # may cost more than the whole quota
+        client.completions.create(model="tiny", prompt="hi", max_tokens=20)
+    assert too_large.value.code == "request_too_large"
+    # May cost 5 (19 characters) + 4 tokens: admitted; its prompt alone is at least 4 tokens.
+    client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=4)
+    with pytest.raises(openai.RateLimitError) as caught:  # may cost 2 + 4: over what is left
         client.completions.create(model="tiny", prompt="again", max_tokens=4)
     assert caught.value.code == "tokens_quota_exceeded"
     assert int(caught.value.response.headers["retry-after"]) > 0
