@@ -196,7 +196,8 @@ def _quota_exceeded(message: str, retry_after_s: int) -> GatewayError:
 def request_too_large(estimate: int, quota: int, limit_field: str) -> GatewayError:
     return bad_request(
         f"This request may use up to {estimate} tokens (its prompt and n x {limit_field}), more "
-        f"than this key's whole daily quota of {quota} tokens: lower {limit_field} (or n).",
+        f"than this key's whole daily quota of {quota} tokens: lower {limit_field} (or n), or "
+        "shorten the prompt.",
         limit_field,
         "request_too_large",
     )
