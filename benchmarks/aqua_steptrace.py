@@ -166,7 +166,10 @@ def main() -> None:
     cfg = ab.burst_config(quick=False)
     t0 = time.perf_counter()
     if args.traces is not None:
-        args.traces.mkdir(parents=True, exist_ok=True)
+        try:
+            args.traces.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            ap.error(f"--traces: {str(args.traces)!r}: {e.strerror or e}")
         result = asyncio.run(_run(cfg, rounds, args.traces))
     else:
         with tempfile.TemporaryDirectory(prefix="aqua-steptrace-") as tmp:

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 SIM = ["--rate", "1", "--duration", "5", "--no-progress"]
 BENCHMARKS = (
     "aqua_burst",
+    "aqua_steptrace",
     "chat_proxy",
     "distserve",
     "ecoserve",
@@ -302,6 +303,7 @@ def test_every_benchmark_checks_out_before_running(tmp_path: Path, name: str) ->
         ("sim_speed", "--seed", "-1"),
         ("chat_proxy", "--streams", "0"),
         ("telemetry_ingest", "--clients", "0"),
+        ("aqua_steptrace", "--rounds", "0"),
     ],
 )
 def test_benchmarks_reject_bad_numbers_naming_them(tmp_path: Path, name: str, flag: str, value: str) -> None:
