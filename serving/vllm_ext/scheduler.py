@@ -218,6 +218,10 @@ class AquaScheduler(Scheduler):
             self._dirty = True
             high_water[req_id] = max(hw, end)
         c["prefill_tokens"] += prefill
+        if out.finished_req_ids:
+            # A request ended (or was aborted) since the last step: the connector has dropped its
+            # offloaded copy, and the counters may not change again for a while (an idle engine).
+            self._dirty = True
         if c["steps"] % 256 == 0:
             for req_id in [k for k in self._high_water if k not in self.requests]:
                 del self._high_water[req_id]
