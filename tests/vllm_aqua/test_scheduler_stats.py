@@ -5,13 +5,14 @@ when the engine may take no further step."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from serving.aqua.offload.stats import read_json
 from tests.vllm_aqua import bare_scheduler
 from tests.vllm_aqua.engines import AQUA_SCHEDULER
 
 
-def _scheduler(stats: Path) -> object:
+def _scheduler(stats: Path) -> Any:
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
     cls = resolve_obj_by_qualname(AQUA_SCHEDULER)
