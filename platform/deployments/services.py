@@ -277,15 +277,17 @@ def report_observed_state(deployment: Deployment, state: ObservedState, message:
 
 
 class DeploymentRunning(ValueError):
-    """A deployment meant to run was to be deleted: it is stopped first."""
+    """A deployment meant to run was to be deleted: the operator stops it first, so that deleting
+    never takes down an engine serving traffic by surprise."""
 
 
 @transaction.atomic
 def delete_stopped_deployment(deployment: Deployment) -> None:
     """Delete ``deployment`` if it is meant to be stopped; raise ``DeploymentRunning`` otherwise.
 
-    The dashboard's Delete: its desired state is read under the host's lock and the row's, in the
-    order every deployment writer takes them, so that a Start committed meanwhile is seen."""
+    The one rule for the API's DELETE (409) and the dashboard's Delete (the same message): its
+    desired state is read under the host's lock and the row's, in the order every deployment
+    writer takes them, so that a Start committed meanwhile is seen."""
     _lock_host(deployment.host_id)
     Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
     deployment.refresh_from_db(fields=["desired_state"])

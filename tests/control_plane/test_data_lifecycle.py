@@ -18,7 +18,7 @@ from agents.models import AgentLink, DeviceMinute, DeviceSample, EngineMinute, E
 from agents.retention import downsample_and_prune, minute_of
 from agents.tasks import downsample_telemetry
 from dashboard import snapshots
-from deployments.models import Deployment
+from deployments.models import Deployment, DesiredState
 from django.db import connection
 from django.db.models import ProtectedError
 from django.test import Client
@@ -246,6 +246,7 @@ def test_deleting_a_deployment_frees_its_devices_and_keeps_its_request_samples(
     admin_client: APIClient, viewer_client: APIClient, host: Host, model: ServedModel
 ) -> None:
     deployment = deploy(model, host)
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)  # stopped first
     url = f"/api/v1/deployments/{deployment.pk}/"
     assert viewer_client.delete(url).status_code == 403
 

@@ -130,3 +130,34 @@ def test_two_concurrent_deployments_cannot_take_the_same_devices(
         t.join(timeout=30)
     assert sorted(outcomes) == ["created", "refused"]
     assert Deployment.objects.count() == 1
+
+
+def test_it_refuses_to_delete_a_running_deployment_as_the_dashboard_does(
+    admin_client: APIClient, setup: dict[str, Any]
+) -> None:
+    a = setup["a"]
+    deployment = Deployment.objects.create(model=setup["model"], host=a[0].host)
+    deployment.devices.set(a[:2])
+
+    refused = admin_client.delete(f"{URL}{deployment.pk}/")
+
+    assert refused.status_code == 409
+    message = f"Deployment {deployment.pk} is meant to run: stop it before deleting it."
+    assert refused.json() == {"detail": message}
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "running"
+
+
+def test_it_deletes_a_stopped_deployment(
+    admin_client: APIClient, viewer_client: APIClient, setup: dict[str, Any]
+) -> None:
+    a = setup["a"]
+    deployment = Deployment.objects.create(model=setup["model"], host=a[0].host, desired_state="stopped")
+    deployment.devices.set(a[:2])
+    url = f"{URL}{deployment.pk}/"
+
+    assert viewer_client.delete(url).status_code == 403
+    assert Deployment.objects.filter(pk=deployment.pk).exists()
+    assert admin_client.delete(url).status_code == 204
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
+    assert admin_client.delete(url).status_code == 404
