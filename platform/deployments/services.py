@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import transaction
@@ -10,7 +10,7 @@ from django.utils import timezone
 from inventory.models import Device, Host
 from registry.models import ServedModel
 
-from deployments.models import ENGINE_UP, Deployment, DesiredState, ObservedState
+from deployments.models import ENGINE_UP, Deployment, DesiredState, ObservedState, lock_for_delete
 
 
 class PlacementError(ValueError):
@@ -278,7 +278,11 @@ def report_observed_state(deployment: Deployment, state: ObservedState, message:
 
 class DeploymentRunning(ValueError):
     """A deployment meant to run was to be deleted: the operator stops it first, so that deleting
-    never takes down an engine serving traffic by surprise."""
+    never takes down an engine serving traffic by surprise. The one message every surface shows."""
+
+    def __init__(self, pk: int) -> None:
+        super().__init__(f"Deployment {pk} is meant to run: stop it before deleting it.")
+        self.pk = pk
 
 
 @transaction.atomic
@@ -292,5 +296,20 @@ def delete_stopped_deployment(deployment: Deployment) -> None:
     Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
     deployment.refresh_from_db(fields=["desired_state"])
     if deployment.desired_state != DesiredState.STOPPED:
-        raise DeploymentRunning(f"Deployment {deployment.pk} is meant to run: stop it before deleting it.")
+        raise DeploymentRunning(deployment.pk)
     deployment.delete()
+
+
+@transaction.atomic
+def delete_stopped_deployments(pks: Iterable[int]) -> None:
+    """`delete_stopped_deployment` for several (the Django admin's bulk delete): all of them, or,
+    if one is meant to run, none (``DeploymentRunning`` names the lowest such pk). Their hosts are
+    locked in pk order, then their rows (`lock_for_delete`)."""
+    wanted = Deployment.objects.filter(pk__in=list(pks))
+    for host_id in wanted.order_by("host_id").values_list("host_id", flat=True).distinct():
+        _lock_host(host_id)
+    lock_for_delete(wanted.values_list("pk", flat=True))
+    running = wanted.exclude(desired_state=DesiredState.STOPPED).order_by("pk").first()
+    if running is not None:
+        raise DeploymentRunning(running.pk)
+    wanted.delete()

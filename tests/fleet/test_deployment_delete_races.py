@@ -21,7 +21,8 @@ from agents.ingest import rows_for, write_dropping_deleted
 from agents.models import DeviceSample, EngineSample, Replica
 from agents.services import LinkedHost
 from deployments.admin import DeploymentAdmin
-from deployments.models import Deployment
+from deployments.models import Deployment, DesiredState
+from deployments.services import delete_stopped_deployment
 from django.contrib import admin
 from django.db import connection
 from django.db.models.sql import subqueries
@@ -42,7 +43,8 @@ pytestmark = [
 
 
 def delete_one(pk: int) -> None:
-    Deployment.objects.get(pk=pk).delete()  # the API's DELETE (DRF's perform_destroy)
+    # The API's DELETE and the dashboard's (a stopped deployment: a running one is refused).
+    delete_stopped_deployment(Deployment.objects.get(pk=pk))
 
 
 def delete_selected_in_the_admin(pk: int) -> None:
@@ -58,7 +60,8 @@ def deployed(served_model: ServedModel) -> tuple[LinkedHost, Deployment]:
     device = Device.objects.create(
         host=host, index=0, uuid="GPU-a-0", name="H100", memory_total_bytes=80 << 30
     )
-    deployment = Deployment.objects.create(model=served_model, host=host)
+    # Stopped (by the operator) but its agent still reports it: it is being stopped.
+    deployment = Deployment.objects.create(model=served_model, host=host, desired_state=DesiredState.STOPPED)
     deployment.devices.add(device)
     return LinkedHost(host.pk, host.name, "10.0.0.5", False, {0: device.pk}, {deployment.pk}), deployment
 
