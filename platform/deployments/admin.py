@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
 from django.contrib.admin.utils import unquote
@@ -12,7 +13,25 @@ from django.urls import reverse
 
 from deployments import services
 from deployments.models import Deployment, DesiredState
-from deployments.services import update_deployment
+from deployments.services import PlacementError, check_placement, update_deployment
+
+
+class DeploymentAdminForm(forms.ModelForm):
+    class Meta:
+        model = Deployment
+        fields = ["desired_state"]
+
+    def clean_desired_state(self) -> str:
+        """The API's rule, as a form error: a Start on devices another running deployment took is
+        refused (`check_placement`; checked again under the locks when saved)."""
+        value: str = self.cleaned_data["desired_state"]
+        if value == DesiredState.RUNNING and self.instance.pk is not None:
+            devices = list(self.instance.devices.order_by("index"))
+            try:
+                check_placement(self.instance.model, self.instance.host, devices, exclude=self.instance)
+            except PlacementError as exc:
+                raise forms.ValidationError(str(exc)) from exc
+        return value
 
 
 @admin.register(Deployment)
@@ -22,6 +41,7 @@ class DeploymentAdmin(admin.ModelAdmin):
     `update_deployment` like the API's, or delete a stopped one, refused with the API's and the
     dashboard's message (`services.DeploymentRunning`) while it is meant to run."""
 
+    form = DeploymentAdminForm
     list_display = ("model", "host", "desired_state", "observed_state", "observed_at")
     fields = (
         "model",
@@ -67,6 +87,22 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Deployment, form: ModelForm, change: bool) -> None:
         update_deployment(obj, desired_state=form.cleaned_data["desired_state"])
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """A deployment that took the devices after the form's check: `update_deployment` refuses
+        the Start under its locks and the admin's transaction is rolled back; the change page comes
+        back, unchanged, with the reason instead of a server error."""
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except PlacementError as exc:
+            self.message_user(request, f"Not saved: {exc}", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
 
 
 def _delete_selected_stopped(

@@ -1,10 +1,14 @@
 """The Django admin's deployment pages follow the API's and the dashboard's rules: a deployment
-meant to run is not deleted (the same message), alone or among others selected."""
+meant to run is not deleted (the same message), alone or among others selected; a Start on devices
+another running deployment took is refused with the placement message, not a server error."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from accounts.models import Role, User
+from deployments import admin as deployment_admin
 from deployments.models import Deployment, DesiredState
 from deployments.services import DeploymentRunning, delete_stopped_deployments
 from django.test import Client
@@ -88,3 +92,44 @@ def test_a_deployment_started_after_the_confirmation_is_not_deleted(root_client:
     with pytest.raises(DeploymentRunning, match=_message(deployment)):
         delete_stopped_deployments([deployment.pk])
     assert Deployment.objects.filter(pk=deployment.pk).exists()
+
+
+def _taken(*, started_since: bool) -> tuple[Deployment, Deployment]:
+    """A stopped deployment and a running one on the same device (the stopped one's, taken since)."""
+    stopped, other = _deployments(DesiredState.STOPPED, DesiredState.STOPPED)
+    other.devices.set(list(stopped.devices.all()))
+    if not started_since:
+        Deployment.objects.filter(pk=other.pk).update(desired_state=DesiredState.RUNNING)
+    return stopped, other
+
+
+def test_a_start_on_devices_another_deployment_took_is_a_form_error(root_client: Client) -> None:
+    stopped, other = _taken(started_since=False)
+
+    response = root_client.post(f"{CHANGELIST}{stopped.pk}/change/", {"desired_state": "running"})
+
+    assert response.status_code == 200
+    assert f"Devices already used by: {other}." in response.content.decode()
+    stopped.refresh_from_db()
+    assert stopped.desired_state == DesiredState.STOPPED
+
+
+def test_a_start_refused_under_the_locks_changes_nothing(
+    root_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stopped, other = _taken(started_since=True)
+    url = f"{CHANGELIST}{stopped.pk}/change/"
+    started = deployment_admin.check_placement
+
+    def other_started_meanwhile(*args: Any, **kwargs: Any) -> None:  # after the form's check
+        started(*args, **kwargs)
+        Deployment.objects.filter(pk=other.pk).update(desired_state=DesiredState.RUNNING)
+
+    monkeypatch.setattr(deployment_admin, "check_placement", other_started_meanwhile)
+
+    response = root_client.post(url, {"desired_state": "running"}, follow=True)
+
+    assert response.redirect_chain == [(url, 302)]
+    assert f"Not saved: Devices already used by: {other}." in response.content.decode()
+    stopped.refresh_from_db()
+    assert stopped.desired_state == DesiredState.STOPPED
