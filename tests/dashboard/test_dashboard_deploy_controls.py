@@ -14,6 +14,7 @@ from django.test import Client
 from inventory.models import Device, Host, HostStatus
 from inventory.services import register_host
 from registry.models import ServedModel
+from rest_framework.test import APIClient
 
 pytestmark = pytest.mark.django_db
 
@@ -215,4 +216,17 @@ def test_the_actions_answer_posts_only(admin_client: Client, deployment: Deploym
         f"/deployments/{deployment.pk}/delete/",
     ):
         assert admin_client.get(path).status_code == 405, path
+    assert Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.RUNNING).exists()
+
+
+def test_the_dashboard_and_the_api_refuse_a_running_deployments_delete_alike(
+    admin_client: Client, admin_user: Any, deployment: Deployment
+) -> None:
+    api = APIClient()
+    api.force_authenticate(admin_user)
+    refused_by_api = api.delete(f"/api/v1/deployments/{deployment.pk}/")
+    refused_on_page = admin_client.post(f"/deployments/{deployment.pk}/delete/")
+
+    assert (refused_by_api.status_code, refused_on_page.status_code) == (409, 409)
+    assert f'id="refusal">{refused_by_api.json()["detail"]}</p>' in refused_on_page.content.decode()
     assert Deployment.objects.filter(pk=deployment.pk, desired_state=DesiredState.RUNNING).exists()
