@@ -11,6 +11,7 @@ transaction rolled back at its end, so examples start from the same rows (make_w
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -27,8 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from inventory.models import Device, Host
 from jobs.models import Job
+from jobs.registry import get_kind, kind_names
 from planning.models import ModelProfile, PlacementPlan
 from registry.models import ServedModel
+from rest_framework import serializers
 
 from .conftest import token_client
 from .routes import World, make_world
@@ -150,6 +153,37 @@ def _shaped_body(draw: st.DrawFn, schema: dict[str, Any], valid: dict[str, Any])
     return body
 
 
+# A job's params are one JSON object in the schema ({}); each kind's parameter serializer names them.
+_FIELD_TYPES = (
+    (serializers.BooleanField, "boolean"), (serializers.IntegerField, "integer"),
+    (serializers.FloatField, "number"), (serializers.ListField, "array"), (serializers.CharField, "string"),
+    (serializers.ChoiceField, "string"),
+)  # fmt: skip
+_VALID_PARAMS: dict[str, Callable[[World], dict[str, Any]]] = {
+    "noop": lambda world: {"steps": 1, "delay_s": 0.0},
+    "place": lambda world: {"solver": "greedy", "models": [world.model.name]},
+    "profile": lambda world: {"model": world.model.name},
+}
+
+
+def _wrong_param(field: serializers.Field) -> st.SearchStrategy[Any]:
+    if isinstance(field, serializers.Serializer):
+        return st.fixed_dictionaries({}, optional={name: _wrong_param(f) for name, f in field.fields.items()})
+    kind = next((name for cls, name in _FIELD_TYPES if isinstance(field, cls)), "object")
+    return _wrong({"type": kind})
+
+
+@st.composite
+def _job_body(draw: st.DrawFn, world: World) -> dict[str, Any]:
+    """A job of a known kind with some of its parameters (at least one) wrong."""
+    kind = draw(st.sampled_from(kind_names()))
+    fields = get_kind(kind).params_serializer().fields
+    params = dict(_VALID_PARAMS[kind](world))
+    for name in draw(st.lists(st.sampled_from(sorted(fields)), min_size=1, unique=True)):
+        params[name] = draw(_wrong_param(fields[name]))
+    return {"kind": kind, "params": params}
+
+
 NOT_AN_ID = st.one_of(
     BIG.map(str),
     st.integers(-(10**6), -1).map(str),
@@ -178,6 +212,10 @@ def world(db: None) -> World:
     world = make_world()
     create_api_key(world.admin, "alice-key")  # the admin's own key: the one the key routes act on
     return world
+
+
+def test_every_job_kind_has_valid_params() -> None:
+    assert set(kind_names()) <= set(_VALID_PARAMS)
 
 
 def test_every_write_of_the_api_is_walked() -> None:
@@ -209,6 +247,8 @@ def test_bad_input_to_a_write_is_a_json_4xx_that_changes_nothing(
         shaped = _shaped_body(schema, valid[name])
         body_strategies.append(st.tuples(shaped.map(json.dumps), st.just(json_body)))
         body_strategies.append(st.tuples(shaped.map(_form), st.just("application/x-www-form-urlencoded")))
+    if name == "JobRequest":
+        body_strategies.append(st.tuples(_job_body(world).map(json.dumps), st.just(json_body)))
     body, content_type = data.draw(st.one_of(*body_strategies), label="body")
 
     real = {"id": _real_id(world, path), "job": str(world.job.pk)}
