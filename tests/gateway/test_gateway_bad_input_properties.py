@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.gateway.asgi_driver import app_with, call, chunk, final_usage, sse
 
-PATHS = {
+PATHS: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
     "/v1/completions": {"model": "tiny", "prompt": "hi"},
 }
