@@ -33,3 +33,16 @@ class StrictModelSerializer(serializers.ModelSerializer):
         if errors:
             raise serializers.ValidationError(errors)
         return value
+
+
+class NameRelatedField(serializers.SlugRelatedField):
+    """A row given by its name (``slug_field``). A name holding a NUL character is a 400 like
+    DRF's CharField gives: PostgreSQL text cannot hold NUL, so looking such a name up would raise
+    DataError (a 500) rather than find nothing."""
+
+    default_error_messages = {"null_characters": "Null characters are not allowed."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("null_characters")
+        return super().to_internal_value(data)

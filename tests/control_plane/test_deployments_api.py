@@ -161,3 +161,24 @@ def test_it_deletes_a_stopped_deployment(
     assert admin_client.delete(url).status_code == 204
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
     assert admin_client.delete(url).status_code == 404
+
+
+def test_a_name_with_a_nul_character_is_a_400_naming_the_field(
+    admin_client: APIClient, setup: dict[str, Any]
+) -> None:
+    # PostgreSQL text cannot hold NUL: looking such a name up raised DataError, a 500 (found by
+    # test_api_bad_input_properties.py on PostgreSQL).
+    a = setup["a"]
+    body = {"model": "llama-3-8b\x00", "host": "host-a\x00", "devices": [a[0].pk, a[1].pk]}
+    response = admin_client.post(URL, body, format="json")
+    assert response.status_code == 400, response.data
+    assert response.data == {
+        "model": ["Null characters are not allowed."],
+        "host": ["Null characters are not allowed."],
+    }
+    assert not Deployment.objects.exists()
+    deployment = Deployment.objects.create(model=setup["model"], host=a[0].host)
+    patched = admin_client.patch(f"{URL}{deployment.pk}/", {"host": "\x00"}, format="json")
+    assert patched.status_code == 400 and patched.data == {"host": ["Null characters are not allowed."]}
+    deployment.refresh_from_db()
+    assert deployment.host == a[0].host

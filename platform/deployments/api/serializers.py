@@ -6,7 +6,7 @@ from inventory.models import Device, Host
 from registry.models import ServedModel
 from rest_framework import serializers
 
-from core.serializers import StrictModelSerializer
+from core.serializers import NameRelatedField, StrictModelSerializer
 from deployments import services
 from deployments.models import Deployment
 
@@ -24,8 +24,8 @@ class DeviceIdField(serializers.PrimaryKeyRelatedField):
 class DeploymentSerializer(StrictModelSerializer):
     """A model on devices of one host. ``model`` and ``host`` are names; ``devices`` are device ids."""
 
-    model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
-    host = serializers.SlugRelatedField(slug_field="name", queryset=Host.objects.all())
+    model = NameRelatedField(slug_field="name", queryset=ServedModel.objects.all())
+    host = NameRelatedField(slug_field="name", queryset=Host.objects.all())
     devices = DeviceIdField(many=True, queryset=Device.objects.all())
     converged = serializers.BooleanField(read_only=True)
 
