@@ -106,3 +106,21 @@ def validate_engine_options(value: Any) -> None:
             errors.append(f"{key} must be {expected}, not {option!r}.")
     if errors:
         raise ValidationError(" ".join(errors))
+    if _holds_nul(value):  # PostgreSQL's jsonb cannot store \u0000: saving it would fail (a 500)
+        raise ValidationError("Engine options must not contain a NUL character (\\u0000) in a key or string.")
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a JSON value has a string (a key or a value, at any depth) holding a NUL."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False

@@ -68,6 +68,9 @@ def test_it_creates_lists_updates_and_deletes_a_model(
         ({"source": "   "}, "source"),
         ({"dtype": "int3"}, "dtype"),
         ({"engine_options": [1, 2]}, "engine_options"),
+        # PostgreSQL's jsonb cannot store \u0000: saving these was a 500 (DataError) there.
+        ({"engine_options": {"extra_args": ["--x\x00"]}}, "engine_options"),
+        ({"engine_options": {"aqua_options": {"nested": [{"k\x00": 1}]}}}, "engine_options"),
     ],
 )
 def test_it_rejects_invalid_models_with_field_errors_and_stores_nothing(
