@@ -117,6 +117,8 @@ def _check_common(body: dict[str, Any]) -> tuple[str, bool, bool, bool]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a non-empty string", "model")
+    if "\x00" in model:  # no model's name: PostgreSQL text cannot hold NUL, so the lookup would fail
+        raise bad_request("'model' must not contain a NUL character", "model")
     for name in NUMBER_FIELDS:
         if name in body and body[name] is not None and not _is_number(body[name]):
             raise bad_request(f"'{name}' must be a number, not {body[name]!r}", name)

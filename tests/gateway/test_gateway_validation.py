@@ -22,6 +22,8 @@ COMPLETION = {"model": "tiny", "prompt": "hi"}
         ("chat", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages"),
         ("chat", {"messages": CHAT["messages"]}, "model"),
         ("chat", {**CHAT, "model": 3}, "model"),
+        # No model's name; looking it up was a 500 on PostgreSQL (text cannot hold NUL).
+        ("completion", {**COMPLETION, "model": "tiny\x00"}, "model"),
         ("chat", {**CHAT, "max_tokens": 0}, "max_tokens"),
         ("chat", {**CHAT, "max_tokens": -4}, "max_tokens"),
         ("chat", {**CHAT, "max_tokens": "10"}, "max_tokens"),
