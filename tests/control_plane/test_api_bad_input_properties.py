@@ -7,8 +7,9 @@ given a wrong-typed or out-of-range value, and bytes that are no JSON at all; a 
 the real object's id or one that is huge, negative or not a number. Each example runs in a
 transaction rolled back at its end, so examples start from the same rows (make_world's).
 
-Run it on PostgreSQL too (DATABASE_URL, as .ci/run does): text there cannot hold NUL, and the NUL
-characters sent here found three 500s that SQLite stores or looks up without complaint.
+Run it on PostgreSQL too (DATABASE_URL, as .ci/run does): its text cannot hold NUL, which SQLite
+stores and looks up without complaint; there this walk found a deployment's model or host name
+holding NUL to be a 500.
 """
 
 from __future__ import annotations
