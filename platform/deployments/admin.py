@@ -34,8 +34,28 @@ class DeploymentAdminForm(forms.ModelForm):
         return value
 
 
+class PlacementRefusalShown(admin.ModelAdmin):
+    """A save the deployments refuse under their locks (a `PlacementError` after the form's own
+    check: another request took the devices, or started a deployment, meanwhile) rolls back the
+    admin's transaction and brings the change page back, unchanged, with the reason instead of a
+    server error. For the admins of deployments and of models."""
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except PlacementError as exc:
+            self.message_user(request, f"Not saved: {exc}", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+
 @admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
+class DeploymentAdmin(PlacementRefusalShown):
     """Deployments are placed through the API or the dashboard (`create_deployment`: placement
     checks, host locks); here an admin may only change one's desired state, which goes through
     `update_deployment` like the API's, or delete a stopped one, refused with the API's and the
@@ -87,22 +107,6 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Deployment, form: ModelForm, change: bool) -> None:
         update_deployment(obj, desired_state=form.cleaned_data["desired_state"])
-
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        """A deployment that took the devices after the form's check: `update_deployment` refuses
-        the Start under its locks and the admin's transaction is rolled back; the change page comes
-        back, unchanged, with the reason instead of a server error."""
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except PlacementError as exc:
-            self.message_user(request, f"Not saved: {exc}", messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
 
 
 def _delete_selected_stopped(

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from deployments.admin import PlacementRefusalShown
 from deployments.services import PlacementError, check_tensor_parallel_change
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest
 
 from registry.models import ServedModel, lock_for_delete
 from registry.services import update_served_model
@@ -30,7 +31,7 @@ class ServedModelAdminForm(forms.ModelForm):
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(admin.ModelAdmin):
+class ServedModelAdmin(PlacementRefusalShown):
     form = ServedModelAdminForm
     list_display = ("name", "source", "dtype", "tensor_parallel_size", "slo_ttft_p99_ms", "slo_tbt_p99_ms")
 
@@ -48,19 +49,3 @@ class ServedModelAdmin(admin.ModelAdmin):
             return
         changes: dict[str, Any] = {name: form.cleaned_data[name] for name in form.changed_data}
         update_served_model(obj, changes)
-
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        """A deployment started after the form's check: `update_served_model` refuses the edit
-        under its locks, and the whole save (the admin's transaction) is rolled back; the change
-        page comes back, unedited, with the reason instead of a server error."""
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except PlacementError as exc:
-            self.message_user(request, f"Not saved: {exc}", messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
