@@ -114,9 +114,13 @@ def test_a_client_that_leaves_before_a_non_streamed_answer_aborts_it_and_is_book
     # when the client leaves more often. The prompt's tokens are the engine's own count of it.
     prompt = "Once upon a time there was a tiny model"
     reference, _ = client_for(stack)
+    before = list(RequestSample.objects.values_list("pk", flat=True))
     answer = reference.completions.create(model="tiny", prompt=prompt, max_tokens=1)
     assert answer.usage is not None
     prompt_tokens = answer.usage.prompt_tokens
+    # The gateway records a request's sample after its answer went out: wait for it, so that it is
+    # not taken for the sample of the request below.
+    wait_until(RequestSample.objects.exclude(pk__in=before).exists, 10, "the reference request's sample")
     max_tokens = 2000
     attempts = 10
     for attempt in range(1, attempts + 1):  # noqa: B007 (reported after the loop)
