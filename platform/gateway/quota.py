@@ -155,15 +155,6 @@ def _until_tomorrow(now: datetime) -> float:
     return (day_start(now) + timedelta(days=1) - now).total_seconds()
 
 
-def check_token_quota(key: ApiKey, now: datetime, estimate: int = 1) -> tuple[int, int]:
-    """Raise unless a request that may cost ``estimate`` tokens fits in the key's quota today
-    (`refuse_over_quota`); else the key's (used, reserved) tokens of today. Takes no lock: the
-    admission's check that reserves is `reservations.reserve_tokens`."""
-    used, reserved = tokens_held_today(key.pk, now)
-    refuse_over_quota(key.tokens_per_day, used, reserved, estimate, now)
-    return used, reserved
-
-
 def refuse_over_quota(
     quota: int, used: int, reserved: int, estimate: int, now: datetime, limit_field: str = "max_tokens"
 ) -> None:

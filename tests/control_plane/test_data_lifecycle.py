@@ -25,7 +25,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from gateway.models import RateLimitState, RequestSample, Usage
-from gateway.quota import check_token_quota, take_request
+from gateway.quota import take_request, tokens_held_today
 from gateway.services import REQUEST_SAMPLE_RETENTION, latency_summary, record_usage
 from inventory.models import AgentToken, Device, Host
 from inventory.services import issue_agent_token
@@ -198,7 +198,7 @@ def test_dashboard_and_gateway_read_no_growing_table_whole(
             history.engine_series(telemetry.deployment.pk, since, resolution)
         latency_summary(model)
         record_usage(key.pk, model.pk, 1, 2)
-        check_token_quota(key, timezone.now())
+        tokens_held_today(key.pk, timezone.now())
 
     assert full_scans(read) == []
 

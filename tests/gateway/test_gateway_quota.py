@@ -18,10 +18,12 @@ from django.db import connection
 from django.utils import timezone
 from gateway.errors import GatewayError
 from gateway.models import RateLimitState, Usage
-from gateway.quota import EPOCH, check_token_quota, database_now, duration, take_request
+from gateway.quota import EPOCH, database_now, duration, take_request
 from gateway.services import Outcome, admit, finish, record_usage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.gateway.quota_check import check_token_quota
 
 NOW = datetime(2026, 3, 4, 10, 20, 45, tzinfo=UTC)
 

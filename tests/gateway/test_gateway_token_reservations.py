@@ -21,11 +21,12 @@ from gateway.errors import GatewayError
 from gateway.estimate import DEFAULT_MAX_OUTPUT_TOKENS, estimate_tokens
 from gateway.models import TokenReservation, Usage
 from gateway.proxy import GatewayApp
-from gateway.quota import check_token_quota, database_now, tokens_held_today
+from gateway.quota import database_now, tokens_held_today
 from gateway.reservations import prune_token_reservations
 from gateway.services import Outcome, admit, finish, record_usage
 
 from tests.gateway.asgi_driver import CHAT, Call, app_with, call, never
+from tests.gateway.quota_check import check_token_quota
 
 NOW = datetime(2026, 3, 4, 10, 20, 45, tzinfo=UTC)
 MIDNIGHT = datetime(2026, 3, 5, tzinfo=UTC)
