@@ -65,7 +65,7 @@ def estimate_tokens(body: dict[str, Any], context_length: int | None = None) -> 
 
 def _prompt_sizes(body: dict[str, Any]) -> list[int]:
     """Estimated tokens of each prompt: one for a chat, one per prompt of a completions batch."""
-    if "messages" in body:
+    if isinstance(body.get("messages"), list):  # a chat (a completion may carry a stray "messages")
         chars = sum(_text_length(m.get("content")) for m in body["messages"] if isinstance(m, dict))
         return [_tokens_of(chars)]
     prompt = body.get("prompt")

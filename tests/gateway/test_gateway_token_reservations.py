@@ -57,6 +57,8 @@ def test_it_estimates_prompt_characters_and_n_times_the_output_limit() -> None:
     batch = {"prompt": ["abcd", [1, 2, 3]], "max_tokens": 5, "n": 2}
     assert estimate_tokens(batch, 4096).total == (1 + 3) + 2 * 2 * 5
     assert estimate_tokens({"prompt": [7, 8, 9], "max_tokens": 2}, 4096).total == 3 + 2
+    # A completion with a stray "messages": null (extra fields pass on to the engine) is a completion.
+    assert estimate_tokens({"prompt": "hi", "messages": None, "max_tokens": 2}, 4096).total == 1 + 2
     # No output limit: until the context is full (vLLM's default), or the documented default.
     assert estimate_tokens({"prompt": "x" * 40, "n": 2}, 256).total == 10 + 2 * (256 - 10)
     assert estimate_tokens({"prompt": "x" * 40}, None).total == 10 + DEFAULT_MAX_OUTPUT_TOKENS
