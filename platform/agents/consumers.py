@@ -54,6 +54,7 @@ from planning.relay import relay_probes, store_probe_result
 
 from agents import services, sweeper
 from agents.ingest import rows_for, writer
+from core import ids
 from gpu_agent.protocol import (
     CLOSE_REGISTER_REFUSED,
     CLOSE_SUPERSEDED,
@@ -267,7 +268,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         for index in stored.unknown_devices:
             await self.reject_once(f"device:{index}", "devices", f"device index {index} was not registered")
         for dep in stored.unknown_deployments:
-            if not (dep.isascii() and dep.isdigit()):
+            if not ids.is_digits(dep):
                 # Engines the control plane did not place (a simulated host's built-in "sim:<device>"
                 # engines) have no deployment to store under; nothing is wrong.
                 continue

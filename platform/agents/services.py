@@ -36,6 +36,7 @@ from inventory.services import agent_token_is_live, live_agent_token, mark_seen
 
 from agents import reconcile
 from agents.models import AgentLink, Replica
+from core import ids
 from gpu_agent.protocol import (
     CLOSE_REGISTER_REFUSED,
     CLOSE_SUPERSEDED,
@@ -94,9 +95,7 @@ def wire_pk(wire_id: str) -> int | None:
     """The primary key a wire deployment id stands for, or None when it cannot be one of ours (not
     decimal digits, or too long for a 64-bit key: such a number would overflow the database
     driver, and a long enough one even ``int()``)."""
-    if wire_id.isascii() and wire_id.isdigit() and len(wire_id) <= 18:
-        return int(wire_id)
-    return None
+    return ids.parse_pk(wire_id)
 
 
 def agent_group(host_id: int) -> str:

@@ -47,7 +47,8 @@ from django.utils import timezone
 from jobs.models import Job
 from registry.models import ServedModel
 
-from dashboard import job_pages, snapshots
+from core import ids
+from dashboard import snapshots
 from dashboard.deltas import Throttle, diff, push_interval_s
 from gpu_agent.protocol import Command
 
@@ -256,7 +257,7 @@ class JobsConsumer(SnapshotConsumer):
         values = query.get("through")
         if values is None:
             return True
-        self.through = job_pages.parse_id(values[0]) if len(values) == 1 else None
+        self.through = ids.parse_pk(values[0]) if len(values) == 1 else None
         return self.through is not None
 
     async def read(self) -> snapshots.Snapshot:

@@ -14,11 +14,8 @@ from django.core.paginator import EmptyPage, Paginator
 from django.urls import reverse
 from jobs.models import Job
 
+from core import ids
 from dashboard import snapshots
-
-# The most digits a page number or a job id is read with: more is past any page there is (and int()
-# refuses strings of over 4300 digits).
-MAX_DIGITS = 18
 
 
 class PageRefused(Exception):
@@ -35,24 +32,16 @@ def _shown(raw: str) -> str:
     return repr(raw if len(raw) <= 40 else raw[:40] + "…")
 
 
-def parse_id(raw: str) -> int | None:
-    """An id or page number written in ASCII digits, or None: ``isdigit`` alone takes '²', and int()
-    the digits of other scripts."""
-    if not (raw.isascii() and raw.isdigit()) or len(raw.lstrip("0")) > MAX_DIGITS:
-        return None
-    return int(raw)
-
-
 def page_number(raw: str | None) -> int | None:
     """The page ``?page=`` names: 1 when absent, None when too long to be a page there is. Raises
     `PageRefused` (400) for anything but a whole number from 1 on."""
     if raw is None:
         return 1
-    if raw.isascii() and raw.isdigit() and len(raw.lstrip("0")) > MAX_DIGITS:
-        return None
-    number = parse_id(raw)
-    if number is None:
+    if not ids.is_digits(raw):
         raise PageRefused(f"Not a page number: {_shown(raw)}. Pages of jobs are numbered 1, 2, 3…", 400)
+    number = ids.parse_pk(raw)
+    if number is None:
+        return None  # more digits than any page number there is
     if number < 1:
         raise PageRefused(f"No page {number}: pages of jobs are numbered from 1.", 400)
     return number

@@ -9,6 +9,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core import ids
 from planning import services
 from planning.api.serializers import ApplyResultSerializer, ModelProfileSerializer, PlacementPlanSerializer
 from planning.models import ModelProfile, PlacementPlan
@@ -50,7 +51,8 @@ class PlacementPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
     )
     @action(detail=True, methods=["post"])
     def apply(self, request: Request, job: str | None = None) -> Response:
-        job_row = Job.objects.filter(pk=job).first() if job and job.isascii() and job.isdigit() else None
+        pk = ids.parse_pk(job or "")
+        job_row = Job.objects.filter(pk=pk).first() if pk is not None else None
         if job_row is None:
             raise NotFound(f"No job {job}.")
         try:
