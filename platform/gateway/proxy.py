@@ -130,7 +130,7 @@ class GatewayApp:
 
     async def _complete(self, request: CompletionRequest, key: ApiKey, receive: Receive, send: Send) -> None:
         started = time.monotonic()
-        admission = await database_sync_to_async(services.admit)(key, request.model, body=request.body)
+        admission = await _admit(key, request)
         try:
             await self._serve(request, admission, started, receive, send)
         finally:  # finish released its token reservation, unless no engine took the request
@@ -369,6 +369,23 @@ async def _read_body(receive: Receive) -> bytes:
 async def _wait_for_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def _admit(key: ApiKey, request: CompletionRequest) -> services.Admission:
+    """``services.admit`` in a worker thread. A thread cannot be stopped: when the request is
+    cancelled meanwhile (daphne cancels a request's task at shutdown or when its client goes), the
+    admission still completes, and its token reservation is released here instead of holding the
+    key's quota until it expires."""
+    admitting = asyncio.ensure_future(
+        database_sync_to_async(services.admit)(key, request.model, body=request.body)
+    )
+    try:
+        return await asyncio.shield(admitting)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):  # a refused admission reserved nothing
+            late = await admitting
+            await database_sync_to_async(services.release)(late)
+        raise
 
 
 async def _respond(

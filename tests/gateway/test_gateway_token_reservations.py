@@ -16,7 +16,7 @@ from accounts.models import ApiKey
 from accounts.services import create_api_key
 from agents.retention import downsample_and_prune
 from django.db import connection
-from gateway import reservations
+from gateway import reservations, services
 from gateway.errors import GatewayError
 from gateway.estimate import DEFAULT_MAX_OUTPUT_TOKENS, estimate_tokens
 from gateway.models import TokenReservation, Usage
@@ -204,6 +204,45 @@ def test_a_client_that_leaves_before_any_engine_took_the_request_releases_it(
     asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"], disconnect=leave))
     assert not Usage.objects.exists()
     assert not TokenReservation.objects.exists()
+
+
+def test_a_request_cancelled_while_it_is_admitted_releases_its_reservation(
+    gateway_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Daphne cancels a request's task (shutdown, a client gone) while admit runs in its thread: the
+    thread completes the admission all the same, and its reservation must not hold the quota."""
+    admitting, go_on, admitted = threading.Event(), threading.Event(), threading.Event()
+    real_admit = services.admit
+
+    def slow_admit(*args: Any, **kwargs: Any) -> Any:
+        admitting.set()
+        go_on.wait(10)
+        try:
+            return real_admit(*args, **kwargs)
+        finally:
+            admitted.set()
+
+    monkeypatch.setattr(services, "admit", slow_admit)
+
+    async def cancelled_mid_admission() -> None:
+        task = asyncio.ensure_future(
+            call(
+                app_with(completed),
+                "/v1/completions",
+                {"model": "tiny", "prompt": "hi"},
+                gateway_data["secret"],
+            )
+        )
+        assert await asyncio.to_thread(admitting.wait, 10)
+        task.cancel()
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_mid_admission())
+    assert admitted.wait(10)  # the admission did complete (and reserved) ...
+    assert not TokenReservation.objects.exists()  # ... and was released
+    assert not Usage.objects.exists()
 
 
 def test_an_expired_reservation_is_ignored_and_pruned(gateway_data: dict[str, Any]) -> None:
