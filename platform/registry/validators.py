@@ -28,10 +28,14 @@ def validate_percentage(value: float) -> None:
         raise ValidationError(f"{value} must be in (0, 100].")
 
 
-def _int(minimum: int) -> Callable[[Any], str | None]:
+INT64_MAX = 2**63 - 1  # the engine's integer arguments end in C (torch, the CPU KV cache allocator)
+SEED_MAX = 2**32 - 1  # vLLM seeds numpy too (set_random_seed), and np.random.seed refuses more
+
+
+def _int(minimum: int, maximum: int = INT64_MAX) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
-        ok = isinstance(v, int) and not isinstance(v, bool) and v >= minimum
-        return None if ok else f"an integer >= {minimum}"
+        ok = isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= maximum
+        return None if ok else f"an integer from {minimum} to {maximum}"
 
     return check
 
@@ -74,7 +78,7 @@ def _one_of(known: Iterable[str], what: str) -> Callable[[Any], str | None]:
 # uses for the model when the job names none (planning/profiling.py); sim_rate is the simulated
 # agent's request rate for the model.
 ENGINE_OPTIONS: dict[str, Callable[[Any], str | None]] = {
-    "seed": _int(0),
+    "seed": _int(0, SEED_MAX),
     "enforce_eager": _bool,
     "max_num_seqs": _int(1),
     "kv_cache_bytes": _int(1),

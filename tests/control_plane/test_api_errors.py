@@ -80,12 +80,14 @@ def test_the_tp_size_of_a_model_with_running_deployments_cannot_change(
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"seed": "abc"}, "seed must be an integer >= 0"),
+        ({"seed": "abc"}, "seed must be an integer from 0 to 4294967295"),
+        ({"seed": 2**32}, "seed must be an integer from 0 to 4294967295"),  # numpy's seed range
+        ({"kv_cache_bytes": 2**70}, "kv_cache_bytes must be an integer from 1 to 9223372036854775807"),
         ({"extra_args": "--x"}, "extra_args must be a list of strings"),
         ({"aqua_options": 5}, "aqua_options must be a JSON object"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be a number in (0, 1]"),
         ({"enforce_eager": "yes"}, "enforce_eager must be true or false"),
-        ({"max_num_seqs": 0}, "max_num_seqs must be an integer >= 1"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be an integer from 1 to"),
         ({"gpu_mem_util": 0.9}, "Unknown engine option(s): gpu_mem_util"),
     ],
 )

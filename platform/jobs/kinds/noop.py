@@ -15,7 +15,10 @@ class NoopParams(StrictParams):
     steps = serializers.IntegerField(min_value=1, max_value=100_000, default=5)
     delay_s = serializers.FloatField(min_value=0.0, max_value=60.0, default=0.1)
     fail_at_step = serializers.IntegerField(
-        min_value=1, required=False, help_text="raise an error at this step (exercises failure handling)"
+        min_value=1,
+        max_value=100_000,
+        required=False,
+        help_text="raise an error at this step (exercises failure handling)",
     )
 
 
