@@ -14,7 +14,12 @@ as the Celery task ``agents.downsample_telemetry`` (beat schedule in settings) w
 
 Aggregation rules per field (``Rule``): MEAN (of non-null values, weighted by sample counts), MAX,
 SUM, LAST (the newest sample's value) and WMEAN (mean weighted by a count field, e.g. a window's
-p50 TTFT weighted by its request count).
+p50 TTFT weighted by its request count). Every aggregate fits its column whatever the samples (the
+protocol bounds each sample to its raw column, not their sum): a mean lies between its values (a
+mean of two samples of 2**63-1 bytes computed in floats would round to 2**63, past a ``bigint``;
+one of two of the largest floats would overflow to infinity, which the history API cannot send as
+JSON), and a SUM stops at ``MAX_COUNT`` (the counts are 32-bit columns, and a minute of windows each
+counting up to that is more).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from gateway.reservations import prune_token_reservations
 from gateway.services import prune_request_samples
 
 from agents.models import DeviceMinute, DeviceSample, EngineMinute, EngineSample
+from gpu_agent.protocol import MAX_COUNT
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +93,11 @@ def _mean(a: Any, wa: float, b: Any, wb: float) -> Any:
         return b
     if b is None:
         return a
-    return (a * wa + b * wb) / (wa + wb)
+    # Weights first: ``a * wa + b * wb`` may overflow (to infinity, or past 2**63 once rounded)
+    # where each value fits. The clamp keeps float rounding inside the values' range.
+    total = wa + wb
+    mean = a * (wa / total) + b * (wb / total)
+    return min(max(mean, min(a, b)), max(a, b))
 
 
 def _count(agg: dict[str, Any], name: str) -> int:
@@ -108,8 +118,8 @@ def merge(spec: Spec, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             out[name + "#n"] = ca + cb
         elif rule is Rule.MAX:
             out[name] = y if x is None else x if y is None else max(x, y)
-        elif rule is Rule.SUM:
-            out[name] = x + y
+        elif rule is Rule.SUM:  # per-window counts, into 32-bit columns: saturated
+            out[name] = min(x + y, MAX_COUNT)
         elif rule is Rule.LAST:
             out[name] = y
         else:
