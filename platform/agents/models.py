@@ -136,8 +136,9 @@ class EngineSample(models.Model):
 class EngineMinute(models.Model):
     """A deployment's engine samples within one minute.
 
-    Counts are summed; p50s are count-weighted means and p99s maxima of the per-window values
-    (an upper bound of the minute's true p99); gauges are means; cumulative counters are maxima.
+    Counts are summed, up to 2**31-1 (``gpu_agent.schema.MAX_COUNT``: the most their 32-bit columns
+    hold); p50s are count-weighted means and p99s maxima of the per-window values (an upper bound of
+    the minute's true p99); gauges are means; cumulative counters are maxima.
     """
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="+")
