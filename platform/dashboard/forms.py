@@ -8,6 +8,7 @@ then return the serializer so that views render its field errors beside the inpu
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from accounts.api.serializers import QUOTA_FIELDS, ApiKeySerializer
@@ -43,13 +44,37 @@ class JsonInputError(ValueError):
         self.field = field
 
 
+class _NotFinite(ValueError):
+    """A JSON text's NaN, Infinity or a number past a float (1e400): Python's json reads them, but
+    they are no JSON (the API's parser refuses them) and PostgreSQL's jsonb cannot store them."""
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise _NotFinite(text)
+    return number
+
+
+def _no_constant(text: str) -> Any:
+    raise _NotFinite(text)
+
+
 def _json_field(field: str, text: str) -> Any:
+    """``text`` read as strict JSON (as the API's parser reads a body); `JsonInputError` otherwise."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise JsonInputError(
             field, f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
         ) from None
+    except _NotFinite as exc:
+        shown = str(exc) if len(str(exc)) <= 40 else str(exc)[:40] + "…"
+        raise JsonInputError(field, f"Not a finite JSON number: {shown} (JSON has no NaN or Infinity).") from None
+    except ValueError:  # an integer of more digits than int() reads (4300)
+        raise JsonInputError(field, "A number in it has too many digits.") from None
+    except RecursionError:
+        raise JsonInputError(field, "Nested too deeply.") from None
 
 
 def model_data(post: QueryDict, skip: frozenset[str] = frozenset(), editing: bool = False) -> dict[str, Any]:

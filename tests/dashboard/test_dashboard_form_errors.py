@@ -120,3 +120,27 @@ def test_a_profile_job_refused_when_stored_shows_the_form_again(
         f"model: Profile job {first[0].pk} of this model is already queued; wait for it or cancel it."
     ]
     assert list(Job.objects.all()) == first
+
+
+# Python's json reads these, the API's strict parser does not: a textarea holding one was a 500
+# (too many digits, too deep) or stored NaN/Infinity, which PostgreSQL's jsonb refuses (a 500 there).
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("9" * 5000, "A number in it has too many digits."),
+        ("[" * 5000 + "]" * 5000, "Nested too deeply."),
+        ('{"aqua_options": {"x": NaN}}', "Not a finite JSON number: NaN (JSON has no NaN or Infinity)."),
+        ('{"aqua_options": {"x": 1e400}}', "Not a finite JSON number: 1e400 (JSON has no NaN or Infinity)."),
+        ("-Infinity", "Not a finite JSON number: -Infinity (JSON has no NaN or Infinity)."),
+    ],
+)
+def test_a_json_textarea_python_reads_but_json_does_not_is_a_field_error(
+    admin_client: Client, text: str, message: str
+) -> None:
+    model = admin_client.post("/models/new/", {**FORM, "engine_options": text})
+    assert model.status_code == 400
+    assert field_errors(model) == {"engine_options": [message]}
+    job = admin_client.post("/jobs/start/", {"kind": "noop", "params": text})
+    assert job.status_code == 400
+    assert field_errors(job) == {"params": [message]}
+    assert not ServedModel.objects.exists() and not Job.objects.exists()
