@@ -50,7 +50,8 @@ def deploy_serializer(post: QueryDict, model: ServedModel) -> tuple[DeploymentSe
     """A validated serializer creating a deployment of ``model`` from the form's post, and the field
     errors keyed by the form's inputs. None when the GPUs could not be turned into devices."""
     host_name, gpus = post.get("host", "").strip(), post.get("gpus", "").strip()
-    host = Host.objects.filter(name=host_name).first()
+    # A name holding NUL names no host, and PostgreSQL refuses to compare text with it (a 500).
+    host = None if "\x00" in host_name else Host.objects.filter(name=host_name).first()
     errors: Errors = {}
     if host is None:
         errors["host"] = ["Choose a host." if not host_name else f"No host named {host_name!r}."]

@@ -111,6 +111,17 @@ def test_a_deploy_on_an_unknown_host_is_refused(admin_client: Client, served_mod
     assert not Deployment.objects.exists()
 
 
+def test_a_deploy_on_a_host_name_holding_nul_is_refused(
+    admin_client: Client, served_model: ServedModel, host: Host
+) -> None:
+    # Looked up as given, it was a 500 on PostgreSQL (its text cannot hold NUL); found by the
+    # dashboard's bad-input walk.
+    response = admin_client.post(f"/models/{served_model.pk}/deploy/", {"host": "sim-a\x00", "gpus": "0"})
+    assert response.status_code == 400
+    assert "No host named &#x27;sim-a\\x00&#x27;." in response.content.decode()
+    assert not Deployment.objects.exists()
+
+
 def test_an_admin_stops_and_starts_a_deployment(admin_client: Client, deployment: Deployment) -> None:
     url = f"/models/{deployment.model_id}/"
     response = admin_client.post(f"/deployments/{deployment.pk}/stop/")
