@@ -15,6 +15,7 @@ from django.http import QueryDict
 from inventory.models import Device, Host, HostStatus
 from registry.models import ServedModel
 
+from core import ids
 from dashboard.forms import Errors, field_errors
 
 DEPLOY_FIELDS = ("host", "gpus")
@@ -23,6 +24,7 @@ _SHOWN_AT = {"devices": "gpus"}
 # The largest index a device may have (Device.index is a PositiveSmallIntegerField): a larger one
 # names no GPU, and SQLite cannot compare with one past 64 bits (OverflowError: a 500).
 _MAX_INDEX = 32767
+_MAX_DIGITS = 100  # a longer number is no index (its digits are not read: int() stops at 4300)
 
 
 def deploy_context(values: dict[str, str] | None = None, errors: Errors | None = None) -> dict[str, Any]:
@@ -40,8 +42,11 @@ def _indices(text: str) -> list[int]:
     """``"0, 1"`` -> ``[0, 1]``; ValueError naming the entry that is not an index."""
     out = []
     for part in text.replace(",", " ").split():
-        if not part.isdecimal():  # isdigit() takes "²", which int() refuses
-            raise ValueError(f"Not a GPU index: {part!r} (list indices such as 0,1).")
+        # ASCII digits only (core.ids): isdigit() takes "²", which int() refuses, and isdecimal()
+        # other scripts' digits ("٣"); int() refuses more than 4300 digits.
+        if not ids.is_digits(part) or len(part) > _MAX_DIGITS:
+            shown = part if len(part) <= 20 else part[:20] + "…"
+            raise ValueError(f"Not a GPU index: {shown!r} (list indices such as 0,1).")
         out.append(int(part))
     return out
 

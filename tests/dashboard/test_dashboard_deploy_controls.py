@@ -77,6 +77,8 @@ def test_an_admin_deploys_a_model_on_gpus_of_a_host(
         ("1,1", 1, "A device is listed twice."),
         ("99999999999999999999", 1, "Host sim-a has no GPU 99999999999999999999."),
         ("\u00b2", 1, "Not a GPU index: &#x27;\u00b2&#x27; (list indices such as 0,1)."),
+        ("\u0661", 1, "Not a GPU index: &#x27;\u0661&#x27; (list indices such as 0,1)."),
+        ("9" * 5000, 1, "Not a GPU index: &#x27;99999999999999999999…&#x27; (list indices such as 0,1)."),
     ],
     ids=[
         "no-such-gpu",
@@ -87,6 +89,8 @@ def test_an_admin_deploys_a_model_on_gpus_of_a_host(
         "twice",
         "huge",
         "superscript",
+        "arabic-indic",  # isdecimal(), and int() reads it as 1: it deployed on GPU 1
+        "past-int",  # int() refuses it: the message was Python's, naming sys.set_int_max_str_digits
     ],
 )
 def test_a_refused_deploy_shows_the_error_beside_the_gpus_and_creates_nothing(
