@@ -33,7 +33,6 @@ from accounts.services import create_api_key
 from deployments.models import Deployment
 from django.db import transaction
 from django.db.models import Model
-from django.http import HttpResponse
 from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -170,7 +169,8 @@ def _counts() -> dict[str, int]:
 
 
 def _model_row(pk: int) -> dict[str, Any]:
-    return ServedModel.objects.filter(pk=pk).values().first() or {}
+    row = ServedModel.objects.filter(pk=pk).values().first()
+    return {} if row is None else dict(row)
 
 
 @pytest.fixture
@@ -197,14 +197,12 @@ def _issued_form(client: Client) -> str:
     return found.group(1)
 
 
-def _refused_with_a_message(response: HttpResponse) -> bool:
+def _refused_with_a_message(response: Any) -> bool:  # the test client's response
     page = response.content.decode(errors="replace")
     return 'class="field-error"' in page or 'id="refusal"' in page
 
 
-def _check(
-    client: Client, what: str, response: HttpResponse, before: dict[str, int], after: dict[str, int]
-) -> None:
+def _check(client: Client, what: str, response: Any, before: dict[str, int], after: dict[str, int]) -> None:
     status = response.status_code
     assert status < 500, f"{what}: {status} {response.content[:500]!r}"
     if 400 <= status < 500:
