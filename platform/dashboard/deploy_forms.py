@@ -16,7 +16,7 @@ from inventory.models import Device, Host, HostStatus
 from registry.models import ServedModel
 
 from core import ids
-from dashboard.forms import Errors, field_errors
+from dashboard.forms import Errors, field_errors, shown
 
 DEPLOY_FIELDS = ("host", "gpus")
 # The API's field -> the form's input it is shown beside.
@@ -45,8 +45,7 @@ def _indices(text: str) -> list[int]:
         # ASCII digits only (core.ids): isdigit() takes "²", which int() refuses, and isdecimal()
         # other scripts' digits ("٣"); int() refuses more than 4300 digits.
         if not ids.is_digits(part) or len(part) > _MAX_DIGITS:
-            shown = part if len(part) <= 20 else part[:20] + "…"
-            raise ValueError(f"Not a GPU index: {shown!r} (list indices such as 0,1).")
+            raise ValueError(f"Not a GPU index: {shown(part, 20)} (list indices such as 0,1).")
         out.append(int(part))
     return out
 
@@ -59,7 +58,7 @@ def deploy_serializer(post: QueryDict, model: ServedModel) -> tuple[DeploymentSe
     host = None if "\x00" in host_name else Host.objects.filter(name=host_name).first()
     errors: Errors = {}
     if host is None:
-        errors["host"] = ["Choose a host." if not host_name else f"No host named {host_name!r}."]
+        errors["host"] = ["Choose a host." if not host_name else f"No host named {shown(host_name)}."]
     try:
         indices = _indices(gpus)
     except ValueError as exc:

@@ -36,6 +36,12 @@ MODEL_FIELDS = [
 OPTIONAL_MODEL_FIELDS = {"dtype", "tensor_parallel_size", "slo_attainment_pct", "engine_options"}
 
 
+def shown(raw: str, limit: int = 40) -> str:
+    """``raw`` quoted for a message, cut to ``limit`` characters: a refusal names what was typed
+    without repeating a pasted page of it."""
+    return repr(raw if len(raw) <= limit else raw[:limit] + "…")
+
+
 class JsonInputError(ValueError):
     """A textarea meant to hold JSON does not."""
 

@@ -16,6 +16,7 @@ from jobs.models import Job
 
 from core import ids
 from dashboard import snapshots
+from dashboard.forms import shown
 
 
 class PageRefused(Exception):
@@ -28,17 +29,13 @@ class PageRefused(Exception):
         self.pages = pages  # the jobs' page count, where it was read
 
 
-def _shown(raw: str) -> str:
-    return repr(raw if len(raw) <= 40 else raw[:40] + "…")
-
-
 def page_number(raw: str | None) -> int | None:
     """The page ``?page=`` names: 1 when absent, None when too long to be a page there is. Raises
     `PageRefused` (400) for anything but a whole number from 1 on."""
     if raw is None:
         return 1
     if not ids.is_digits(raw):
-        raise PageRefused(f"Not a page number: {_shown(raw)}. Pages of jobs are numbered 1, 2, 3…", 400)
+        raise PageRefused(f"Not a page number: {shown(raw)}. Pages of jobs are numbered 1, 2, 3…", 400)
     number = ids.parse_pk(raw)
     if number is None:
         return None  # more digits than any page number there is
@@ -60,9 +57,9 @@ def jobs_page(raw: str | None) -> dict[str, Any]:
         page = paginator.page(number)
     except EmptyPage:
         pages = paginator.num_pages
-        shown = number if number is not None else _shown(raw or "")
+        named = number if number is not None else shown(raw or "")
         raise PageRefused(
-            f"No page {shown}: the jobs fill {pages} page{'s' if pages != 1 else ''}.", 404, pages
+            f"No page {named}: the jobs fill {pages} page{'s' if pages != 1 else ''}.", 404, pages
         ) from None
     number = page.number
     jobs = list(page.object_list)

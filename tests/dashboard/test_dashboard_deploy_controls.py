@@ -124,6 +124,9 @@ def test_a_deploy_on_a_host_name_holding_nul_is_refused(
     assert response.status_code == 400
     assert "No host named &#x27;sim-a\\x00&#x27;." in response.content.decode()
     assert not Deployment.objects.exists()
+    pasted = admin_client.post(f"/models/{served_model.pk}/deploy/", {"host": "h" * 5000, "gpus": "0"})
+    assert pasted.status_code == 400  # the refusal names it, cut to 40 characters
+    assert f"No host named &#x27;{'h' * 40}…&#x27;." in pasted.content.decode()
 
 
 def test_an_admin_stops_and_starts_a_deployment(admin_client: Client, deployment: Deployment) -> None:
