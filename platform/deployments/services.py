@@ -41,7 +41,10 @@ def check_placement(
     busy = Deployment.objects.filter(devices__in=ids, desired_state=DesiredState.RUNNING)
     if exclude is not None:
         busy = busy.exclude(pk=exclude.pk)
-    taken = sorted({str(d) for d in busy.distinct()})
+    # Named by id too: two deployments of one model on one host read alike as model@host.
+    taken = [
+        f"deployment {d.pk} ({d})" for d in busy.distinct().select_related("model", "host").order_by("pk")
+    ]
     if taken:
         raise PlacementError("devices", f"Devices already used by: {', '.join(taken)}.")
 

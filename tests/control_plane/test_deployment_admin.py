@@ -109,7 +109,7 @@ def test_a_start_on_devices_another_deployment_took_is_a_form_error(root_client:
     response = root_client.post(f"{CHANGELIST}{stopped.pk}/change/", {"desired_state": "running"})
 
     assert response.status_code == 200
-    assert f"Devices already used by: {other}." in response.content.decode()
+    assert f"Devices already used by: deployment {other.pk} ({other})." in response.content.decode()
     stopped.refresh_from_db()
     assert stopped.desired_state == DesiredState.STOPPED
 
@@ -130,6 +130,8 @@ def test_a_start_refused_under_the_locks_changes_nothing(
     response = root_client.post(url, {"desired_state": "running"}, follow=True)
 
     assert response.redirect_chain == [(url, 302)]
-    assert f"Not saved: Devices already used by: {other}." in response.content.decode()
+    assert (
+        f"Not saved: Devices already used by: deployment {other.pk} ({other})." in response.content.decode()
+    )
     stopped.refresh_from_db()
     assert stopped.desired_state == DesiredState.STOPPED

@@ -72,7 +72,7 @@ def test_an_admin_deploys_a_model_on_gpus_of_a_host(
         ("7", 1, "Host sim-a has no GPU 7."),
         ("zero", 1, "Not a GPU index: &#x27;zero&#x27; (list indices such as 0,1)."),
         ("", 1, "List the GPU indices to deploy on (such as 0,1)."),
-        ("0", 1, "Devices already used by: tiny@sim-a."),
+        ("0", 1, "Devices already used by: deployment {deployment} (tiny@sim-a)."),
         ("1", 2, "Model tiny needs 2 device(s) (its tensor-parallel size); got 1."),
         ("1,1", 1, "A device is listed twice."),
         ("99999999999999999999", 1, "Host sim-a has no GPU 99999999999999999999."),
@@ -103,6 +103,7 @@ def test_a_refused_deploy_shows_the_error_beside_the_gpus_and_creates_nothing(
     response = admin_client.post(f"/models/{model.pk}/deploy/", {"host": "sim-a", "gpus": gpus})
     assert response.status_code == 400
     page = response.content.decode()
+    error = error.replace("{deployment}", str(deployment.pk))
     assert f'<p class="field-error" data-field="gpus">{error}</p>' in page
     assert f'value="{gpus}"' in page  # what was typed is kept
     assert list(Deployment.objects.values_list("pk", flat=True)) == [deployment.pk]
@@ -158,8 +159,8 @@ def test_a_start_on_devices_another_deployment_took_is_refused(
     response = admin_client.post(f"/deployments/{deployment.pk}/start/")
     assert response.status_code == 400
     assert (
-        f'id="refusal">Deployment {deployment.pk} not started: Devices already used by: tiny@sim-a.</p>'
-        in response.content.decode()
+        f'id="refusal">Deployment {deployment.pk} not started: Devices already used by: '
+        f"deployment {other.pk} (tiny@sim-a).</p>" in response.content.decode()
     )
     deployment.refresh_from_db()
     assert deployment.desired_state == DesiredState.STOPPED

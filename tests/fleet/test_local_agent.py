@@ -115,7 +115,8 @@ def test_the_tiny_model_is_registered_but_not_deployed_when_another_deployment_h
     assert ServedModel.objects.filter(name="tiny-llama").exists()
     assert list(Deployment.objects.all()) == [mine]
     assert notice == (
-        "tiny-llama is registered but not deployed on local: Devices already used by: my-tiny@local. "
+        "tiny-llama is registered but not deployed on local: Devices already used by: "
+        f"deployment {mine.pk} (my-tiny@local). "
         "To deploy it once the device is free: POST /api/v1/deployments/ "
         f'{{"model": "tiny-llama", "host": "local", "devices": [{device.pk}]}}'
     )
