@@ -75,9 +75,9 @@ def _json_field(field: str, text: str) -> Any:
             field, f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
         ) from None
     except _NotFinite as exc:
-        shown = str(exc) if len(str(exc)) <= 40 else str(exc)[:40] + "…"
+        number = str(exc) if len(str(exc)) <= 40 else str(exc)[:40] + "…"
         raise JsonInputError(
-            field, f"Not a finite JSON number: {shown} (JSON has no NaN or Infinity)."
+            field, f"Not a finite JSON number: {number} (JSON has no NaN or Infinity)."
         ) from None
     except ValueError:  # an integer of more digits than int() reads (4300)
         raise JsonInputError(field, "A number in it has too many digits.") from None
