@@ -42,6 +42,7 @@ available again, tokens at the next UTC midnight. Resets are durations like ``59
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -49,8 +50,8 @@ from datetime import UTC, datetime, timedelta
 from accounts.models import ApiKey
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import BigIntegerField, Case, F, OuterRef, Q, QuerySet, Subquery, Sum, Value, When
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import BigIntegerField, Case, F, Q, QuerySet, Value, When
+from django.db.models.functions import Greatest
 
 from gateway.errors import GatewayError, bad_request, rate_limited
 from gateway.models import RateLimitState, TokenReservation, Usage
@@ -92,32 +93,33 @@ def tokens_held_today(key_id: int, now: datetime) -> tuple[int, int]:
     flight, their unexpired ``TokenReservation`` rows).
 
     One statement, so one snapshot: a request that ends books its usage before it drops its
-    reservation (``services.finish``), and a snapshot sees it in one or both, never in neither."""
-    day = day_start(now)
-    total = F("prompt_tokens") + F("completion_tokens")
-    used = (
-        Usage.objects.filter(key=OuterRef("pk"), period_start=day)
-        .values("key")
-        .annotate(t=Sum(total, output_field=BigIntegerField()))
-        .values("t")
+    reservation (``services.finish``), and a snapshot sees it in one or both, never in neither.
+    Written as SQL because it runs at every admission: the ORM's form of it (an ``ApiKey`` row
+    annotated with two aggregate subqueries) took 3.5 ms to build on the 2-core test machine,
+    three times what the rest of the reservation costs; this statement is portable SQL over the
+    models' own table and column names."""
+    day, at = (connection.ops.adapt_datetimefield_value(t) for t in (day_start(now), now))
+    with connection.cursor() as cursor:
+        cursor.execute(_tokens_held_sql(), [key_id, day, key_id, day, at])
+        used, reserved = cursor.fetchone()
+    return int(used), int(reserved)
+
+
+@functools.cache
+def _tokens_held_sql() -> str:
+    """tokens_held_today's statement, over the models' table and column names (quoted)."""
+    q = connection.ops.quote_name
+    usage, held = Usage._meta, TokenReservation._meta
+    u = {
+        f: q(usage.get_field(f).column) for f in ("key", "period_start", "prompt_tokens", "completion_tokens")
+    }
+    r = {f: q(held.get_field(f).column) for f in ("key", "tokens", "created_at", "expires_at")}
+    used = f"COALESCE(SUM({u['prompt_tokens']} + {u['completion_tokens']}), 0)"
+    return (
+        f"SELECT (SELECT {used} FROM {q(usage.db_table)} WHERE {u['key']} = %s AND {u['period_start']} = %s),"
+        f" (SELECT COALESCE(SUM({r['tokens']}), 0) FROM {q(held.db_table)}"
+        f" WHERE {r['key']} = %s AND {r['created_at']} >= %s AND {r['expires_at']} > %s)"
     )
-    reserved = (
-        TokenReservation.objects.filter(key=OuterRef("pk"), created_at__gte=day, expires_at__gt=now)
-        .values("key")
-        .annotate(t=Sum("tokens"))
-        .values("t")
-    )
-    zero = Value(0, output_field=BigIntegerField())
-    row = (
-        ApiKey.objects.filter(pk=key_id)
-        .annotate(
-            used=Coalesce(Subquery(used, output_field=BigIntegerField()), zero),
-            reserved=Coalesce(Subquery(reserved, output_field=BigIntegerField()), zero),
-        )
-        .values_list("used", "reserved")
-        .first()
-    )
-    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 @dataclass(frozen=True)
