@@ -50,7 +50,7 @@ from datetime import UTC, datetime, timedelta
 from accounts.models import ApiKey
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import BigIntegerField, Case, F, Q, QuerySet, Value, When
+from django.db.models import BigIntegerField, Case, F, Field, Model, Q, QuerySet, Value, When
 from django.db.models.functions import Greatest
 
 from gateway.errors import GatewayError, bad_request, rate_limited
@@ -109,17 +109,22 @@ def tokens_held_today(key_id: int, now: datetime) -> tuple[int, int]:
 def _tokens_held_sql() -> str:
     """tokens_held_today's statement, over the models' table and column names (quoted)."""
     q = connection.ops.quote_name
-    usage, held = Usage._meta, TokenReservation._meta
-    u = {
-        f: q(usage.get_field(f).column) for f in ("key", "period_start", "prompt_tokens", "completion_tokens")
-    }
-    r = {f: q(held.get_field(f).column) for f in ("key", "tokens", "created_at", "expires_at")}
+    u = {f: q(_column(Usage, f)) for f in ("key", "period_start", "prompt_tokens", "completion_tokens")}
+    r = {f: q(_column(TokenReservation, f)) for f in ("key", "tokens", "created_at", "expires_at")}
     used = f"COALESCE(SUM({u['prompt_tokens']} + {u['completion_tokens']}), 0)"
     return (
-        f"SELECT (SELECT {used} FROM {q(usage.db_table)} WHERE {u['key']} = %s AND {u['period_start']} = %s),"
-        f" (SELECT COALESCE(SUM({r['tokens']}), 0) FROM {q(held.db_table)}"
+        f"SELECT (SELECT {used} FROM {q(Usage._meta.db_table)}"
+        f" WHERE {u['key']} = %s AND {u['period_start']} = %s),"
+        f" (SELECT COALESCE(SUM({r['tokens']}), 0) FROM {q(TokenReservation._meta.db_table)}"
         f" WHERE {r['key']} = %s AND {r['created_at']} >= %s AND {r['expires_at']} > %s)"
     )
+
+
+def _column(model: type[Model], name: str) -> str:
+    field = model._meta.get_field(name)
+    if not isinstance(field, Field) or not field.column:
+        raise TypeError(f"{model.__name__}.{name} is not a column")
+    return field.column
 
 
 @dataclass(frozen=True)
