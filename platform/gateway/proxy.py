@@ -47,7 +47,7 @@ from gateway import services
 from gateway.errors import GatewayError, engine_error, upstream_lost
 from gateway.prompt_count import count_prompt_tokens
 from gateway.routing import Router, Target
-from gateway.streaming import StreamMeter, upstream_body
+from gateway.streaming import MAX_TOKENS, StreamMeter, strict_json, upstream_body
 from gateway.validation import MAX_BODY_BYTES, CompletionRequest, body_too_large, parse_body, validate
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class GatewayApp:
                 counted = await count_prompt_tokens(
                     self.client, target.base_url, admission.model_name, request
                 )
-                prompt_tokens = counted or 0
+                prompt_tokens = min(counted or 0, MAX_TOKENS)  # an engine's count fits the columns
             outcome = services.Outcome(
                 deployment_id=target.deployment_id,
                 stream=request.stream,
@@ -300,13 +300,21 @@ class GatewayApp:
             error = engine_error(response.status_code, _json_or_none(payload))
             await _respond(send, error.status, error.body(), error.headers())
             return
-        if response.status_code == 200:
-            body = _json_or_none(payload)
-            if isinstance(body, dict):
-                meter.take_response(body)
-            state["outcome"] = "completed"
-        ctype = response.headers.get("content-type", "application/json").encode("latin-1")
-        await _respond(send, response.status_code, payload, [(b"content-type", ctype)])
+        body = _json_or_none(payload) if response.status_code == 200 else None
+        if not isinstance(body, dict):
+            # Another 2xx or a 3xx, or a 200 that is no (strict) JSON object: no answer a client
+            # could read as a completion. A 502, recorded as failed (what the engine reported).
+            log.warning(
+                "gateway: replica %s answered HTTP %s with no JSON object",
+                target.replica_id,
+                response.status_code,
+            )
+            error = upstream_lost("The engine's answer was not a completion.", timed_out=False)
+            await _respond(send, error.status, error.body(), error.headers())
+            return
+        meter.take_response(body)
+        state["outcome"] = "completed"
+        await _respond(send, 200, payload, [(b"content-type", b"application/json")])
 
     async def _relay_stream(
         self, target: Target, response: httpx.Response, meter: StreamMeter, state: dict[str, Any], send: Send
@@ -321,7 +329,14 @@ class GatewayApp:
                     # The client has the whole response: one that hangs up now, before the
                     # engine closes its end, was served in full (or told of the engine's error).
                     state["outcome"] = "failed" if meter.failed else "completed"
-            state["outcome"] = "failed" if meter.failed else "completed"
+            events = meter.close()
+            if not meter.done:  # the engine closed its stream without [DONE]: cut off
+                log.warning("gateway: replica %s ended a stream without [DONE]", target.replica_id)
+                error = upstream_lost("The engine serving this request ended its stream early.", False)
+                events.append(b"data: " + error.body() + b"\n\n")
+            if events:
+                await send({"type": "http.response.body", "body": b"".join(events), "more_body": True})
+            state["outcome"] = "failed" if meter.failed or not meter.done else "completed"
         except httpx.HTTPError as exc:
             if not meter.done:  # the stream broke off: say so, where [DONE] would have come
                 error = self._lost(target, exc)
@@ -409,6 +424,6 @@ def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
 
 def _json_or_none(payload: bytes) -> Any:
     try:
-        return json.loads(payload)
+        return strict_json(payload)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None

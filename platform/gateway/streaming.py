@@ -22,6 +22,26 @@ from typing import Any
 from gateway.errors import engine_error
 
 DONE = b"[DONE]"
+# The most tokens one request is booked with: RequestSample's PositiveIntegerField (PostgreSQL
+# refuses a larger integer where SQLite stores it). A count an engine reports is taken only when
+# it is a non-negative integer up to this; sums over choices are clamped to it.
+MAX_TOKENS = 2**31 - 1
+
+
+def token_count(value: Any) -> int | None:
+    """``value`` as an engine's token count, None unless a non-negative int within MAX_TOKENS:
+    a misbehaving engine's strings, floats, negative or huge numbers must not reach the columns."""
+    return value if type(value) is int and 0 <= value <= MAX_TOKENS else None
+
+
+def strict_json(payload: bytes) -> Any:
+    """``payload`` decoded as strict JSON (no NaN/Infinity, which no client parses); raises
+    ValueError (UnicodeDecodeError included) or RecursionError for anything else."""
+    return json.loads(payload, parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
 
 
 def upstream_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
@@ -55,37 +75,63 @@ class StreamMeter:
     _choices: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (prompt, completion)
 
     def feed(self, data: bytes) -> list[bytes]:
-        """Bytes from the engine -> complete SSE events to send to the client, rewritten."""
+        """Bytes from the engine -> complete SSE events to send to the client, rewritten.
+
+        Nothing after ``[DONE]`` is passed on. Lines may end in CRLF or CR as SSE allows (a CR
+        that ends one piece is held until the next shows whether an LF follows)."""
+        if self.done:
+            return []
         self._buffer += data
+        if b"\r" in self._buffer:
+            held = b"\r" if self._buffer.endswith(b"\r") else b""
+            text = self._buffer[: len(self._buffer) - len(held)]
+            self._buffer = text.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + held
         out: list[bytes] = []
-        while True:
+        while not self.done:
             end = self._buffer.find(b"\n\n")
             if end < 0:
-                return out
+                break
             event, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
             rewritten = self._event(event)
             if rewritten is not None:
                 out.append(rewritten + b"\n\n")
+        return out
+
+    def close(self) -> list[bytes]:
+        """The engine's stream ended: an event left without its blank line, taken as one."""
+        rest, self._buffer = self._buffer.strip(b"\r\n"), b""
+        if self.done or not rest:
+            return []
+        rewritten = self._event(rest)
+        return [] if rewritten is None else [rewritten + b"\n\n"]
 
     def _event(self, event: bytes) -> bytes | None:
-        event = event.strip(b"\r")
-        if not event.startswith(b"data:"):
-            return event  # comments, other fields: pass through
-        payload = event[5:].strip()
+        """One event's data lines (joined as SSE joins them) -> what the client gets, or None.
+        Only ``data:`` events carrying ``[DONE]`` or a strict JSON object are passed on: comments,
+        other fields and garbage (no JSON, invalid UTF-8, NaN) are dropped, so the client's
+        stream stays OpenAI's (every event ``data: {...}``)."""
+        if event.startswith(b"data:") and b"\n" not in event:
+            payload = event[5:]
+        else:  # several lines: keep the data lines' values
+            lines = [line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]
+            if not lines:
+                return None
+            payload = b"\n".join(line[1:] if line.startswith(b" ") else line for line in lines)
+        payload = payload.strip()
         if payload == DONE:
             self.done = True
             return b"data: [DONE]"
         try:
-            chunk = json.loads(payload)
-        except ValueError:
-            return event
+            chunk = strict_json(payload)
+        except (ValueError, RecursionError):
+            return None
         if not isinstance(chunk, dict):
-            return event
+            return None
         error = chunk.get("error")
-        if isinstance(error, dict):
+        if error is not None:
             self.failed = True
-            code = error.get("code")
-            status = code if isinstance(code, int) and code >= 400 else 500
+            code = error.get("code") if isinstance(error, dict) else None
+            status = code if type(code) is int and 400 <= code <= 599 else 500
             return b"data: " + engine_error(status, chunk).body()
         choices = chunk.get("choices")
         if not choices and chunk.get("usage") is not None:
@@ -103,22 +149,36 @@ class StreamMeter:
         return b"data: " + _dump(chunk)
 
     def _take_usage(self, usage: Any) -> None:
+        """The request's totals; a count that is missing or no valid count keeps the running one."""
         if isinstance(usage, dict):
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens = int(usage.get("completion_tokens") or 0)
+            prompt, completion = (
+                token_count(usage.get("prompt_tokens")),
+                token_count(usage.get("completion_tokens")),
+            )
+            self.prompt_tokens = self.prompt_tokens if prompt is None else prompt
+            self.completion_tokens = self.completion_tokens if completion is None else completion
 
     def _take_choice_usage(self, choices: list[Any], usage: Any) -> None:
         """A chunk's running counts, which are its choice's alone: the request's are the sum over
         its choices (prompts counted once per prompt, ``choices_per_prompt`` choices each)."""
         if not isinstance(usage, dict):
             return
-        counts = (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+        prompt, completion = (
+            token_count(usage.get("prompt_tokens")),
+            token_count(usage.get("completion_tokens")),
+        )
         for choice in choices:
             index = choice.get("index") if isinstance(choice, dict) else None
-            self._choices[index if isinstance(index, int) else 0] = counts
-        prompts = {i // self.choices_per_prompt: prompt for i, (prompt, _) in self._choices.items()}
-        self.prompt_tokens = sum(prompts.values())
-        self.completion_tokens = sum(completion for _, completion in self._choices.values())
+            index = index if token_count(index) is not None else 0
+            before = self._choices.get(index, (0, 0))
+            self._choices[index] = (
+                before[0] if prompt is None else prompt,
+                before[1] if completion is None else completion,
+            )
+        prompts = {i // self.choices_per_prompt: p for i, (p, _) in self._choices.items()}
+        # Each count fits, their sum over many choices may not: clamped to what the columns hold.
+        self.prompt_tokens = min(sum(prompts.values()), MAX_TOKENS)
+        self.completion_tokens = min(sum(c for _, c in self._choices.values()), MAX_TOKENS)
 
     def _token(self, now: float) -> None:
         if self.first_token_at is None:
@@ -154,4 +214,7 @@ def _has_text(choice: Any) -> bool:
 
 
 def _dump(chunk: dict[str, Any]) -> bytes:
-    return json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800" in the engine's JSON): escape it
+        return json.dumps(chunk, separators=(",", ":")).encode()

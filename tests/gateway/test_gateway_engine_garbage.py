@@ -1,0 +1,174 @@
+"""Regressions of the engine-garbage walk (test_gateway_engine_garbage_properties.py): what a
+misbehaving engine sent, and what the client gets and the gateway books since."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from gateway.models import RequestSample, TokenReservation, Usage
+
+from tests.gateway.asgi_driver import CHAT, app_with, call, chunk, final_usage, sse
+
+STREAM = {**CHAT, "stream": True}
+
+
+def stream_of(*pieces: bytes) -> Any:
+    """An app whose engine streams ``pieces`` (as the network hands them over)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    return app_with(lambda request: httpx.Response(200, content=body()))
+
+
+def booked() -> tuple[str, int, int]:
+    sample, usage = RequestSample.objects.get(), Usage.objects.get()
+    assert (usage.prompt_tokens, usage.completion_tokens) == (sample.prompt_tokens, sample.completion_tokens)
+    assert not TokenReservation.objects.exists()
+    return sample.outcome, sample.prompt_tokens, sample.completion_tokens
+
+
+def with_usage(usage: bytes, choices: bytes = b"[]") -> bytes:
+    return b'data: {"id": "c1", "choices": ' + choices + b', "usage": ' + usage + b"}\n\n"
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        b'{"prompt_tokens": 100000000000000000000000000000, "completion_tokens": -1}',  # 10**30
+        b'{"prompt_tokens": 9223372036854775808, "completion_tokens": 2147483648}',  # 2**63, 2**31
+        b'{"prompt_tokens": "abc", "completion_tokens": [3]}',
+        b'{"prompt_tokens": NaN, "completion_tokens": 2.5}',
+        b'{"prompt_tokens": Infinity, "completion_tokens": 1e400}',
+        b'"many"',
+    ],
+)
+def test_counts_that_are_no_non_negative_int_in_range_are_ignored(
+    gateway_data: dict[str, Any], usage: bytes
+) -> None:
+    """Once a 500 (ValueError, OverflowError from int()) or, on PostgreSQL, a DataError for a count
+    past the column; a negative one was booked as it was (SQLite) or refused (PostgreSQL)."""
+    raw = sse(chunk("a", 7, 1)).removesuffix(b"data: [DONE]\n\n")
+    raw += with_usage(usage, b'[{"index": 0, "delta": {"content": "b"}}]') + with_usage(usage)
+    result = asyncio.run(
+        call(stream_of(raw + b"data: [DONE]\n\n"), "/v1/chat/completions", STREAM, gateway_data["secret"])
+    )
+    assert result.status == 200 and result.events()[-1] == "[DONE]"
+    assert booked() == ("completed", 7, 1)
+
+
+def test_counts_summed_over_choices_are_clamped_to_the_columns(gateway_data: dict[str, Any]) -> None:
+    big = 2**31 - 1
+    raw = b"".join(
+        with_usage(
+            json.dumps({"prompt_tokens": big, "completion_tokens": big}).encode(),
+            json.dumps([{"index": i, "delta": {"content": "x"}}]).encode(),
+        )
+        for i in range(3)
+    )
+    body = {**STREAM, "n": 3}
+    asyncio.run(
+        call(stream_of(raw + b"data: [DONE]\n\n"), "/v1/chat/completions", body, gateway_data["secret"])
+    )
+    assert booked() == ("completed", big, big)
+
+
+def test_garbage_events_are_dropped_and_the_client_gets_only_data_events(
+    gateway_data: dict[str, Any],
+) -> None:
+    """Comments, other fields, no JSON, invalid UTF-8, JSON that is no object, NaN and nesting past
+    the recursion limit (once a RecursionError out of the app) were passed on or raised."""
+    garbage = [
+        b": ping",
+        b"event: x",
+        b"garbage",
+        b"data: \xff\xfe",
+        b"data: [1, 2]",
+        b'data: {"choices": [], "x": NaN}',
+        b"data: " + b"[" * 100_000,
+        b'data: {"choices": [{"index": 0, "delta": {"content": "\\ud800"}}]}',  # a lone surrogate
+    ]
+    raw = b"".join(g + b"\n\n" for g in garbage) + sse(chunk("a", 7, 1), final_usage(7, 1))
+    result = asyncio.run(call(stream_of(raw), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    events = result.events()
+    assert events[0] == '{"choices":[{"index":0,"delta":{"content":"\\ud800"}}]}'
+    assert json.loads(events[1])["choices"][0]["delta"]["content"] == "a" and events[2:] == ["[DONE]"]
+    assert booked() == ("completed", 7, 1)
+
+
+def test_crlf_line_endings_split_anywhere_are_events_too(gateway_data: dict[str, Any]) -> None:
+    raw = sse(chunk("a", 7, 1), final_usage(7, 2)).replace(b"\n", b"\r\n")
+    pieces = [raw[i : i + 3] for i in range(0, len(raw), 3)]  # a CR and its LF in two pieces
+    result = asyncio.run(call(stream_of(*pieces), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    assert json.loads(result.events()[0])["choices"][0]["delta"]["content"] == "a"
+    assert result.events()[-1] == "[DONE]" and booked() == ("completed", 7, 2)
+
+
+def test_a_stream_that_ends_without_done_ends_with_an_error_event_and_failed(
+    gateway_data: dict[str, Any],
+) -> None:
+    """Once the client's stream just stopped (no [DONE], no error) and the request was "completed"."""
+    raw = sse(chunk("a", 7, 1)).removesuffix(b"data: [DONE]\n\n") + b'data: {"id": "c1", "choices": []'
+    result = asyncio.run(call(stream_of(raw), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    last = json.loads(result.events()[-1])
+    assert last["error"]["code"] == "upstream_failed" and "early" in last["error"]["message"]
+    assert booked() == ("failed", 7, 1)
+
+
+def test_a_last_event_without_its_blank_line_still_counts(gateway_data: dict[str, Any]) -> None:
+    raw = sse(chunk("a", 7, 1)).removesuffix(b"\n\n")
+    result = asyncio.run(call(stream_of(raw), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    assert result.events()[-1] == "[DONE]" and booked() == ("completed", 7, 1)
+
+
+def test_nothing_after_done_is_passed_on(gateway_data: dict[str, Any]) -> None:
+    raw = sse(chunk("a", 7, 1)) + sse(chunk("b", 7, 2))
+    result = asyncio.run(call(stream_of(raw), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    assert len(result.events()) == 2 and result.events()[-1] == "[DONE]"
+    assert booked() == ("completed", 7, 1)
+
+
+def test_an_error_event_whose_error_is_no_object_still_fails_the_request(
+    gateway_data: dict[str, Any],
+) -> None:
+    raw = b'data: {"error": "boom"}\n\ndata: [DONE]\n\n'
+    result = asyncio.run(call(stream_of(raw), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    assert json.loads(result.events()[0])["error"]["type"] == "server_error"
+    assert booked()[0] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("status", "content", "ctype"),
+    [
+        (200, b"<html>oops</html>", "text/html"),
+        (200, b"[1, 2]", "application/json"),
+        (200, b'{"choices": [], "usage": {"prompt_tokens": NaN}}', "application/json"),
+        (204, b"", "application/json"),
+        (302, b"{}", "application/json"),
+    ],
+)
+def test_a_non_streamed_answer_that_is_no_json_object_is_a_502_recorded_as_failed(
+    gateway_data: dict[str, Any], status: int, content: bytes, ctype: str
+) -> None:
+    """Once relayed to the client as it was (the engine's status and content type)."""
+    app = app_with(lambda request: httpx.Response(status, content=content, headers={"content-type": ctype}))
+    result = asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == 502 and result.json()["error"]["code"] == "upstream_failed"
+    assert booked() == ("failed", 0, 0)
+
+
+def test_a_non_streamed_answer_with_wrong_typed_usage_is_relayed_and_booked_without_it(
+    gateway_data: dict[str, Any],
+) -> None:
+    body = {"id": "c1", "choices": [], "usage": {"prompt_tokens": -5, "completion_tokens": 10**30}}
+    app = app_with(lambda request: httpx.Response(200, json=body, headers={"content-type": "text/plain"}))
+    result = asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == 200 and result.json() == body
+    assert result.headers[b"content-type"] == b"application/json"
+    assert booked() == ("completed", 0, 0)
