@@ -168,8 +168,8 @@ class StreamMeter:
             token_count(usage.get("completion_tokens")),
         )
         for choice in choices:
-            index = choice.get("index") if isinstance(choice, dict) else None
-            index = index if token_count(index) is not None else 0
+            # A valid index is a non-negative int like a count; anything else is choice 0.
+            index = token_count(choice.get("index") if isinstance(choice, dict) else None) or 0
             before = self._choices.get(index, (0, 0))
             self._choices[index] = (
                 before[0] if prompt is None else prompt,
