@@ -55,7 +55,10 @@ def engine(request: httpx.Request) -> httpx.Response:
     """Answers any request as vLLM answers a valid one (streamed when asked to)."""
     sent = json.loads(request.content)
     if sent.get("stream") is True:
-        return httpx.Response(200, content=sse(chunk("a", 3, 1), final_usage(3, 1)))
+        body = sse(chunk("a", 3, 1), final_usage(3, 1))  # a stream: content= would be read up front
+        return httpx.Response(
+            200, stream=httpx.ByteStream(body), headers={"content-type": "text/event-stream"}
+        )
     usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
     choice = {
         "index": 0,
