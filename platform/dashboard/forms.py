@@ -8,7 +8,6 @@ then return the serializer so that views render its field errors beside the inpu
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from accounts.api.serializers import QUOTA_FIELDS, ApiKeySerializer
@@ -18,6 +17,8 @@ from jobs.api.serializers import JobSerializer
 from registry.api.serializers import ServedModelSerializer
 from registry.models import ServedModel
 from rest_framework.settings import api_settings
+
+from core import strict_json as strict
 
 MODEL_FIELDS = [
     "name",
@@ -50,31 +51,15 @@ class JsonInputError(ValueError):
         self.field = field
 
 
-class _NotFinite(ValueError):
-    """A JSON text's NaN, Infinity or a number past a float (1e400): Python's json reads them, but
-    they are no JSON (the API's parser refuses them) and PostgreSQL's jsonb cannot store them."""
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise _NotFinite(text)
-    return number
-
-
-def _no_constant(text: str) -> Any:
-    raise _NotFinite(text)
-
-
 def _json_field(field: str, text: str) -> Any:
     """``text`` read as strict JSON (as the API's parser reads a body); `JsonInputError` otherwise."""
     try:
-        return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+        return strict.loads(text)
     except json.JSONDecodeError as exc:
         raise JsonInputError(
             field, f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
         ) from None
-    except _NotFinite as exc:
+    except strict.NotFinite as exc:
         number = str(exc) if len(str(exc)) <= 40 else str(exc)[:40] + "…"
         raise JsonInputError(
             field, f"Not a finite JSON number: {number} (JSON has no NaN or Infinity)."

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from core import strict_json as strict
 from gateway.errors import engine_error
 
 DONE = b"[DONE]"
@@ -35,17 +36,10 @@ def token_count(value: Any) -> int | None:
 
 
 def strict_json(payload: bytes) -> Any:
-    """``payload`` decoded as strict JSON in UTF-8 (no NaN/Infinity, which no client parses);
-    raises ValueError (UnicodeDecodeError included) or RecursionError for anything else."""
-    return _STRICT.decode(payload.decode())
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-# One decoder for every chunk: json.loads with parse_constant would build one per call (+10 us).
-_STRICT = json.JSONDecoder(parse_constant=_refuse_constant)
+    """``payload`` decoded as strict JSON in UTF-8 (core.strict_json: no NaN, Infinity or 1e400,
+    which no client parses); raises ValueError (UnicodeDecodeError included) or RecursionError for
+    anything else."""
+    return strict.loads(payload)
 
 
 def upstream_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:

@@ -84,8 +84,9 @@ def test_counts_summed_over_choices_are_clamped_to_the_columns(gateway_data: dic
 def test_garbage_events_are_dropped_and_the_client_gets_only_data_events(
     gateway_data: dict[str, Any],
 ) -> None:
-    """Comments, other fields, no JSON, invalid UTF-8, JSON that is no object, NaN and nesting past
-    the recursion limit (once a RecursionError out of the app) were passed on or raised."""
+    """Comments, other fields, no JSON, invalid UTF-8, JSON that is no object, NaN, 1e400 (relayed as
+    Infinity, which no client parses) and nesting past the recursion limit (once a RecursionError
+    out of the app) were passed on or raised."""
     garbage = [
         b": ping",
         b"event: x",
@@ -93,6 +94,7 @@ def test_garbage_events_are_dropped_and_the_client_gets_only_data_events(
         b"data: \xff\xfe",
         b"data: [1, 2]",
         b'data: {"choices": [], "x": NaN}',
+        b'data: {"choices": [{"index": 0, "delta": {"content": "z"}, "logprobs": 1e400}]}',  # was Infinity
         b"data: " + b"[" * 100_000,
         b'data: {"choices": [{"index": 0, "delta": {"content": "\\ud800"}}]}',  # a lone surrogate
     ]
