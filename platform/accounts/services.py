@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,6 +17,8 @@ from django.utils import timezone
 from accounts.models import ApiKey, ApiToken
 from accounts.roles import is_admin
 from core.secrets import Issued, digest_secret, issue_secret
+
+log = logging.getLogger(__name__)
 
 # last_used_at tells operators when a credential was last used (and starts a token's idle
 # lifetime); refreshing it at most once a minute keeps every authenticated request from turning
@@ -81,6 +84,8 @@ def prune_expired_api_tokens() -> int:
     deleted, _ = ApiToken.objects.filter(
         pk__in=_tokens_with_last_seen().filter(_expired(timezone.now())).values("pk")
     ).delete()
+    if deleted:
+        log.info("Deleted %d expired operator API token(s).", deleted)
     return deleted
 
 

@@ -53,9 +53,7 @@ async def run_sweeper() -> None:
     next_retention = time.monotonic() + settings.TELEMETRY_DOWNSAMPLE_INTERVAL_S
     while True:
         try:
-            changed = await database_sync_to_async(reconcile.sweep)()
-            if changed:
-                log.info("Liveness sweep: %d host(s) changed status.", changed)
+            await database_sync_to_async(reconcile.sweep)()  # logs hosts that changed status
             if time.monotonic() >= next_retention:
                 next_retention = time.monotonic() + settings.TELEMETRY_DOWNSAMPLE_INTERVAL_S
                 await database_sync_to_async(downsample_and_prune)()

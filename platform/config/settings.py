@@ -369,11 +369,19 @@ GATEWAY_UNAVAILABLE_RETRY_AFTER_S = env_int("GATEWAY_UNAVAILABLE_RETRY_AFTER_S",
 # quota until it finishes) counts: only a web process that died mid-request leaves one this old.
 GATEWAY_RESERVATION_TTL_S = env_int("GATEWAY_RESERVATION_TTL_S", 900, minimum=1)
 
+# Celery's routine lines about the beat schedule's tasks (sent, received, succeeded: three every
+# 5 s for the liveness sweep) are dropped unless LOG_HOUSEKEEPING is set (config/log_filters.py).
+HOUSEKEEPING_TASKS = (
+    [] if env_bool("LOG_HOUSEKEEPING") else [e["task"] for e in CELERY_BEAT_SCHEDULE.values()]
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"housekeeping": {"()": "config.log_filters.QuietHousekeeping", "tasks": HOUSEKEEPING_TASKS}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["housekeeping"]}
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
