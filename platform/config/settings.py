@@ -368,6 +368,15 @@ GATEWAY_UNAVAILABLE_RETRY_AFTER_S = env_int("GATEWAY_UNAVAILABLE_RETRY_AFTER_S",
 # How long a request's token reservation (its most possible cost, held against the key's daily
 # quota until it finishes) counts: only a web process that died mid-request leaves one this old.
 GATEWAY_RESERVATION_TTL_S = env_int("GATEWAY_RESERVATION_TTL_S", 900, minimum=1)
+# The most of an engine's answer the gateway holds: a whole non-streamed answer, and one SSE event
+# of a stream. An engine that misbehaves, or answers a huge n or logprobs request, must not grow a
+# web process without bound; past either limit the request is cut off (a 502, or a stream's final
+# error event) and recorded as failed. Sizes of legitimate answers: a generated token costs tens of
+# bytes of JSON, about 1.5 KB with top-20 logprobs (vLLM's max_logprobs default). A stream's event
+# holds one engine step of one choice, so 8 MiB is thousands of times a real one; 64 MiB holds about
+# 40,000 tokens with top-20 logprobs each (n x max_tokens). Serving more, raise them.
+GATEWAY_MAX_ENGINE_BODY_BYTES = env_int("GATEWAY_MAX_ENGINE_BODY_BYTES", 64 * 2**20, minimum=65_536)
+GATEWAY_MAX_ENGINE_EVENT_BYTES = env_int("GATEWAY_MAX_ENGINE_EVENT_BYTES", 8 * 2**20, minimum=65_536)
 
 # Celery's routine lines about the beat schedule's tasks (sent, received, succeeded: three every
 # 5 s for the liveness sweep) are dropped unless LOG_HOUSEKEEPING is set (config/log_filters.py).

@@ -22,7 +22,9 @@ Django's middleware and URL resolver also keeps the per-chunk and per-request co
 
 An engine that fails after it started to answer is not retried (it may have generated already):
 the client gets a 502 (504 on a read timeout) if nothing was sent yet, else a final SSE error event
-in place of ``[DONE]``; either way the request is recorded as failed.
+in place of ``[DONE]``; either way the request is recorded as failed. So is one whose answer (or
+one SSE event of it) passes GATEWAY_MAX_ENGINE_BODY_BYTES (GATEWAY_MAX_ENGINE_EVENT_BYTES): it is
+read only that far, then the engine's connection is closed.
 
 Routes: ``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/chat/completions``,
 ``POST /v1/completions``.
@@ -152,6 +154,7 @@ class GatewayApp:
             include_usage=request.include_usage,
             continuous_usage=request.continuous_usage,
             choices_per_prompt=request.body.get("n") or 1,
+            max_event_bytes=settings.GATEWAY_MAX_ENGINE_EVENT_BYTES,
         )
         state: dict[str, Any] = {"target": None, "outcome": "failed"}
         refused: GatewayError | None = None  # the relay's error from before the first byte
@@ -289,11 +292,17 @@ class GatewayApp:
     async def _relay_whole(
         self, target: Target, response: httpx.Response, meter: StreamMeter, state: dict[str, Any], send: Send
     ) -> None:
-        """A non-streamed answer or an engine's error: read it all, then answer in one go."""
+        """A non-streamed answer or an engine's error: read it all, then answer in one go. One
+        larger than GATEWAY_MAX_ENGINE_BODY_BYTES is given up as soon as it passes the limit (the
+        relay then closes the engine's connection, which aborts the request there)."""
         try:
-            payload = await response.aread()
+            payload = await _read_at_most(response, settings.GATEWAY_MAX_ENGINE_BODY_BYTES)
         except httpx.HTTPError as exc:
             error = self._lost(target, exc)
+            await _respond(send, error.status, error.body(), error.headers())
+            return
+        if payload is None:
+            error = _too_large(target, "answer", settings.GATEWAY_MAX_ENGINE_BODY_BYTES)
             await _respond(send, error.status, error.body(), error.headers())
             return
         if response.status_code >= 400:  # 4xx: 5xx went to another replica
@@ -329,8 +338,13 @@ class GatewayApp:
                     # The client has the whole response: one that hangs up now, before the
                     # engine closes its end, was served in full (or told of the engine's error).
                     state["outcome"] = "failed" if meter.failed else "completed"
+                if meter.too_large:  # the relay closes the engine's connection: vLLM aborts
+                    break
             events = meter.close()
-            if not meter.done:  # the engine closed its stream without [DONE]: cut off
+            if meter.too_large:
+                error = _too_large(target, "SSE event", settings.GATEWAY_MAX_ENGINE_EVENT_BYTES)
+                events.append(b"data: " + error.body() + b"\n\n")
+            elif not meter.done:  # the engine closed its stream without [DONE]: cut off
                 log.warning("gateway: replica %s ended a stream without [DONE]", target.replica_id)
                 error = upstream_lost("The engine serving this request ended its stream early.", False)
                 events.append(b"data: " + error.body() + b"\n\n")
@@ -361,6 +375,25 @@ def _when_sent(state: dict[str, Any], target: Target) -> Callable[[str, dict[str
             state["target"] = target
 
     return trace
+
+
+async def _read_at_most(response: httpx.Response, limit: int) -> bytes | None:
+    """``response``'s body, or None as soon as it passes ``limit`` bytes (the rest is not read)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(target: Target, what: str, limit: int) -> GatewayError:
+    """``target`` sent an answer (or one event of it) past ``limit``: the request is cut off. The
+    replica is not marked failed: a request asking for a huge answer is no sign of a sick engine."""
+    log.warning("gateway: replica %s sent an %s over %d bytes: cut off", target.replica_id, what, limit)
+    return upstream_lost(f"The engine's {what} was larger than the gateway relays ({limit} bytes).", False)
 
 
 async def _read_body(receive: Receive) -> bytes:

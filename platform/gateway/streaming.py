@@ -56,12 +56,15 @@ class StreamMeter:
     ``started`` is the request's arrival at the gateway (``time.monotonic()``); the first event
     that carries generated text sets TTFT, later ones add time-between-token gaps. ``done`` is set
     by the stream's closing ``[DONE]`` event, ``failed`` by an error event from the engine.
+    ``too_large`` by an event longer than ``max_event_bytes`` (None: no limit): the meter holds
+    at most that much of one event, then stops taking the stream (the proxy cuts it off).
     """
 
     started: float
     include_usage: bool = False
     continuous_usage: bool = False  # the client's chunks keep the engine's running usage
     choices_per_prompt: int = 1  # the request's ``n``: choice ``i`` is prompt ``i // n``'s
+    max_event_bytes: int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     first_token_at: float | None = None
@@ -69,6 +72,7 @@ class StreamMeter:
     gaps: list[float] = field(default_factory=list)
     done: bool = False
     failed: bool = False
+    too_large: bool = False
     _buffer: bytearray = field(default_factory=bytearray)
     _scanned: int = 0  # how much of _buffer is known to hold no event end
     _held_cr: bool = False  # the last piece ended in CR: its LF may start the next
@@ -81,8 +85,9 @@ class StreamMeter:
         that ends one piece is held until the next shows whether an LF follows). Only the new
         bytes are normalised and searched: an engine's huge line arriving in many pieces costs
         linear time, not a rescan of all it buffered per piece (a 50 MB line in 64 KB pieces
-        took 43 s of the event loop)."""
-        if self.done:
+        took 43 s of the event loop). An event passing ``max_event_bytes`` sets ``too_large``:
+        the events before it are returned, nothing more is taken."""
+        if self.done or self.too_large:
             return []
         if self._held_cr:
             data, self._held_cr = b"\r" + data, False
@@ -96,6 +101,9 @@ class StreamMeter:
             end = self._buffer.find(b"\n\n", max(self._scanned - 1, 0))
             if end < 0:
                 self._scanned = len(self._buffer)
+                self._refuse_past(len(self._buffer))
+                break
+            if self._refuse_past(end):
                 break
             event = bytes(self._buffer[:end])
             del self._buffer[: end + 2]
@@ -109,10 +117,18 @@ class StreamMeter:
         """The engine's stream ended: an event left without its blank line, taken as one."""
         rest = bytes(self._buffer).strip(b"\n")
         self._buffer, self._scanned, self._held_cr = bytearray(), 0, False
-        if self.done or not rest:
+        if self.done or self.too_large or not rest:
             return []
         rewritten = self._event(rest)
         return [] if rewritten is None else [rewritten + b"\n\n"]
+
+    def _refuse_past(self, size: int) -> bool:
+        """An event of ``size`` bytes (so far) passes the limit: drop what is buffered, stop."""
+        if self.max_event_bytes is None or size <= self.max_event_bytes:
+            return False
+        self.too_large = True
+        self._buffer, self._scanned, self._held_cr = bytearray(), 0, False
+        return True
 
     def _event(self, event: bytes) -> bytes | None:
         """One event's data lines (joined as SSE joins them) -> what the client gets, or None.
