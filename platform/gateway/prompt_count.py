@@ -26,11 +26,13 @@ from gateway.validation import CompletionRequest
 
 log = logging.getLogger(__name__)
 
-# The count runs after the client left, before the request is booked; daphne cancels an
-# application 10 s (its application_close_timeout) after its client left, and a cancelled one
-# books nothing. A local engine tokenizes in milliseconds; one that does not answer in time is
-# booked without a prompt count.
+# The count runs after the client left, before the request is booked, and holds the request's
+# task (and its reservation) until then. A local engine tokenizes in milliseconds; one that does not
+# answer in time is booked without a prompt count. A request whose task was cancelled (daphne:
+# shutdown, or its application_close_timeout after the client left) waits less: daphne waits for
+# its cancelled applications at shutdown.
 TOKENIZE_TIMEOUT_S = 3.0
+CANCELLED_TOKENIZE_TIMEOUT_S = 0.5
 
 # Fields of a chat request that change what its template makes of the messages; vLLM's tokenize
 # request takes them with the same meaning (and defaults) as its chat request.
@@ -47,16 +49,20 @@ CHAT_TEMPLATE_FIELDS = (
 
 
 async def count_prompt_tokens(
-    client: httpx.AsyncClient, base_url: str, model_name: str, request: CompletionRequest
+    client: httpx.AsyncClient,
+    base_url: str,
+    model_name: str,
+    request: CompletionRequest,
+    brief: bool = False,
 ) -> int | None:
     """The prompt tokens of ``request`` as the engine at ``base_url`` (serving ``model_name``) counts them.
 
     Returns:
         The count, or None if the engine did not give one (it failed, refused or took longer than
-        ``TOKENIZE_TIMEOUT_S``); the reason is logged.
+        ``TOKENIZE_TIMEOUT_S``, ``CANCELLED_TOKENIZE_TIMEOUT_S`` if ``brief``); the reason is logged.
     """
     try:
-        async with asyncio.timeout(TOKENIZE_TIMEOUT_S):
+        async with asyncio.timeout(CANCELLED_TOKENIZE_TIMEOUT_S if brief else TOKENIZE_TIMEOUT_S):
             if request.kind == "chat":
                 return await _tokenize(client, base_url, _chat_body(model_name, request.body))
             return await _count_completion_prompts(client, base_url, model_name, request.body)

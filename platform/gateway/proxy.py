@@ -11,7 +11,9 @@ connection close and aborts the request ("Aborted request ..." in its log,
 ``vllm:num_requests_running`` drops). A non-streamed request is given up the same way while the
 gateway waits for its answer. Either is booked, as "disconnected", with the usage the engine
 reported so far; one that left before the engine reported any (a non-streamed answer carries its
-usage at its end) with its prompt tokens as that engine counts them (``prompt_count``). The relay
+usage at its end) with its prompt tokens as that engine counts them (``prompt_count``). So is
+a request whose task is cancelled (daphne's shutdown, or its application_close_timeout after a
+client left): ``booking`` runs to its end before the cancellation is raised. The relay
 reads the next upstream chunk only after ``send()`` of the previous one returned, so the engine is
 never read faster than the server accepts bytes.
 Under daphne that is the whole backpressure there is: daphne's ``send()`` returns once Twisted has
@@ -46,10 +48,10 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from gateway import services
+from gateway.booking import book, to_the_end
 from gateway.errors import GatewayError, engine_error, upstream_lost
-from gateway.prompt_count import count_prompt_tokens
 from gateway.routing import Router, Target
-from gateway.streaming import MAX_TOKENS, StreamMeter, strict_json, upstream_body
+from gateway.streaming import StreamMeter, strict_json, upstream_body
 from gateway.validation import MAX_BODY_BYTES, CompletionRequest, body_too_large, parse_body, validate
 
 log = logging.getLogger(__name__)
@@ -158,10 +160,15 @@ class GatewayApp:
         )
         state: dict[str, Any] = {"target": None, "outcome": "failed"}
         refused: GatewayError | None = None  # the relay's error from before the first byte
+        cancelled: asyncio.CancelledError | None = None
         relay = asyncio.ensure_future(self._relay(request, admission, meter, state, send))
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
             await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError as exc:
+            # Daphne cancels the task at shutdown, or application_close_timeout after its client
+            # left: what the engine served is booked all the same (below), then this is raised.
+            cancelled = exc
         finally:
             if not relay.done():  # the client left (or we are cancelled): stop the upstream request
                 relay.cancel()
@@ -177,25 +184,12 @@ class GatewayApp:
                 refused = error
         target: Target | None = state["target"]
         if target is not None:  # an engine took the request: what it served counts
-            prompt_tokens = meter.prompt_tokens
-            if state["outcome"] == "disconnected" and not prompt_tokens:
-                # Left before the engine's usage came (a non-streamed answer's comes at its end):
-                # the engine has the prompt all the same.
-                counted = await count_prompt_tokens(
-                    self.client, target.base_url, admission.model_name, request
-                )
-                prompt_tokens = min(counted or 0, MAX_TOKENS)  # an engine's count fits the columns
-            outcome = services.Outcome(
-                deployment_id=target.deployment_id,
-                stream=request.stream,
-                outcome=state["outcome"],
-                prompt_tokens=prompt_tokens,
-                completion_tokens=meter.completion_tokens,
-                ttft_s=meter.ttft_s,
-                tbt_mean_s=meter.tbt_mean_s,
-                tbt_max_s=meter.tbt_max_s,
+            booking = book(
+                self.client, request, admission, meter, target, state["outcome"], cancelled is not None
             )
-            await database_sync_to_async(services.finish)(admission, outcome)
+            await to_the_end(booking)
+        if cancelled is not None:
+            raise cancelled
         if refused is not None:
             raise refused
 
