@@ -313,6 +313,9 @@ class EngineSupervisor:
             if healthy:
                 self._ran_stable_since = time.monotonic()
                 self._set_state("running", error=None)
+                log.info(
+                    "Deployment %s running at %s (engine log %s).", self.spec.id, base_url, self.log_path
+                )
                 await self._scrape_until_exit(proc, http)
         if proc.returncode is None:  # health timeout
             await self._terminate()

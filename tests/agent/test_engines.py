@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -106,11 +107,19 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
 
 
 @pytest.mark.asyncio
-async def test_it_starts_an_engine_waits_for_health_and_scrapes_metrics(env: Env) -> None:
+async def test_it_starts_an_engine_waits_for_health_and_scrapes_metrics(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpu_agent.engines")
     await env.manager.apply([spec()])
     await wait_for(lambda: env.states()[-1:] == ["running"])
     assert env.states() == ["starting", "running"]
     assert env.statuses[-1].port is not None and env.statuses[-1].restarts == 0
+    # The operator's terminal says where the engine answers, not only that it started.
+    log_path = env.manager._engines["d1"].log_path
+    url = f"http://127.0.0.1:{env.statuses[-1].port}"
+    running = [r.getMessage() for r in caplog.records if "running at" in r.getMessage()]
+    assert running == [f"Deployment d1 running at {url} (engine log {log_path})."]
     s = await take_until(env, lambda s: s.preemptions_total >= 2 and s.ttft is not None and s.ttft.count > 0)
     # A take holds the scrape windows since the previous take. Each of the fake's holds TTFTs 0.05,
     # 0.05, 0.3 and ITLs 0.02 x 10, so any number of them has the quantiles of one.
