@@ -66,6 +66,7 @@ def device_card(device: Device, sample: DeviceSample | None) -> dict[str, Any]:
         "paired_with": None,
         "utilization": None,
         "ts": None,
+        "deployments": [],  # what the operator placed on it (overview() fills it in)
     }
     if sample is not None:
         card.update(
@@ -94,9 +95,35 @@ def overview() -> Snapshot:
             "simulated": host.simulated,
             "last_seen": host.last_seen_at.isoformat() if host.last_seen_at else None,
         }
+    placed = _placed([d.pk for d in devices])
     for device in devices:
-        snap[f"device:{device.pk}"] = device_card(device, samples.get(device.pk))
+        card = device_card(device, samples.get(device.pk))
+        card["deployments"] = placed.get(device.pk, [])
+        snap[f"device:{device.pk}"] = card
     return snap
+
+
+def _placed(device_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """device pk -> the deployments placed on it (by id): model, desired and observed state. One
+    query; a stopped deployment keeps its devices, so it is listed (stopped) until deleted."""
+    rows = (
+        Deployment.devices.through.objects.filter(device_id__in=device_ids)
+        .order_by("device_id", "deployment_id")
+        .values_list(
+            "device_id",
+            "deployment_id",
+            "deployment__model_id",
+            "deployment__model__name",
+            "deployment__desired_state",
+            "deployment__observed_state",
+        )
+    )
+    placed: dict[int, list[dict[str, Any]]] = {}
+    for device_id, pk, model_id, model, desired, observed in rows:
+        placed.setdefault(device_id, []).append(
+            {"id": pk, "model_id": model_id, "model": model, "desired": desired, "observed": observed}
+        )
+    return placed
 
 
 def lends_to(card: dict[str, Any], cards: Mapping[tuple[int, int], dict[str, Any]]) -> int | None:

@@ -107,14 +107,25 @@ def test_the_gpu_map_draws_an_unknown_host_from_a_delta_and_resyncs_on_reconnect
     card = {
         "host": 7, "index": 0, "name": "H100" + HOSTILE, "kind": "gpu", "total": 80, "role": "none",
         "used": 0, "lent": 0, "borrowed": 0, "free": 80, "paired_with": None, "utilization": None, "ts": None,
+        "deployments": [
+            {"id": 3, "model_id": 5, "model": "m" + HOSTILE, "desired": "running", "observed": "running"},
+        ],
     }  # fmt: skip
+    bare = {**card, "index": 1, "deployments": []}
     host = {"name": "h" + HOSTILE, "status": "online", "simulated": False, "last_seen": None}
-    delta = {"type": "delta", "set": {"host:7": host, "device:70": card}, "remove": []}
+    delta = {"type": "delta", "set": {"host:7": host, "device:70": card, "device:71": bare}, "remove": []}
     page.evaluate("(frame) => window.__push(frame)", delta)
     section = page.locator("section.host")
     assert section.locator("h2").inner_text().startswith("h" + HOSTILE)
-    assert section.locator(".card h3").inner_text() == "GPU 0 · H100" + HOSTILE
-    assert section.locator(".card .ts").inner_text() == "no sample yet"
+    assert section.locator(".card h3").all_inner_texts() == [
+        "GPU 0 · H100" + HOSTILE,
+        "GPU 1 · H100" + HOSTILE,
+    ]
+    assert section.locator(".card .ts").first.inner_text() == "no sample yet"
+    # What runs on each device, linked to its model's page; a device without one says so.
+    placed = section.locator(".card .placed li")
+    assert placed.all_inner_texts() == ["m" + HOSTILE + " #3 running", "no deployment"]
+    assert placed.first.locator("a").get_attribute("href") == "/models/5/"
     assert_inert(page)
 
     reconnect(page)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from dashboard import snapshots
@@ -143,3 +144,26 @@ def test_job_progress_bars_have_an_accessible_name(viewer_client: Client) -> Non
         assert re.findall(r"<progress [^>]*>", page) == [
             f'<progress max="1" value="0.5" aria-label="progress of job {job.pk}">'
         ], url
+
+
+def test_each_gpu_card_lists_the_deployments_placed_on_it(host: Host, served_model: Any) -> None:
+    d0, d1 = Device.objects.filter(host=host).order_by("index")
+    wide = Deployment.objects.create(model=served_model, host=host, observed_state="running")
+    wide.devices.set([d0, d1])
+    stopped = Deployment.objects.create(
+        model=served_model, host=host, desired_state="stopped", observed_state="stopped"
+    )
+    stopped.devices.set([d1])
+    cards = {c["index"]: c["deployments"] for k, c in snapshots.overview().items() if k.startswith("device:")}
+    running = {
+        "id": wide.pk,
+        "model_id": served_model.pk,
+        "model": served_model.name,
+        "desired": "running",
+        "observed": "running",
+    }
+    assert cards[0] == [running]
+    assert cards[1] == [running, {**running, "id": stopped.pk, "desired": "stopped", "observed": "stopped"}]
+    stopped.delete()
+    wide.delete()
+    assert all(c["deployments"] == [] for k, c in snapshots.overview().items() if k.startswith("device:"))

@@ -58,6 +58,27 @@
     }
     return b;
   }
+  // "/models/0/" with the model's id: the model page of a deployment on a card.
+  function modelUrl(id) {
+    return root.dataset.modelUrl.replace(/\/0\/$/, "/" + id + "/");
+  }
+  // What is placed on the device: "tiny-llama #1 running" per deployment (its observed state),
+  // linked to its model's page. A stopped deployment keeps its devices until it is deleted.
+  function placed(card) {
+    const list = el("ul", "placed");
+    for (const d of card.deployments || []) {
+      const li = el("li");
+      li.dataset.deployment = d.id;
+      const a = el("a", null, d.model);
+      a.href = modelUrl(d.model_id);
+      li.appendChild(a);
+      li.appendChild(document.createTextNode(" #" + d.id + " "));
+      li.appendChild(el("span", "badge state " + d.observed, d.observed));
+      list.appendChild(li);
+    }
+    if (!list.childNodes.length) list.appendChild(el("li", "empty", "no deployment"));
+    return list;
+  }
   function render() {
     root.textContent = "";
     const hosts = Object.keys(state).filter((k) => k.startsWith("host:"))
@@ -93,6 +114,7 @@
         card.appendChild(el("h3", null, deviceName(c) + " · " + c.name));
         // A consumer that also lends reports itself as a consumer: say it lends too.
         card.appendChild(el("span", "badge role", c.role === "consumer" && c.lent > 0 ? "consumer + producer" : c.role));
+        card.appendChild(placed(c));
         card.appendChild(bar(c));
         const used = el("p", "mem", Live.bytes(c.used) + " used of " + Live.bytes(c.total));
         used.dataset.used = c.used;
