@@ -247,7 +247,9 @@ if REDIS_URL:
 else:
     # Embedded: a real broker shared by processes through files. Task outcomes are written to the
     # Job rows, so no result backend is needed.
-    CELERY_BROKER_URL = "filesystem://"
+    # The host part names nothing (the folders below are the broker); without one kombu warns
+    # "No hostname was supplied" at every connection (each job submitted, each worker start).
+    CELERY_BROKER_URL = "filesystem://localhost//"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
         "data_folder_out": str(BROKER_DIR / "queue"),

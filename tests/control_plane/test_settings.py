@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
+from kombu import Connection
 
 from config.env import env_bool, env_float, env_int, env_list, env_url
 from config.local_secret import load_or_create_secret_key
@@ -87,7 +88,9 @@ def _settings_in_subprocess(env: dict[str, str], tmp_path: Path) -> dict[str, ob
 def test_it_defaults_to_the_embedded_backends(tmp_path: Path) -> None:
     local = _settings_in_subprocess({}, tmp_path)
     assert local["engine"] == "django.db.backends.sqlite3"
-    assert local["broker"] == "filesystem://"
+    assert local["broker"] == "filesystem://localhost//"
+    # kombu warns "No hostname was supplied" at every connection to a URL without one.
+    assert Connection(local["broker"]).hostname == "localhost"
     assert local["layer"] == "channels.layers.InMemoryChannelLayer"
     assert local["debug"] is False
     assert local["secret"] == (tmp_path / "secret_key").read_text().strip()
