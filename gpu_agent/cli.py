@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -43,7 +44,25 @@ def make_config(argv: Sequence[str] | None) -> AgentConfig:
     overrides = {k: v for k, v in vars(args).items() if k != "config"}
     if overrides.get("token") is None and file_values.get("token") is None:
         overrides["token"] = os.environ.get("GPU_AGENT_TOKEN")
-    return AgentConfig.build(file_values, overrides)
+    try:
+        return AgentConfig.build(file_values, overrides)
+    except ValueError as exc:
+        key = _key_named(str(exc))
+        from_file = key is not None and file_values.get(key) is not None and overrides.get(key) is None
+        if args.config is not None and (from_file or str(exc).startswith("unknown config key")):
+            raise ValueError(f"config file {args.config!r}: {exc}") from None
+        raise
+
+
+def _key_named(message: str) -> str | None:
+    """The config key an AgentConfig error is about: "config key 'k' must be ...", "k=... must",
+    "self.k=...", "k holds ...", "--simulate ...", "control plane URL ..."; None if none is."""
+    if message.startswith("control plane URL"):
+        return "control_plane"
+    if message.startswith("--simulate"):
+        return "simulate"
+    match = re.match(r"config key '(\w+)'|(?:self\.)?(\w+)(?:=| holds| is required)", message)
+    return None if match is None else match.group(1) or match.group(2)
 
 
 def make_host(cfg: AgentConfig) -> Host:

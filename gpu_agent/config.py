@@ -8,6 +8,7 @@ import math
 import re
 import socket
 import sys
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -66,6 +67,8 @@ def _check_url(url: str) -> None:
         raise ValueError(f"control plane URL {url!r}: {exc}") from None
     if not parts.hostname:
         raise ValueError(f"control plane URL {url!r} has no host name")
+    if parts.port == 0:
+        raise ValueError(f"control plane URL {url!r}: port 0 is no port to connect to")
     if any(c.isspace() for c in url):
         raise ValueError(f"control plane URL {url!r} contains whitespace")
 
@@ -116,6 +119,8 @@ class AgentConfig:
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _refuse_control_characters(f.name, getattr(self, f.name))
         if not self.control_plane:
             raise ValueError("control_plane is required (--control-plane URL)")
         _check_url(self.control_plane)
@@ -166,6 +171,20 @@ class AgentConfig:
         return cls(**merged)
 
 
+def _refuse_control_characters(key: str, value: Any) -> None:
+    """ValueError naming ``key`` if the string ``value`` holds a control character (NUL, newline,
+    ESC, ...), which a YAML file can spell ("\\0"): no path, URL, header or host name holds one, and
+    a NUL made os.makedirs fail with a bare "embedded null byte" naming nothing. A token's value is
+    not shown."""
+    if not isinstance(value, str):
+        return
+    at = next((i for i, c in enumerate(value) if unicodedata.category(c) == "Cc"), None)
+    if at is None:
+        return
+    shown = "" if key == "token" else f"={value!r}"
+    raise ValueError(f"{key}{shown} holds a control character ({value[at]!r} at index {at})")
+
+
 def _checked_address(key: str, value: str, *, unspecified_ok: bool = False) -> str:
     try:
         return host_address(value, unspecified_ok=unspecified_ok)
@@ -196,8 +215,12 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise ValueError(
             f"config file {path!r} is not UTF-8 text: {exc.reason} at byte {exc.start}"
         ) from None
+    except ValueError as exc:  # open(): "embedded null byte"
+        raise ValueError(f"cannot read config file {path!r}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"config file {path!r} is not valid YAML: {exc}") from None
+    except RecursionError:  # PyYAML builds nested collections recursively ("[[[[..." 1,000 deep)
+        raise ValueError(f"config file {path!r} nests its values too deeply to read") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -205,3 +205,51 @@ def test_the_bounds_themselves_are_accepted_and_the_agent_starts_with_them(
         argv = ["--telemetry-interval-s", str(interval), "--sim-seed", str(seed)]
         assert main([*BASE, "--simulate", "1xH100", *argv]) == 0
     assert started == [0.05, 60.0]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        # PyYAML nests recursively: a RecursionError traceback.
+        ("control_plane: http://cp\ntoken: t\nname: " + "[" * 5000 + "\n", "nests its values too deeply"),
+        # os.makedirs failed with a bare "embedded null byte" naming no key, and no file.
+        (
+            'control_plane: http://cp\ntoken: t\nstate_dir: "var/\\0agent"\n',
+            "state_dir='var/\\x00agent' holds",
+        ),
+        # Accepted: the name and token (an HTTP header) went to the control plane holding NUL.
+        ('control_plane: http://cp\ntoken: t\nname: "gpu\\0-1"\n', "name='gpu\\x00-1' holds a control"),
+        ('control_plane: http://cp\ntoken: "t\\n0k"\n', "token holds a control character ('\\n' at index 1)"),
+        # Named the key but not the file.
+        ("control_plane: http://cp\ntoken: t\nbuffer_size: '3'\n", "config key 'buffer_size' must be int"),
+        ("control_plane: http://cp\ntoken: t\ncolour: red\n", "unknown config key 'colour'"),
+        ("control_plane: http://cp\ntoken: t\nsim_seed: -1\n", "sim_seed=-1 must be in"),
+        # Accepted: the link retried port 0 for ever.
+        ("control_plane: http://cp:0\ntoken: t\n", "'http://cp:0': port 0 is no port"),
+    ],
+)
+def test_a_bad_config_file_exits_2_naming_the_file_and_the_key(
+    tmp_path: Path,
+    text: str,
+    named: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m gpu_agent: error: config file {str(path)!r}"), err
+    assert named in err and "Traceback" not in err
+    assert "t\n0k" not in err  # a token is not shown
+    assert list(tmp_path.iterdir()) == [path]  # no state directory
+
+
+def test_a_flag_overriding_a_bad_config_value_is_not_blamed_on_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("control_plane: http://cp\ntoken: t\nbuffer_size: 0\n")
+    assert make_config(["--config", str(path), "--buffer-size", "5"]).buffer_size == 5
+    with pytest.raises(ValueError, match=r"^self\.sim_rate=nan must be positive"):
+        make_config(["--config", str(path), "--buffer-size", "5", "--sim-rate", "nan"])
