@@ -145,3 +145,17 @@ def test_issue_api_token_refuses_a_name_over_the_field_limit() -> None:
     assert message.startswith("--name 'nnn") and f"limit of {limit(ApiToken, 'name')} characters" in message
     assert not ApiToken.objects.exists()
     assert run("issue_api_token", "bob", "--name", "n" * limit(ApiToken, "name")).startswith("tok")
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("bob", "--name", "ci\x00bot"), "--name 'ci\\x00bot' holds a NUL character"),
+        (("bob\x00",), "username 'bob\\x00' holds a NUL character; no user's name does"),
+    ],
+)
+def test_issue_api_token_refuses_a_nul_character(args: tuple[str, ...], named: str) -> None:
+    # On PostgreSQL both raised DataError (text cannot hold NUL): a traceback; SQLite stored the name.
+    User.objects.create_user(username="bob", password="bob-pw-9f2k")
+    assert refused("issue_api_token", *args) == named
+    assert not ApiToken.objects.exists()

@@ -23,6 +23,12 @@ class Command(BaseCommand):
         limit = ApiToken._meta.get_field("name").max_length
         if not name.strip():
             raise CommandError(f"--name {name!r} is blank")
+        # PostgreSQL text cannot hold NUL: storing the name, or looking the username up, raised
+        # DataError (a traceback). The API refuses NUL in both too (DRF's CharField).
+        if "\x00" in name:
+            raise CommandError(f"--name {name!r} holds a NUL character")
+        if "\x00" in options["username"]:
+            raise CommandError(f"username {options['username']!r} holds a NUL character; no user's name does")
         if limit is not None and len(name) > limit:
             cut = f"{name[:40]!r}... ({len(name)} characters)"
             raise CommandError(f"--name {cut} is longer than the limit of {limit} characters")
