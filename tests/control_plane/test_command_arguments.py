@@ -9,6 +9,7 @@ from. Limits are read from the model fields, as the commands read them.
 from __future__ import annotations
 
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from accounts.models import ApiToken, Role, User
@@ -17,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from inventory.models import AgentToken, Host
+from registry.models import ServedModel
 
 pytestmark = pytest.mark.django_db
 
@@ -159,3 +161,17 @@ def test_issue_api_token_refuses_a_nul_character(args: tuple[str, ...], named: s
     User.objects.create_user(username="bob", password="bob-pw-9f2k")
     assert refused("issue_api_token", *args) == named
     assert not ApiToken.objects.exists()
+
+
+def test_local_agent_refuses_a_tiny_model_path_longer_than_a_models_source(tmp_path: Path) -> None:
+    # On PostgreSQL: DataError "value too long for type character varying(500)", a traceback;
+    # SQLite stored a source over the field's limit.
+    limit_ = limit(ServedModel, "source")
+    deep = tmp_path
+    while len(str(deep)) <= limit_:
+        deep = deep / ("d" * 100)
+    deep.mkdir(parents=True)
+    message = refused("local_agent", "local", "--tiny-model", str(deep))
+    assert message.startswith(f"--tiny-model {str(deep)[:40]!r}... ({len(str(deep))} characters")
+    assert f"limit of {limit_} characters" in message
+    assert not Host.objects.exists() and not ServedModel.objects.exists()

@@ -62,11 +62,19 @@ class Command(BaseCommand):
         tiny = options["tiny_model"]
         if tiny is not None and not os.path.isdir(tiny):
             raise CommandError(f"--tiny-model {tiny!r} is not a directory")
+        if tiny is not None:
+            tiny = os.path.abspath(tiny)  # stored as the model's source, which has a length limit
+            limit = ServedModel._meta.get_field("source").max_length
+            if limit is not None and len(tiny) > limit:
+                raise CommandError(
+                    f"--tiny-model {tiny[:40]!r}... ({len(tiny)} characters as an absolute path) is longer"
+                    f" than the limit of {limit} characters of a model's source"
+                )
         notice = ""
         with transaction.atomic():
             host = register_host(name, "127.0.0.1", simulated=options["simulated"])
             if tiny is not None:
-                _, notice = prepare_tiny_model(host, os.path.abspath(tiny))
+                _, notice = prepare_tiny_model(host, tiny)
             token = issue_agent_token(host).plaintext
         if notice:
             # stderr: stdout is the token alone (`make run` passes it to the agent).
