@@ -35,6 +35,11 @@ from pathlib import Path
 from types import FrameType
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python scripts/run_local.py`: sys.path[0] is scripts/
+    sys.path.insert(0, str(ROOT))
+
+from gpu_agent.address import host_address  # noqa: E402
+
 GRACE_S = 10.0
 
 
@@ -149,8 +154,7 @@ def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
     `manage.py local_agent`, passed in the environment (not on argv)."""
     off = ("0", "false", "no", "off")
     manage = [sys.executable, str(ROOT / "manage.py"), "local_agent"]
-    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
-    url = f"http://{host}:{config.port}"
+    url = base_url(config)
     state = var_dir(env)
     local = ["local"]
     with_local = env.get("LOCAL_AGENT", "1").strip().lower() not in off
@@ -279,6 +283,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     )
     args = parser.parse_args(argv)
     host = args.host if args.host is not None else os.environ.get("HOST", "127.0.0.1")
+    try:  # daphne binds it and the agents connect to it: no port, URL or stray text in it
+        host = host_address(host, unspecified_ok=True)  # "[::1]" -> "::1", as daphne -b takes it
+    except ValueError as error:
+        where = "argument --host" if args.host is not None else "environment variable HOST="
+        parser.error(f"{where}{'' if args.host is None else ': '}{error}")
     port, port_given = _int_option(parser, args.port, "--port", "PORT", 8000)
     workers, workers_given = _int_option(
         parser, args.worker_concurrency, "--worker-concurrency", "CELERY_CONCURRENCY", 2
@@ -306,6 +315,13 @@ def _int_option(
         parser.error(f"environment variable {variable}={raw!r} is not an integer")
 
 
+def base_url(config: RunConfig) -> str:
+    """Where the agents (and the operator) reach the server: an unspecified bind address
+    (0.0.0.0, ::) is reached on 127.0.0.1; an IPv6 address is bracketed."""
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+    return f"http://{f'[{host}]' if ':' in host else host}:{config.port}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     env = base_env()
@@ -319,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, supervisor.request_stop)
     signal.signal(signal.SIGTERM, supervisor.request_stop)
     supervisor.start()
-    base = f"http://{config.host}:{config.port}"
+    base = base_url(config)
     if wait_healthy(f"{base}/api/health/", 60.0, supervisor):
         print(
             f"[run] ready: API {base}/api/v1/  Swagger UI {base}/api/docs/  login {base}/accounts/login/\n"

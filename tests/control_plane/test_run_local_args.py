@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from scripts.run_local import ROOT, RunConfig, parse_args
+from gpu_agent.config import AgentConfig
+from scripts.run_local import ROOT, RunConfig, base_url, parse_args
 
 
 @pytest.mark.parametrize(
@@ -20,6 +21,9 @@ from scripts.run_local import ROOT, RunConfig, parse_args
         ("PORT", "65536", "environment variable PORT='65536' is not a TCP port"),
         ("CELERY_CONCURRENCY", "2.5", "environment variable CELERY_CONCURRENCY='2.5' is not an integer"),
         ("CELERY_CONCURRENCY", "0", "environment variable CELERY_CONCURRENCY='0' must be >= 1"),
+        # Accepted: daphne failed to bind once the database was migrated and the agents set up.
+        ("HOST", "gpu 1", "environment variable HOST='gpu 1' contains whitespace"),
+        ("HOST", "", "environment variable HOST='' is empty"),
     ],
 )
 def test_a_bad_environment_value_is_an_argparse_error_naming_it(
@@ -60,3 +64,36 @@ def test_help_works_whatever_the_environment_holds() -> None:
         timeout=60,
     )
     assert out.returncode == 0 and "Traceback" not in out.stderr and "--port" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("host", "message"),
+    [
+        ("127.0.0.1:8000", "argument --host: '127.0.0.1:8000' looks like HOST:PORT"),
+        ("http://localhost", "argument --host: 'http://localhost' is a URL or path"),
+        ("", "argument --host: '' is empty"),
+    ],
+)
+def test_a_bad_host_flag_is_an_argparse_error_naming_it(
+    host: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--host", host])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        # Was http://::1:8000, which the agents refused (exit 2): the whole run stopped.
+        ("::1", "http://[::1]:8000"),
+        ("[::1]", "http://[::1]:8000"),
+        ("::", "http://127.0.0.1:8000"),
+        ("0.0.0.0", "http://127.0.0.1:8000"),
+        ("gpu-1.example.com", "http://gpu-1.example.com:8000"),
+    ],
+)
+def test_the_agents_are_given_a_control_plane_url_they_accept(host: str, url: str) -> None:
+    config = parse_args(["--host", host, "--port", "8000"])
+    assert base_url(config) == url
+    AgentConfig(control_plane=url, token="t")  # raises ValueError on a URL the agent refuses
