@@ -42,6 +42,18 @@ DEVICES = 8
 ENGINES = 2
 
 
+class MigrateFailed(Exception):
+    """`manage.py migrate` failed on the benchmark's database; the message is its last line."""
+
+
+def database_url(text: str) -> str:
+    """argparse type of --database-url: a URL the settings take (config.settings' DATABASE_URL)."""
+    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
+    if scheme not in ("postgres", "postgresql", "pgsql", "sqlite"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a postgres:// (or sqlite://) URL")
+    return text
+
+
 def setup_django(var_dir: Path, database_url: str | None) -> None:
     os.environ["VAR_DIR"] = str(var_dir)
     if database_url:
@@ -52,7 +64,11 @@ def setup_django(var_dir: Path, database_url: str | None) -> None:
         if path not in sys.path:
             sys.path.insert(0, path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), str(ROOT)])}
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    migrate = [sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"]
+    done = subprocess.run(migrate, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # its traceback stays inside; its last unindented line says why
+        lines = [line for line in done.stderr.splitlines() if line.strip() and not line[0].isspace()]
+        raise MigrateFailed(lines[-1] if lines else f"exit status {done.returncode}")
     import django
 
     django.setup()
@@ -270,13 +286,19 @@ def main() -> None:
     )
     parser.add_argument("--backlog", type=positive_int, default=16, help="frames in flight per client")
     parser.add_argument(
-        "--database-url", help="a scratch PostgreSQL database (default: SQLite in a temp dir)"
+        "--database-url",
+        type=database_url,
+        help="a scratch PostgreSQL database (default: SQLite in a temp dir)",
     )
     args = parser.parse_args()
     warmup_s, measure_s, baseline_s = (2.0, 5.0, 2.0) if args.quick else (5.0, 30.0, 10.0)
 
     with tempfile.TemporaryDirectory(prefix="telemetry-ingest-") as tmp:
-        setup_django(Path(tmp), args.database_url)
+        try:
+            setup_django(Path(tmp), args.database_url)
+        except MigrateFailed as error:
+            where = f"--database-url {args.database_url!r}" if args.database_url else "a temporary SQLite"
+            parser.error(f"cannot migrate the database ({where}): {error}")
         from django.db import connection
 
         hosts = make_hosts(args.clients)

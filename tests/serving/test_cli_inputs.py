@@ -319,3 +319,19 @@ def test_the_benchmark_out_type_refuses_paths_it_could_not_write(tmp_path: Path,
     with pytest.raises(argparse.ArgumentTypeError) as err:
         out_file(text)
     assert repr(text) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("abc", "argument --database-url: 'abc' is not a postgres:// (or sqlite://) URL"),
+        ("sqlite:////nonexistent/dir/db.sqlite3", "--database-url 'sqlite:////nonexistent/dir/db.sqlite3')"),
+    ],
+)
+def test_telemetry_ingest_names_a_database_url_it_cannot_use(tmp_path: Path, url: str, named: str) -> None:
+    # Both were a CalledProcessError traceback (after manage.py migrate's own) out of setup_django.
+    out = run_cli(
+        "benchmarks/telemetry_ingest.py", "--quick", "--database-url", url, "--out", str(tmp_path / "r.json")
+    )
+    assert_clean_error(out, named)
+    assert list(tmp_path.iterdir()) == []
