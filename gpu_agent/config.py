@@ -29,6 +29,11 @@ MIN_TELEMETRY_INTERVAL_S = 0.05
 # it (gpu_agent.sim_engine.WorkloadStream -> numpy.random.SeedSequence, which takes any size), but
 # 32 bits is what every numpy seeding API takes (RandomState's limit) and ample for a simulation.
 MAX_SIM_SEED = 2**32 - 1
+# The largest --sim-rate (requests/s per simulated consumer engine). Workloads are generated a
+# minute at a time (gpu_agent.sim_engine.SEGMENT_S): 1,000/s is 60,000 requests (0.2 s to draw, a
+# few MB; bursts reach 4x), while 1e9 was accepted and, once an engine started, failed inside the
+# running agent (MemoryError: 492 GiB of arrival times; 1e308: "more than an array can hold").
+MAX_SIM_RATE = 1000.0
 
 
 def default_address() -> str:
@@ -101,7 +106,9 @@ class AgentConfig:
     state_dir: str = field(default="var/agent", metadata={"help": "logs, Aqua socket, counters"})
     simulate: str | None = field(default=None, metadata={"help": "simulate a host, e.g. 8xH100"})
     sim_model: str = field(default="llama-2-13b", metadata={"help": "model preset of simulated consumers"})
-    sim_rate: float = field(default=6.0, metadata={"help": "requests/s per simulated consumer engine"})
+    sim_rate: float = field(
+        default=6.0, metadata={"help": f"requests/s per simulated consumer engine, at most {MAX_SIM_RATE:g}"}
+    )
     sim_seed: int = field(default=0, metadata={"help": f"seed of the simulated workloads, 0..{MAX_SIM_SEED}"})
     telemetry_interval_s: float = field(
         default=1.0,
@@ -145,8 +152,8 @@ class AgentConfig:
             )
         if not 1 <= self.buffer_size <= sys.maxsize:
             raise ValueError(f"{self.buffer_size=} must be in 1..{sys.maxsize}")
-        if not 0 < self.sim_rate < math.inf:
-            raise ValueError(f"{self.sim_rate=} must be positive and finite")
+        if not 0 < self.sim_rate <= MAX_SIM_RATE:  # also refuses nan
+            raise ValueError(f"{self.sim_rate=} must be positive and at most {MAX_SIM_RATE:g} requests/s")
         if not 0 <= self.sim_seed <= MAX_SIM_SEED:
             raise ValueError(f"{self.sim_seed=} must be in 0..{MAX_SIM_SEED} (a 32-bit seed)")
         if not 0 < self.health_timeout_s < math.inf:

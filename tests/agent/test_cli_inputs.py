@@ -33,6 +33,10 @@ def never_started(*args: object, **kwargs: object) -> None:
     [
         (["--sim-rate", "nan"], "sim_rate=nan"),
         (["--sim-rate", "inf"], "sim_rate=inf"),
+        # Accepted: the first simulated engine's workload then failed inside the running agent
+        # (MemoryError for 1e9; ValueError "more than an array can hold" for 1e308).
+        (["--sim-rate", "1e9"], "sim_rate=1000000000.0 must be positive and at most 1000 requests/s"),
+        (["--sim-rate", "1001"], "sim_rate=1001.0 must be positive and at most 1000"),
         (["--telemetry-interval-s", "nan"], "telemetry_interval_s=nan"),
         (["--telemetry-interval-s", "inf"], "telemetry_interval_s=inf"),
         (["--health-timeout-s", "nan"], "health_timeout_s=nan"),
