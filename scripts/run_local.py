@@ -41,6 +41,9 @@ if str(ROOT) not in sys.path:  # run as `python scripts/run_local.py`: sys.path[
 from gpu_agent.address import host_address  # noqa: E402
 
 GRACE_S = 10.0
+# The most Celery worker processes: the prefork pool starts them all at once, each a whole Django
+# process (about 150 MB resident); 10**30 was accepted and passed to Celery as --concurrency.
+MAX_WORKER_CONCURRENCY = 64
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
         parser.error(f"{port_given} is not a TCP port (1..65535)")
     if workers < 1:
         parser.error(f"{workers_given} must be >= 1")
+    if workers > MAX_WORKER_CONCURRENCY:
+        parser.error(f"{workers_given} must be at most {MAX_WORKER_CONCURRENCY} (each is a Django process)")
     return RunConfig(host=host, port=port, worker_concurrency=workers)
 
 

@@ -21,6 +21,8 @@ from scripts.run_local import ROOT, RunConfig, base_url, parse_args
         ("PORT", "65536", "environment variable PORT='65536' is not a TCP port"),
         ("CELERY_CONCURRENCY", "2.5", "environment variable CELERY_CONCURRENCY='2.5' is not an integer"),
         ("CELERY_CONCURRENCY", "0", "environment variable CELERY_CONCURRENCY='0' must be >= 1"),
+        # Accepted: passed to Celery, whose prefork pool starts that many Django processes at once.
+        ("CELERY_CONCURRENCY", "65", "environment variable CELERY_CONCURRENCY='65' must be at most 64"),
         # Accepted: daphne failed to bind once the database was migrated and the agents set up.
         ("HOST", "gpu 1", "environment variable HOST='gpu 1' contains whitespace"),
         ("HOST", "", "environment variable HOST='' is empty"),
@@ -53,6 +55,9 @@ def test_flags_override_the_environment_and_the_environment_the_defaults(
     assert parse_args(["--port", "9002", "--worker-concurrency", "1"]).port == 9002
     with pytest.raises(SystemExit):
         parse_args(["--port", "0"])
+    assert parse_args(["--port", "9002", "--worker-concurrency", "64"]).worker_concurrency == 64
+    with pytest.raises(SystemExit):
+        parse_args(["--port", "9002", "--worker-concurrency", str(10**30)])
 
 
 def test_help_works_whatever_the_environment_holds() -> None:
