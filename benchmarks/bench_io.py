@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
+from collections.abc import Callable
 from pathlib import Path
 
 from serving.argtypes import non_negative_int, positive_float, positive_int
 
-__all__ = ["non_negative_int", "out_file", "positive_float", "positive_int"]
+__all__ = ["non_negative_int", "open_files_count", "out_file", "positive_float", "positive_int"]
+
+# Open files a server process keeps for itself (listening socket, database, logs, pipes).
+SPARE_FILES = 64
 
 
 def out_file(text: str) -> Path:
@@ -28,3 +33,25 @@ def out_file(text: str) -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not writable")
     return path
+
+
+def open_files_count(what: str, sockets_each: int) -> Callable[[str], int]:
+    """argparse type of a count of ``what`` (streams, clients) of which a server process holds
+    ``sockets_each`` sockets each: a positive integer within the open-file limit (ulimit -n). Any
+    count was accepted, and the benchmarks start them only after minutes of set-up or of another
+    measurement; one past the limit then meets 'Too many open files' instead of a measurement."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if limit == resource.RLIM_INFINITY:
+            return value
+        most = (limit - SPARE_FILES) // sockets_each
+        if value > most:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is more than {most} {what}: the server holds {sockets_each} socket(s) for each"
+                f" and may open {limit} files (ulimit -n)"
+            )
+        return value
+
+    return parse

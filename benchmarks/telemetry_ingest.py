@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TARGET = 2000.0
 
-from benchmarks.bench_io import out_file, positive_int  # noqa: E402
+from benchmarks.bench_io import open_files_count, out_file, positive_int  # noqa: E402
 from serving.atomic_file import write_json_atomic  # noqa: E402
 
 DEVICES = 8
@@ -282,7 +282,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a short run (5 s measured)")
     parser.add_argument("--out", type=out_file, help="write the JSON result here")
     parser.add_argument(
-        "--clients", type=positive_int, default=8, help="concurrent fake agents (8 devices each)"
+        "--clients",
+        type=open_files_count("clients", 1),  # the server's websocket of each
+        default=8,
+        help="concurrent fake agents (8 devices each)",
     )
     parser.add_argument("--backlog", type=positive_int, default=16, help="frames in flight per client")
     parser.add_argument(
