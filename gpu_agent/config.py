@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gpu_agent.address import host_address
+from gpu_agent.address import host_address, quoted
 from gpu_agent.link import agent_ws_url
-from gpu_agent.protocol import MAX_HEARTBEAT_INTERVAL_S
+from gpu_agent.protocol import MAX_HEARTBEAT_INTERVAL_S, MAX_HOST_NAME_LENGTH
 
 SIM_MAX_DEVICES = 16
 # The shortest --telemetry-interval-s. Each beat is a telemetry frame and a heartbeat; the control
@@ -138,6 +138,10 @@ class AgentConfig:
         for key in ("name", "address", "state_dir"):
             if not getattr(self, key).strip():
                 raise ValueError(f"{key}={getattr(self, key)!r} must not be empty")
+        if len(self.name) > MAX_HOST_NAME_LENGTH:  # its Register frame could not be built
+            raise ValueError(
+                f"name={quoted(self.name)} is longer than the limit of {MAX_HOST_NAME_LENGTH} characters"
+            )
         self.address = _checked_address("address", self.address)
         if self.engine_bind is None:
             self.engine_bind = self.address if _is_ip(self.address) else "0.0.0.0"

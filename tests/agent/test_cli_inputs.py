@@ -43,6 +43,12 @@ def never_started(*args: object, **kwargs: object) -> None:
         (["--sim-seed", "-1"], "sim_seed=-1"),
         (["--buffer-size", str(1 << 63)], f"buffer_size={1 << 63}"),
         (["--name", ""], "name=''"),
+        # Accepted: on every connection the link failed building its Register frame (ProtocolError,
+        # logged with a traceback as "failed unexpectedly") and reconnected, for ever.
+        (
+            ["--name", "n" * 101],
+            r"name='n{40}'\.\.\. \(101 characters\) is longer than the limit of 100",
+        ),
         (["--address", " "], "address=' '"),
         (["--state-dir", ""], "state_dir=''"),
     ],
