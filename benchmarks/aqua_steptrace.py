@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import aqua_burst as ab  # noqa: E402
-from benchmarks.bench_io import out_file, positive_int  # noqa: E402
+from benchmarks.bench_io import out_dir, out_file, positive_int  # noqa: E402
 from serving.atomic_file import write_json_atomic  # noqa: E402
 
 ENGINES = ("default", "ours")
@@ -160,7 +160,9 @@ def main() -> None:
     ap.add_argument(
         "--rounds", type=positive_int, default=None, help="measured rounds (default 5; 1 with --quick)"
     )
-    ap.add_argument("--traces", type=Path, default=None, help="keep the engines' step traces in this folder")
+    ap.add_argument(
+        "--traces", type=out_dir, default=None, help="keep the engines' step traces in this folder"
+    )
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else 5)
     cfg = ab.burst_config(quick=False)

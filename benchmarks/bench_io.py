@@ -13,7 +13,7 @@ from pathlib import Path
 
 from serving.argtypes import non_negative_int, positive_float, positive_int
 
-__all__ = ["non_negative_int", "open_files_count", "out_file", "positive_float", "positive_int"]
+__all__ = ["non_negative_int", "open_files_count", "out_dir", "out_file", "positive_float", "positive_int"]
 
 # Open files a server process keeps for itself (listening socket, database, logs, pipes).
 SPARE_FILES = 64
@@ -32,6 +32,17 @@ def out_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not writable")
+    return path
+
+
+def out_dir(text: str) -> Path:
+    """argparse type of a folder a benchmark writes into (created if missing): not blank, which
+    Path("") would make the current directory, and not an existing file."""
+    path = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a folder path")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
     return path
 
 

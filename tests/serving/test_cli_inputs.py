@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.bench_io import out_file
+from benchmarks.bench_io import out_dir, out_file
 from serving.aqua.coordinator import CoordinatorServer
 from serving.atomic_file import write_json_atomic, write_text_atomic
 from serving.sim.cli import main as sim_main
@@ -341,4 +341,23 @@ def test_telemetry_ingest_names_a_database_url_it_cannot_use(tmp_path: Path, url
         "benchmarks/telemetry_ingest.py", "--quick", "--database-url", url, "--out", str(tmp_path / "r.json")
     )
     assert_clean_error(out, named)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["", " ", "{tmp}/a-file"])
+def test_the_benchmark_folder_type_refuses_a_blank_path_or_a_file(tmp_path: Path, value: str) -> None:
+    # aqua_steptrace --traces '' was Path(''): the step traces went into the current directory.
+    (tmp_path / "a-file").write_text("")
+    text = value.format(tmp=tmp_path)
+    with pytest.raises(argparse.ArgumentTypeError) as err:
+        out_dir(text)
+    assert repr(text) in str(err.value)
+    assert out_dir(str(tmp_path / "new" / "traces")) == tmp_path / "new" / "traces"
+
+
+def test_aqua_steptrace_refuses_a_blank_traces_folder(tmp_path: Path) -> None:
+    out = run_cli(
+        "benchmarks/aqua_steptrace.py", "--quick", "--traces", "", "--out", str(tmp_path / "r.json")
+    )
+    assert_clean_error(out, "argument --traces: '' is not a folder path")
     assert list(tmp_path.iterdir()) == []
