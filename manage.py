@@ -19,9 +19,14 @@ def main() -> None:
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except ImproperlyConfigured as exc:  # a bad setting (config/settings.py reads the environment)
+        print(f"manage.py: error: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

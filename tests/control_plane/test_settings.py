@@ -127,3 +127,27 @@ def test_it_refuses_a_job_silence_limit_a_healthy_job_could_reach(tmp_path: Path
 @pytest.mark.django_db
 def test_it_has_no_missing_migrations() -> None:
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("DATABASE_URL", "abc", "DATABASE_URL='abc' must start with one of"),
+        ("DEBUG", "perhaps", "DEBUG='perhaps' is not a boolean"),
+    ],
+)
+def test_manage_py_names_a_bad_setting_in_one_line(
+    tmp_path: Path, variable: str, value: str, named: str
+) -> None:
+    # It was a traceback through Django's command loading, ending in ImproperlyConfigured.
+    env = {**os.environ, "VAR_DIR": str(tmp_path), variable: value}
+    env.pop("PYTEST_VERSION", None)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "register_host", "gpu-1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith(f"manage.py: error: {named}") and "Traceback" not in out.stderr
