@@ -24,10 +24,13 @@ def out_file(text: str) -> Path:
     path = Path(text)
     if not text.strip() or not path.name:
         raise argparse.ArgumentTypeError(f"{text!r} is not a file path")
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file path")
-    # The directory is created at the end if missing; its nearest existing ancestor must allow it.
-    existing = next(d for d in path.parents if d.exists())
+    try:  # Path.exists() raises for a name over NAME_MAX ("File name too long")
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file path")
+        # The directory is created at the end if missing; its nearest existing ancestor must allow it.
+        existing = next(d for d in path.parents if d.exists())
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}") from None
     if not existing.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -41,8 +44,11 @@ def out_dir(text: str) -> Path:
     path = Path(text)
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not a folder path")
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+    try:
+        if path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+    except OSError as exc:  # a name over NAME_MAX ("File name too long")
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}") from None
     return path
 
 

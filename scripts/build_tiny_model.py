@@ -133,8 +133,11 @@ def _out_dir(text: str) -> Path:
     path = Path(text)
     if not text.strip() or not path.name:  # "" or "." would build into the current directory
         raise argparse.ArgumentTypeError(f"{text!r} does not name a directory, e.g. var/models/tiny-llama")
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    try:
+        if path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    except OSError as exc:  # Path.exists() raises for a name over NAME_MAX ("File name too long")
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}") from None
     return path
 
 

@@ -93,8 +93,11 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--peer-memory-gib {a.peer_memory_gib} needs --preemption-mode offload_peer")
     if a.reclaim_at is not None and not a.peer_memory_gib:
         p.error("--reclaim-at needs --peer-memory-gib")
-    if a.out.exists() and not a.out.is_dir():
-        p.error(f"--out {a.out} exists and is not a directory")
+    try:
+        if a.out.exists() and not a.out.is_dir():
+            p.error(f"--out {a.out} exists and is not a directory")
+    except OSError as exc:  # Path.exists() raises for a name over NAME_MAX ("File name too long")
+        p.error(f"--out {a.out}: {exc.strerror or exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -361,3 +361,27 @@ def test_aqua_steptrace_refuses_a_blank_traces_folder(tmp_path: Path) -> None:
     )
     assert_clean_error(out, "argument --traces: '' is not a folder path")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["last", "parent"])
+@pytest.mark.parametrize("check", ["out_file", "out_dir", "build_tiny_model", "serving.sim"])
+def test_a_path_with_a_name_over_name_max_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], check: str, where: str
+) -> None:
+    # Path.exists() raises OSError for it ("File name too long"): each was a traceback.
+    from scripts.build_tiny_model import _out_dir
+
+    long = tmp_path / ("x" * 300) if where == "last" else tmp_path / ("x" * 300) / "out"
+    if check == "serving.sim":
+        err = sim_error([*SIM, "--out", str(long)], capsys)
+    else:
+        parse: Callable[[str], Any] = {
+            "out_file": out_file,
+            "out_dir": out_dir,
+            "build_tiny_model": _out_dir,
+        }[check]
+        with pytest.raises(argparse.ArgumentTypeError) as exc:
+            parse(str(long))
+        err = str(exc.value)
+    assert str(long)[:60] in err and "File name too long" in err
+    assert list(tmp_path.iterdir()) == []
