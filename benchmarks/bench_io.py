@@ -27,6 +27,10 @@ def out_file(text: str) -> Path:
     try:  # Path.exists() raises for a name over NAME_MAX ("File name too long")
         if path.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file path")
+        # The result is renamed over the path (serving.atomic_file): a FIFO given as --out became a
+        # regular file, and root's --out /dev/null would replace the device the same way.
+        if path.exists() and not path.is_file():
+            raise argparse.ArgumentTypeError(f"{text!r} exists and is not a regular file")
         # The directory is created at the end if missing; its nearest existing ancestor must allow it.
         existing = next(d for d in path.parents if d.exists())
     except OSError as exc:
