@@ -27,6 +27,15 @@ def main() -> None:
     except ImproperlyConfigured as exc:  # a bad setting (config/settings.py reads the environment)
         print(f"manage.py: error: {exc}", file=sys.stderr)
         sys.exit(1)
+    except ModuleNotFoundError as exc:  # --settings / DJANGO_SETTINGS_MODULE naming no module
+        module = os.environ.get("DJANGO_SETTINGS_MODULE", "")
+        if not exc.name or not (module == exc.name or module.startswith(f"{exc.name}.")):
+            raise  # an import inside the project: a bug, whose traceback is wanted
+        print(
+            f"manage.py: error: settings module {module!r} (--settings) cannot be imported: {exc}",
+            file=sys.stderr,
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":

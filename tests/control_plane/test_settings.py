@@ -134,6 +134,7 @@ def test_it_has_no_missing_migrations() -> None:
     [
         ("DATABASE_URL", "abc", "DATABASE_URL='abc' must start with one of"),
         ("DEBUG", "perhaps", "DEBUG='perhaps' is not a boolean"),
+        ("DJANGO_SETTINGS_MODULE", "config.nope", "settings module 'config.nope' (--settings) cannot be"),
     ],
 )
 def test_manage_py_names_a_bad_setting_in_one_line(
