@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:  # run as `python scripts/run_local.py`: sys.path[
     sys.path.insert(0, str(ROOT))
 
 from gpu_agent.address import host_address  # noqa: E402
+from gpu_agent.config import parse_simulate_spec  # noqa: E402
 
 GRACE_S = 10.0
 # The most Celery worker processes: the prefork pool starts them all at once, each a whole Django
@@ -176,11 +177,18 @@ def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
         return ProcessSpec(name, argv, {"GPU_AGENT_TOKEN": token})
 
     specs = [agent("agent", local, [])] if with_local else []
-    simulate = env.get("SIMULATE", "").strip()
-    if simulate and simulate.lower() not in off:
-        kind = "8xH100" if simulate.lower() in ("1", "true", "yes", "on") else simulate
+    kind = simulate_kind(env.get("SIMULATE"))
+    if kind is not None:
         specs.append(agent("sim", [f"sim-{kind.lower()}", "--simulated"], ["--simulate", kind]))
     return specs
+
+
+def simulate_kind(value: str | None) -> str | None:
+    """The simulated host SIMULATE asks for, COUNTxKIND (1/true/yes/on: 8xH100); None when off."""
+    simulate = (value or "").strip()
+    if not simulate or simulate.lower() in ("0", "false", "no", "off"):
+        return None
+    return "8xH100" if simulate.lower() in ("1", "true", "yes", "on") else simulate
 
 
 class Supervisor:
@@ -291,6 +299,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     except ValueError as error:
         where = "argument --host" if args.host is not None else "environment variable HOST="
         parser.error(f"{where}{'' if args.host is None else ': '}{error}")
+    kind = simulate_kind(os.environ.get("SIMULATE"))
+    try:  # else its host row and token were made, and then its agent refused the spec (exit 2)
+        if kind is not None:
+            parse_simulate_spec(kind)
+    except ValueError as error:
+        parser.error(f"environment variable SIMULATE={os.environ['SIMULATE']!r}: {error}")
     port, port_given = _int_option(parser, args.port, "--port", "PORT", 8000)
     workers, workers_given = _int_option(
         parser, args.worker_concurrency, "--worker-concurrency", "CELERY_CONCURRENCY", 2

@@ -26,6 +26,10 @@ from scripts.run_local import ROOT, RunConfig, base_url, parse_args
         # Accepted: daphne failed to bind once the database was migrated and the agents set up.
         ("HOST", "gpu 1", "environment variable HOST='gpu 1' contains whitespace"),
         ("HOST", "", "environment variable HOST='' is empty"),
+        # 'Bad Kind' failed in local_agent ('sim-bad kind' is no slug) after the migrations; 99xH100
+        # got a host row and token, then its agent refused it (exit 2) and the whole run stopped.
+        ("SIMULATE", "Bad Kind", "environment variable SIMULATE='Bad Kind': --simulate 'Bad Kind' is not"),
+        ("SIMULATE", "99xH100", "SIMULATE='99xH100': --simulate '99xH100': device count must be 1..16"),
     ],
 )
 def test_a_bad_environment_value_is_an_argparse_error_naming_it(

@@ -20,6 +20,8 @@ def test_a_failed_set_up_command_is_named_with_its_error_and_nothing_starts(
     monkeypatch.setenv("VAR_DIR", str(tmp_path))
     monkeypatch.setenv("LOCAL_AGENT", "0")
     monkeypatch.setenv("SIMULATE", "Bad Kind")  # host "sim-bad kind": not a slug
+    # parse_args refuses this SIMULATE up front (test_run_local_args); let it through to the set-up.
+    monkeypatch.setattr(run_local, "parse_simulate_spec", lambda spec: (1, spec))
     assert run_local.main(["--port", "8000"]) == 1
     err = capsys.readouterr().err
     assert (
