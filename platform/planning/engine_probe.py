@@ -164,7 +164,19 @@ class AgentEngineProbe(EngineProbe):
         return f"deployment {d.pk} of model {d.model.name!r} on host {d.host.name!r}"
 
     def _replay(self, rate: float, requests: list[Request]) -> dict[str, Any]:
-        """Send one `probe` through the relay and wait for its `probe_result` (a dict)."""
+        """Send one `probe` through the relay and wait for its `probe_result` (a dict).
+
+        A replay whose requests arrive over more than ``timeout_s`` is refused before anything is
+        sent: the agent would stop it with requests never sent, which count as missing their
+        SLO, so the rate would be judged too high whatever the engine can do (a 500-request probe
+        at 0.25 req/s needs 2000 s)."""
+        span = max((r.arrival for r in requests), default=0.0)
+        if span >= self.timeout_s:
+            raise ProfilingError(
+                f"a probe at {rate:.4g} req/s sends its {len(requests)} requests over {span:.0f} s, "
+                f"longer than probe_timeout_s ({self.timeout_s:g} s): raise probe_timeout_s, lower "
+                f"workload.num_requests or raise min_rate ({self._where()})"
+            )
         link = AgentLink.objects.filter(host=self.deployment.host).first()
         if link is None or not link.connected:
             raise ProfilingError(

@@ -205,3 +205,24 @@ async def test_it_stops_waiting_for_the_agent_when_the_job_is_cancelled() -> Non
         row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
         assert row.status == ProbeStatus.CANCELLED
         await comm.disconnect()
+
+
+async def test_a_probe_whose_requests_would_outlast_its_timeout_is_refused_before_it_is_sent() -> None:
+    # 12 requests at 0.01 req/s arrive over about 1100 s: the agent would stop the replay at 30 s
+    # with most of them unsent, and they would count as missing the SLO.
+    with SETTINGS:
+        host, token = await setup_host()
+        comm = await connect(token)
+        deployment = await running_deployment(host)
+        probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=30)
+        span = max(r.arrival for r in WORKLOAD.requests(0.01))
+        assert span > 30
+        measuring = Measure(lambda: probe.measure(0.01))
+        measuring.start()
+        await measuring.wait()
+        assert isinstance(measuring.error, ProfilingError)
+        message = str(measuring.error)
+        assert f"over {span:.0f} s" in message and "probe_timeout_s (30 s)" in message
+        assert "deployment" in message and "gpu-a" in message
+        assert await database_sync_to_async(ProbeRequest.objects.count)() == 0  # nothing sent
+        await comm.disconnect()
