@@ -25,7 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from gpu_agent.config import parse_simulate_spec
+from gpu_agent.config import MAX_SIM_RATE, parse_simulate_spec
 from gpu_agent.host import Host, StatusCallback
 from gpu_agent.protocol import (
     AquaRole,
@@ -250,8 +250,8 @@ class SimulatedHost(Host):
             raise ValueError(f"device(s) {sorted(taken)} already run another deployment")
         model = spec.model.name if spec.model.name in MODEL_CONFIGS else self.model
         rate = float(spec.model.engine_options.get("sim_rate", self.rate))
-        if rate <= 0:
-            raise ValueError(f"engine_options.sim_rate={rate} must be positive")
+        if not 0 < rate <= MAX_SIM_RATE:  # as the control plane checks it (an older one did not)
+            raise ValueError(f"engine_options.sim_rate={rate} must be positive and at most {MAX_SIM_RATE:g}")
         stream = WorkloadStream("poisson", rate, self.seed * 1000 + 500 + len(self._deployed))
         engine = self._engine(spec.id, model, sorted(spec.devices), CONSUMER_MEM_UTIL, stream)
         return _Placed(engine, sorted(spec.devices), "none", CONSUMER_MEM_UTIL, spec=spec)

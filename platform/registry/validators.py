@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from gpu_agent.config import MAX_SIM_RATE
 from serving.costmodel.config import MODEL_CONFIGS
 from serving.costmodel.gpus import GPU_SPECS
 
@@ -54,6 +55,13 @@ def _positive_number(v: Any) -> str | None:
     return None if ok else "a positive number"
 
 
+def _sim_rate(v: Any) -> str | None:
+    """The simulated agent's rate: as its own --sim-rate, at most MAX_SIM_RATE (a larger one made
+    its simulated engine fail at start, out of memory for the arrivals)."""
+    ok = _positive_number(v) is None and v <= MAX_SIM_RATE
+    return None if ok else f"a positive number of requests/s up to {MAX_SIM_RATE:g}"
+
+
 def _strings(v: Any) -> str | None:
     return None if isinstance(v, list) and all(isinstance(a, str) for a in v) else "a list of strings"
 
@@ -90,7 +98,7 @@ ENGINE_OPTIONS: dict[str, Callable[[Any], str | None]] = {
     "extra_args": _strings,
     "sim_model": _one_of(MODEL_CONFIGS, "cost-model preset model"),
     "sim_gpu": _one_of(GPU_SPECS, "cost-model preset GPU"),
-    "sim_rate": _positive_number,
+    "sim_rate": _sim_rate,
 }
 
 

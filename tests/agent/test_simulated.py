@@ -120,6 +120,17 @@ def test_it_runs_placed_deployments_in_place_of_builtin_engines() -> None:
     assert [d.aqua_role for d in devices] == ["consumer", "producer", "consumer", "producer"]
     assert {e.deployment_id: e.state for e in engines}["dep-b"] == "failed"
 
+    # A rate past the agent's own bound (an older control plane let 1e9 through: the engine then
+    # failed out of memory) is refused as the spec's error, before any engine is made.
+    flood = ModelSpec("llama-3-8b", "m", engine_options={"sim_rate": 1e9})
+    asyncio.run(host.apply([DeploymentSpec("dep-c", flood, [0])]))
+    refused = statuses[-1]
+    assert (refused.deployment_id, refused.state) == ("dep-c", "failed")
+    assert (
+        refused.error is not None
+        and "sim_rate=1000000000.0 must be positive and at most 1000" in refused.error
+    )
+
 
 @pytest.mark.asyncio
 async def test_it_registers_a_simulated_host_from_the_command_line(tmp_path: Path) -> None:

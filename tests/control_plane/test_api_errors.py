@@ -89,6 +89,9 @@ def test_the_tp_size_of_a_model_with_running_deployments_cannot_change(
         ({"enforce_eager": "yes"}, "enforce_eager must be true or false"),
         ({"max_num_seqs": 0}, "max_num_seqs must be an integer from 1 to"),
         ({"gpu_mem_util": 0.9}, "Unknown engine option(s): gpu_mem_util"),
+        # The simulated agent's bound (its engine failed at start, out of memory, for 1e9).
+        ({"sim_rate": 1e9}, "sim_rate must be a positive number of requests/s up to 1000"),
+        ({"sim_rate": 0}, "sim_rate must be a positive number of requests/s up to 1000"),
     ],
 )
 def test_engine_options_are_checked_by_name_and_type(
