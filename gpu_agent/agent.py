@@ -229,7 +229,7 @@ class Agent:
             log.error("Handling a control-plane frame failed", exc_info=task.exception())
 
     async def _probe(self, frame: Probe) -> None:
-        from gpu_agent.probe import ProbeRunner, failed
+        from gpu_agent.probe import ProbeRunner, failed, probe_summary
 
         endpoint = getattr(self.host, "engine_endpoint", None)
         target = endpoint(frame.deployment_id) if endpoint is not None else None
@@ -245,6 +245,8 @@ class Agent:
                 report = failed(frame, f"{type(exc).__name__}: {exc} ({self.name})")
         if report.error is not None and "\x00" in report.error:
             report = dataclasses.replace(report, error=without_nul(report.error))
+        if target is not None:
+            log.info("%s", probe_summary(report))
         await self.link.send(report)
 
     async def _command(self, cmd: Command) -> None:

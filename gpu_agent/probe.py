@@ -351,6 +351,22 @@ class ProbeRunner:
         )
 
 
+def probe_summary(report: ProbeReport) -> str:
+    """One log line of what a probe saw, for the agent's operator (the control plane gets it all)."""
+    if not report.ok:
+        return f"Probe of deployment {report.deployment_id} failed: {report.error}"
+
+    def ms(seconds: float | None) -> str:
+        return "late" if seconds is None else f"{1e3 * seconds:.0f} ms"
+
+    return (
+        f"Probe of deployment {report.deployment_id} at {report.rate:.4g} req/s: {report.finished} of "
+        f"{report.num_requests} requests finished in {report.duration_s:.0f} s; TTFT p50/p99 "
+        f"{ms(report.ttft_p50_s)}/{ms(report.ttft_p99_s)}, TBT p50/p99 {ms(report.tbt_p50_s)}/"
+        f"{ms(report.tbt_p99_s)} ('late': over 1% of requests gave no token)."
+    )
+
+
 def failed(frame: Probe, error: str) -> ProbeReport:
     """The answer to a probe that could not run (unknown deployment, engine not running...)."""
     return ProbeReport(probe_id=frame.probe_id, deployment_id=frame.deployment_id, ok=False, error=error)
