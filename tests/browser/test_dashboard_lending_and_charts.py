@@ -4,17 +4,20 @@ shows its error once and throws no script error."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from accounts.models import User
+from deployments.models import Deployment
+from django.utils import timezone
 from inventory.models import Device, DeviceKind
 from inventory.services import register_host
 from jobs.models import Job, JobStatus
 from registry.models import ServedModel
 
 from tests.browser.conftest import db_call, screenshot, sign_in
-from tests.dashboard.helpers import GIB, add_device_sample
+from tests.dashboard.helpers import GIB, add_device_sample, add_engine_sample
 from tests.fleet.servers import AsgiServer
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -145,3 +148,30 @@ def test_the_profile_chart_keeps_its_slo_lines_in_view_and_names_them(
     (y_low, y_high), (y2_low, y2_high), notes = layout
     assert y_low == 0 and y_high > 500 and y2_low == 0 and y2_high > 50
     assert sorted(notes) == ["TBT SLO", "TTFT SLO", "max rate"]
+
+
+def _idle_deployment() -> ServedModel:
+    model = ServedModel.objects.create(
+        name="idle", source="x/y", max_context_length=512, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+    )
+    host = register_host("idle-host", "127.0.0.1")
+    deployment = Deployment.objects.create(model=model, host=host, observed_state="running")
+    now = timezone.now()
+    for k in range(5):
+        add_engine_sample(deployment, now - timedelta(seconds=5 * k), running=0, waiting=0)
+    return model
+
+
+def test_the_charts_of_flat_series_start_at_zero(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    model = db_call(_idle_deployment)
+    page = sign_in(browser, server.url, "ada")
+    errors = _errors(page)
+    page.goto(f"/models/{model.pk}/")
+    page.wait_for_function("() => document.getElementById('chart-queue')._fullLayout !== undefined")
+    # Flat series (0 requests, a steady rate): autorange around them drew -1..1 and 1..3.
+    for chart in ("chart-queue", "chart-rate", "chart-preempt"):
+        low, high = page.evaluate(f"() => document.getElementById('{chart}')._fullLayout.yaxis.range")
+        assert low == 0 and high > 0, (chart, low, high)
+    assert errors == []

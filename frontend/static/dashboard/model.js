@@ -48,6 +48,9 @@
       l.xaxis.range = [new Date(now - 600000).toISOString(), new Date(now).toISOString()];
       l.annotations.push({ xref: "paper", yref: "paper", x: 0.5, y: 0.5, text: "no samples yet", showarrow: false });
     }
+    // Every series is a count, rate, size or time: the axis starts at 0 (autorange around a flat
+    // line drew -1..1 for an idle engine's 0 requests, 1..3 for a steady 2 req/s).
+    l.yaxis = { rangemode: "tozero" };
     if (chart.slo) {
       l.yaxis = { range: sloRange(chart) };
       l.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: chart.slo, y1: chart.slo, line: { color: "#c0392b", dash: "dash" } }];
