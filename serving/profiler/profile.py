@@ -24,6 +24,8 @@ class Profile:
         curve: Every probe, sorted by rate.
         max_rps: Highest probed rate meeting the SLA.
         capped: True if max_rps is the configured ceiling (the real maximum may be higher).
+        rel_gap: How far below the lowest failing rate probed max_rps is, relative to it: at most
+            the search's rel_tol unless its max_probes ran out first (SearchResult.rel_gap).
         role: "producer" if free KV memory at max_rps >= producer_threshold x capacity, else
             "consumer".
         kv_capacity_bytes: KV capacity of the engine.
@@ -47,6 +49,7 @@ class Profile:
     bursts: tuple[BurstResult, ...]
     cost_model: CostModel | None = None
     fit_error: str | None = None
+    rel_gap: float = 0.0
 
     @property
     def swap_needed_bytes(self) -> dict[float, int]:
@@ -75,6 +78,7 @@ class Profile:
             "curve": [p.to_dict() for p in self.curve],
             "max_rps": self.max_rps,
             "capped": self.capped,
+            "rel_gap": self.rel_gap,
             "role": self.role,
             "kv_capacity_bytes": self.kv_capacity_bytes,
             "free_kv_bytes": self.free_kv_bytes,

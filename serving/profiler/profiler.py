@@ -54,7 +54,9 @@ def profile_model(
         should_cancel: Polled before every probe.
 
     Raises:
-        ProfilingError: The SLA is missed even at config.min_rate, or the search ran out of probes.
+        ProfilingError: The SLA is missed even at config.min_rate, or the search ran out of probes
+            before it had both a passing and a failing rate (after that it answers with the
+            bracket it has: Profile.rel_gap).
         ProfilingCancelled: should_cancel returned True.
     """
     config = config or ProfilerConfig()
@@ -89,6 +91,7 @@ def profile_model(
         curve=search.curve,
         max_rps=search.max_rate,
         capped=search.capped,
+        rel_gap=search.rel_gap,
         role=role,
         kv_capacity_bytes=capacity,
         free_kv_bytes=free,

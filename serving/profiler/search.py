@@ -2,7 +2,10 @@
 
 Bracketing: probe `initial_rate`; while it passes, double (up to `max_rate`); while it fails,
 halve (down to `min_rate`). Bisection: probe the midpoint of the highest passing and the lowest
-failing rate until (fail - pass) / fail <= rel_tol. The answer is the highest passing rate probed.
+failing rate until (fail - pass) / fail <= rel_tol, or until `max_probes` are spent: then the
+answer stands with the bracket it had (`rel_gap`), rather than the probes (minutes each on a real
+engine) being thrown away. Running out while bracketing (no passing or no failing rate yet) is an
+error. The answer is the highest passing rate probed.
 Assumes latency grows with rate (true of one queue fed the same requests faster); if a probe
 breaks that, bisection still returns a probed passing rate.
 """
@@ -29,12 +32,15 @@ class SearchResult:
         at_max: The probe at that rate.
         curve: Every probe, sorted by rate.
         capped: True if `max_rate` is the configured ceiling (the real maximum may be higher).
+        rel_gap: (lowest failing - max_rate) / lowest failing when the search ended: at most
+            `rel_tol`, unless `max_probes` ran out first; 0 when capped.
     """
 
     max_rate: float
     at_max: ProbeResult
     curve: tuple[ProbeResult, ...]
     capped: bool
+    rel_gap: float = 0.0
 
 
 class RateSearch:
@@ -62,7 +68,8 @@ class RateSearch:
             return self.results[rate]
         if len(self.results) >= self.config.max_probes:
             raise ProfilingError(
-                f"no answer within {self.config.max_probes} probes (raise max_probes or rel_tol)"
+                f"no answer within {self.config.max_probes} probes: no rate both met and missed the SLA yet "
+                "(raise max_probes, or start nearer with initial_rate)"
             )
         if self.should_cancel():
             raise ProfilingCancelled(f"profiling cancelled after {len(self.results)} probes")
@@ -118,13 +125,19 @@ class RateSearch:
                 else:
                     hi = rate
         while (hi - lo) / hi > cfg.rel_tol:
+            if len(self.results) >= cfg.max_probes:
+                self.progress(
+                    self._fraction(),
+                    f"{cfg.max_probes} probes spent: the max rate is between {lo:.4g} and {hi:.4g} req/s",
+                )
+                break
             mid = (lo + hi) / 2
             if self._probe(mid).meets(self.sla):
                 lo = mid
             else:
                 hi = mid
-        return self._result(lo, capped=False)
+        return self._result(lo, capped=False, rel_gap=(hi - lo) / hi)
 
-    def _result(self, rate: float, capped: bool) -> SearchResult:
+    def _result(self, rate: float, capped: bool, rel_gap: float = 0.0) -> SearchResult:
         curve = tuple(self.results[r] for r in sorted(self.results))
-        return SearchResult(rate, self.results[rate], curve, capped)
+        return SearchResult(rate, self.results[rate], curve, capped, rel_gap)

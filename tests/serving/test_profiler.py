@@ -166,6 +166,25 @@ def test_it_bisects_to_the_threshold_with_few_probes_and_reports_progress_to_one
     assert seen[0] == 0.0 and seen[-1] == 1.0 and seen == sorted(seen)
 
 
+def test_out_of_probes_while_bisecting_it_answers_with_the_bracket_it_has() -> None:
+    # 1 -> 64 doubling takes 7 probes; 3 more leave [36, 40] (a 10% gap) instead of failing the job
+    # and throwing away minutes of real-engine probes.
+    probe = CountingProbe(threshold=37.3)
+    profile = profile_model("m", probe, SLA, WORKLOAD, ProfilerConfig(rel_tol=0.01, max_probes=10))
+    assert len(probe.rates) == 10
+    assert profile.max_rps == 36.0 and profile.rel_gap == pytest.approx(0.1)
+    assert profile.to_dict()["rel_gap"] == pytest.approx(0.1)
+    converged = profile_model("m", CountingProbe(threshold=37.3), SLA, WORKLOAD, ProfilerConfig(rel_tol=0.01))
+    assert 0 < converged.rel_gap <= 0.01
+
+
+def test_out_of_probes_before_any_rate_misses_the_sla_it_fails_saying_so() -> None:
+    probe = CountingProbe(threshold=1e6)
+    with pytest.raises(ProfilingError, match="no rate both met and missed the SLA yet"):
+        profile_model("m", probe, SLA, WORKLOAD, ProfilerConfig(max_probes=5, max_rate=1e9))
+    assert len(probe.rates) == 5
+
+
 def test_it_stops_early_when_cancelled() -> None:
     probe = CountingProbe(threshold=37.3)
     polls = iter(range(100))
