@@ -1,15 +1,16 @@
-"""The `place` job: Aqua placement of every registered model over every host, as a diff.
+"""The `place` job: Aqua placement of every profiled model over every host, as a diff.
 
 Servers are the hosts with GPU devices that are not offline (simulated hosts count; a model running
 on an offline host is placed elsewhere): one `ServerSpec` per host, with its
 GPU count, the smallest GPU's memory, and NVLink when every GPU is a peer of every other. GPUs held
 by running deployments of models outside the plan are left out (the plan leaves those models
 alone), so the placer's GPU i of a host is its i-th free GPU; the stored plan names device indices
-and lists each host whole. Models are all registered models (or the job's `models`), each with its
+and lists each host whole. Models are every model with a profile (the others are left alone, like
+models outside the plan, and listed in the result's ``left_out``) or the job's `models`, each with its
 current `ModelProfile` at the job's ``burst_level`` (a consumer that needs no swap space at that
 level is placed as neutral: GPUs, but no lender and no DRAM fallback; see
 `serving.profiler.model_profile_from_dict`); tensor parallelism is the model's
-``tensor_parallel_size``. Anything wrong (a model without a profile, a profile measured against
+``tensor_parallel_size``. Anything wrong (a model the job names without a profile, a profile measured against
 another SLO or tensor-parallel size than the model's current one, a burst level its profile lacks,
 an infeasible instance) fails the job with a message naming it, and nothing is stored or applied.
 
@@ -198,13 +199,22 @@ def profiles_for(models: list[ServedModel], burst_level: float) -> list[PlacerPr
 
 def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """The `place` job's runner (params validated by jobs.kinds.place.PlaceParams)."""
-    names = params.get("models")  # None: every model; [] (refused at POST) places none, not all
+    names = params.get("models")  # None: every profiled model; [] (refused at POST) places none
     models = list(ServedModel.objects.order_by("name"))
+    left_out: list[str] = []  # models without a profile, left alone by a plan of "every model"
     if names is not None:
         unknown = sorted(set(names) - {m.name for m in models})
         if unknown:
             raise PlacementError(f"unknown models: {', '.join(unknown)}")
         models = [m for m in models if m.name in names]
+    else:
+        profiled = set(ModelProfile.objects.values_list("model_id", flat=True))
+        left_out = [m.name for m in models if m.pk not in profiled]
+        models = [m for m in models if m.pk in profiled]
+        if not models and left_out:
+            raise PlacementError(
+                f"no model has a profile yet (run a profile job for each: {', '.join(left_out)})"
+            )
     if not models:
         raise PlacementError("no registered models to place")
     profiles = profiles_for(models, float(params.get("burst_level", 4.0)))
@@ -234,7 +244,12 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     plan = relabel_for_fewest_moves(_in_placer_numbers(current, indices), plan)
     plan = _to_device_gpus(plan, indices, whole)
     moves = diff(current, plan)
-    result = {"plan": plan.to_dict(), "moves": [m.to_dict() for m in moves], "fingerprint": before}
+    result = {
+        "plan": plan.to_dict(),
+        "moves": [m.to_dict() for m in moves],
+        "fingerprint": before,
+        "left_out": left_out,  # not profiled: the plan neither moves nor stops them
+    }
     store_plan(job_id_of(ctx), result, {m.name: m.pk for m in models})
     return result
 

@@ -122,3 +122,17 @@ def test_a_refused_apply_shows_the_job_page_with_the_reason_and_changes_nothing(
     assert response.status_code == 404
     page = response.content.decode()
     assert f'id="refusal">Not applied: job {profile_job.pk} is a running profile job' in page
+
+
+def test_the_plan_page_names_the_models_a_plan_left_alone(admin_client: Client, db: None) -> None:
+    host = make_host("host-a")
+    profiled, unprofiled = make_model("p6"), make_model("tiny")
+    store_profile(profiled, "producer", 6 * GIB)
+    deploy(unprofiled, host, 1)
+    assert admin_client.post("/jobs/start/", {"kind": "place", "params": "{}"}).status_code == 302
+    job = Job.objects.get(kind="place")
+    run_job(job.pk)
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, job.error
+    page = admin_client.get(f"/jobs/{job.pk}/").content.decode()
+    assert '<p id="plan-left-out">Left alone (no profile): tiny</p>' in page

@@ -143,10 +143,30 @@ def test_it_moves_gpus_on_the_same_host_and_frees_devices_before_taking_them(
     assert placement() == {"c": ("solo", [0]), "p": ("solo", [1])}
 
 
+def test_every_model_means_every_profiled_one_the_others_are_left_alone_and_listed(
+    admin_client: APIClient, cluster: dict
+) -> None:
+    # make run's tiny model is never profiled: a plan of "every model" places the profiled ones,
+    # keeps the GPU the unprofiled one runs on out of the plan, and says which it left out.
+    deploy(make_model("tiny"), make_host("host-c"), 1)
+    make_model("idle")  # registered, not deployed, not profiled
+    job = run_job_via_api(admin_client, "place", {})
+    assert job.status == JobStatus.SUCCEEDED, job.error
+    result = result_of(job)
+    assert result["left_out"] == ["idle", "tiny"]
+    planned = {a["model"] for a in result["plan"]["assignments"]}
+    assert planned == {"p10", "p6", "c10", "c6"}
+    assert ("host-c", 1) not in {(a["server"], g) for a in result["plan"]["assignments"] for g in a["gpus"]}
+    assert all(m["model"] not in ("tiny", "idle") for m in result["moves"])
+    assert admin_client.post(apply_url(job.pk)).status_code == 200
+    assert placement()["tiny"] == ("host-c", [1])  # left where it runs
+
+
 @pytest.mark.parametrize(
     ("setup", "needle"),
     [
-        ("no_profile", "models without a profile: c6"),
+        ("named_without_profile", "models without a profile: c6"),
+        ("none_profiled", "no model has a profile yet (run a profile job for each: c10, c6, p10, p6)"),
         ("infeasible", "need more GPUs than any server has"),
         ("slo_changed", "profile it again"),
         ("level_not_profiled", "burst level 4x was not profiled (have 8x)"),
@@ -159,8 +179,12 @@ def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
     from registry.models import ServedModel
 
     params: dict = {}
-    if setup == "no_profile":
+    if setup == "named_without_profile":
         ServedModel.objects.get(name="c6").profile.delete()
+        params = {"models": ["c6", "p6"]}
+    elif setup == "none_profiled":
+        for model in ServedModel.objects.all():
+            model.profile.delete()
     elif setup == "infeasible":
         big = make_model("big", tp=4)
         store_profile(big, "producer", GIB)

@@ -33,7 +33,7 @@ class PlaceParams(StrictParams):
         child=serializers.SlugField(),
         required=False,
         allow_empty=False,
-        help_text="place only these models (default, when left out: all)",
+        help_text="place only these models, each profiled (default, when left out: every profiled model)",
     )
 
     def validate_models(self, value: list[str]) -> list[str]:
@@ -55,6 +55,7 @@ PLACE = register(
         run=run,
         expected_errors=(PlacementError, ProfilingError),
         description="Place every profiled model on the hosts' GPUs (ILP), pair producers with consumers; "
-        "the result is a plan and its diff against the deployments.",
+        "the result is a plan and its diff against the deployments (models without a profile are left "
+        "alone and listed in left_out).",
     )
 )
