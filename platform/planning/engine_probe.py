@@ -140,7 +140,19 @@ class AgentEngineProbe(EngineProbe):
         return self._kv_bytes_per_token
 
     def measure(self, rate: float) -> ProbeResult:
-        report = self._replay(rate, self.workload.requests(rate))
+        """One rate probe. One whose requests arrive over more than ``timeout_s`` is refused before
+        anything is sent: the agent would stop it with requests never sent, which count as missing
+        their SLO, so the rate would be judged too high whatever the engine can do (a 500-request
+        probe at 0.25 req/s needs 2000 s)."""
+        requests = self.workload.requests(rate)
+        span = max((r.arrival for r in requests), default=0.0)
+        if span >= self.timeout_s:
+            raise ProfilingError(
+                f"a probe at {rate:.4g} req/s sends its {len(requests)} requests over {span:.0f} s, "
+                f"longer than probe_timeout_s ({self.timeout_s:g} s): raise probe_timeout_s, lower "
+                f"workload.num_requests or raise min_rate ({self._where()})"
+            )
+        report = self._replay(rate, requests)
         return ProbeResult(
             rate=rate,
             ttft_p99_s=_seconds(report["ttft_p99_s"]),
@@ -156,7 +168,19 @@ class AgentEngineProbe(EngineProbe):
         )
 
     def measure_burst(self, rate: float, factor: float) -> BurstResult:
-        report = self._replay(rate, self.workload.burst_requests(rate, factor))
+        """The KV demand of a burst. Only the burst must fit in ``timeout_s`` (the replay is cut
+        there; the rest of its window is background load): refused before anything is sent when
+        the burst would end after it."""
+        w = self.workload
+        window = max(w.num_requests / rate, 3 * w.burst_duration_s)  # as WorkloadSpec.burst_requests
+        burst_end = (window + w.burst_duration_s) / 2
+        if burst_end >= self.timeout_s:
+            raise ProfilingError(
+                f"the {factor:g}x burst probe at {rate:.4g} req/s bursts until {burst_end:.0f} s, after "
+                f"probe_timeout_s ({self.timeout_s:g} s): raise probe_timeout_s or lower "
+                f"workload.burst_duration_s or workload.num_requests ({self._where()})"
+            )
+        report = self._replay(rate, w.burst_requests(rate, factor))
         return BurstResult(rate, factor, report["peak_kv_demand_bytes"], report["kv_capacity_bytes"])
 
     def _where(self) -> str:
@@ -164,19 +188,7 @@ class AgentEngineProbe(EngineProbe):
         return f"deployment {d.pk} of model {d.model.name!r} on host {d.host.name!r}"
 
     def _replay(self, rate: float, requests: list[Request]) -> dict[str, Any]:
-        """Send one `probe` through the relay and wait for its `probe_result` (a dict).
-
-        A replay whose requests arrive over more than ``timeout_s`` is refused before anything is
-        sent: the agent would stop it with requests never sent, which count as missing their
-        SLO, so the rate would be judged too high whatever the engine can do (a 500-request probe
-        at 0.25 req/s needs 2000 s)."""
-        span = max((r.arrival for r in requests), default=0.0)
-        if span >= self.timeout_s:
-            raise ProfilingError(
-                f"a probe at {rate:.4g} req/s sends its {len(requests)} requests over {span:.0f} s, "
-                f"longer than probe_timeout_s ({self.timeout_s:g} s): raise probe_timeout_s, lower "
-                f"workload.num_requests or raise min_rate ({self._where()})"
-            )
+        """Send one `probe` through the relay and wait for its `probe_result` (a dict)."""
         link = AgentLink.objects.filter(host=self.deployment.host).first()
         if link is None or not link.connected:
             raise ProfilingError(

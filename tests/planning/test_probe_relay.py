@@ -226,3 +226,30 @@ async def test_a_probe_whose_requests_would_outlast_its_timeout_is_refused_befor
         assert "deployment" in message and "gpu-a" in message
         assert await database_sync_to_async(ProbeRequest.objects.count)() == 0  # nothing sent
         await comm.disconnect()
+
+
+async def test_a_burst_probe_is_refused_only_when_its_burst_would_outlast_the_timeout() -> None:
+    # The burst window is max(12 / 1 req/s, 3 x 10 s) = 30 s with the 10 s burst in its middle
+    # (10-20 s): a 25 s timeout cuts only background load, a 15 s one would cut the burst itself.
+    with SETTINGS:
+        host, token = await setup_host()
+        comm = await connect(token)
+        deployment = await running_deployment(host)
+        short = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=15)
+        measuring = Measure(lambda: short.measure_burst(1.0, 4.0))
+        measuring.start()
+        await measuring.wait()
+        assert isinstance(measuring.error, ProfilingError)
+        assert "bursts until 20 s, after probe_timeout_s (15 s)" in str(measuring.error)
+        assert "burst_duration_s" in str(measuring.error)
+        assert await database_sync_to_async(ProbeRequest.objects.count)() == 0  # nothing sent
+        long_enough = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=25)
+        sending = Measure(lambda: long_enough.measure_burst(1.0, 4.0))
+        sending.start()
+        frame = await next_probe(comm)  # sent to the agent, though its window (30 s) is longer
+        assert frame["timeout_s"] == 25
+        # End the wait for its answer: as if the agent had reported it could not run it.
+        await database_sync_to_async(ProbeRequest.objects.update)(status=ProbeStatus.FAILED, error="done")
+        await sending.wait()
+        assert isinstance(sending.error, ProfilingError) and "failed: done" in str(sending.error)
+        await comm.disconnect()
