@@ -184,11 +184,16 @@ def agent_specs(config: RunConfig, env: dict[str, str]) -> list[ProcessSpec]:
 
 
 def simulate_kind(value: str | None) -> str | None:
-    """The simulated host SIMULATE asks for, COUNTxKIND (1/true/yes/on: 8xH100); None when off."""
+    """The simulated host SIMULATE asks for, as COUNTxKIND (1/true/yes/on: 8xH100); None when
+    off. Normalised ("8 x h100" -> "8xH100"): it also names the host (sim-8xh100), which may hold
+    no spaces. Raises ValueError (gpu_agent's message) for a spec the agent would refuse."""
     simulate = (value or "").strip()
     if not simulate or simulate.lower() in ("0", "false", "no", "off"):
         return None
-    return "8xH100" if simulate.lower() in ("1", "true", "yes", "on") else simulate
+    count, kind = parse_simulate_spec(
+        "8xH100" if simulate.lower() in ("1", "true", "yes", "on") else simulate
+    )
+    return f"{count}x{kind}"
 
 
 class Supervisor:
@@ -299,10 +304,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     except ValueError as error:
         where = "argument --host" if args.host is not None else "environment variable HOST="
         parser.error(f"{where}{'' if args.host is None else ': '}{error}")
-    kind = simulate_kind(os.environ.get("SIMULATE"))
     try:  # else its host row and token were made, and then its agent refused the spec (exit 2)
-        if kind is not None:
-            parse_simulate_spec(kind)
+        simulate_kind(os.environ.get("SIMULATE"))
     except ValueError as error:
         parser.error(f"environment variable SIMULATE={os.environ['SIMULATE']!r}: {error}")
     port, port_given = _int_option(parser, args.port, "--port", "PORT", 8000)

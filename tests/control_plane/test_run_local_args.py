@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gpu_agent.config import AgentConfig
-from scripts.run_local import ROOT, RunConfig, base_url, parse_args
+from scripts.run_local import ROOT, RunConfig, base_url, parse_args, simulate_kind
 
 
 @pytest.mark.parametrize(
@@ -106,3 +106,21 @@ def test_the_agents_are_given_a_control_plane_url_they_accept(host: str, url: st
     config = parse_args(["--host", host, "--port", "8000"])
     assert base_url(config) == url
     AgentConfig(control_plane=url, token="t")  # raises ValueError on a URL the agent refuses
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        # "8 x H100" passed the check, then named the host "sim-8 x h100", which local_agent refused
+        # after the migrations and the local agent's set-up had run.
+        ("8 x h100", "8xH100"),
+        (" 4xa100 ", "4xA100"),
+        ("1", "8xH100"),
+        ("on", "8xH100"),
+        ("off", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_simulate_is_normalised_to_the_spec_that_names_its_host(value: str | None, kind: str | None) -> None:
+    assert simulate_kind(value) == kind

@@ -19,14 +19,14 @@ def test_a_failed_set_up_command_is_named_with_its_error_and_nothing_starts(
     monkeypatch.setattr(run_local.Supervisor, "start", lambda self: pytest.fail("a process was started"))
     monkeypatch.setenv("VAR_DIR", str(tmp_path))
     monkeypatch.setenv("LOCAL_AGENT", "0")
-    monkeypatch.setenv("SIMULATE", "Bad Kind")  # host "sim-bad kind": not a slug
+    monkeypatch.setenv("SIMULATE", "Bad Kind")  # host "sim-1xbad kind": not a slug
     # parse_args refuses this SIMULATE up front (test_run_local_args); let it through to the set-up.
     monkeypatch.setattr(run_local, "parse_simulate_spec", lambda spec: (1, spec))
     assert run_local.main(["--port", "8000"]) == 1
     err = capsys.readouterr().err
     assert (
         "[run] set-up failed, nothing was started: "
-        "`manage.py local_agent 'sim-bad kind' --simulated` exited with status 1"
+        "`manage.py local_agent 'sim-1xbad kind' --simulated` exited with status 1"
     ) in err
     assert "[run] stderr of the failed command:\nCommandError: " in err and "slug" in err
     assert "Traceback" not in err
