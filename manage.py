@@ -7,8 +7,10 @@ module), so it is put on ``sys.path`` here rather than imported as ``platform.co
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -24,7 +26,10 @@ def main() -> None:
 
     try:
         execute_from_command_line(sys.argv)
-    except ImproperlyConfigured as exc:  # a bad setting (config/settings.py reads the environment)
+    except ImproperlyConfigured as exc:
+        if not _raised_by_settings(exc):
+            raise  # an app's or a command's own misconfiguration: its traceback is wanted
+        # A bad setting: config/settings.py reads the environment (DATABASE_URL=abc, DEBUG=perhaps).
         print(f"manage.py: error: {exc}", file=sys.stderr)
         sys.exit(1)
     except ModuleNotFoundError as exc:  # --settings / DJANGO_SETTINGS_MODULE naming no module
@@ -36,6 +41,16 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(1)
+
+
+def _raised_by_settings(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of the settings module's own code (it is among the frames)."""
+    try:
+        spec = importlib.util.find_spec(os.environ.get("DJANGO_SETTINGS_MODULE", ""))
+    except (ImportError, ValueError):
+        return False
+    origin = spec.origin if spec is not None else None
+    return origin is not None and any(f.filename == origin for f in traceback.extract_tb(exc.__traceback__))
 
 
 if __name__ == "__main__":

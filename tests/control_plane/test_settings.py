@@ -152,3 +152,24 @@ def test_manage_py_names_a_bad_setting_in_one_line(
     )
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.startswith(f"manage.py: error: {named}") and "Traceback" not in out.stderr
+
+
+def test_manage_py_keeps_the_traceback_of_a_misconfiguration_outside_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from manage import _raised_by_settings
+
+    (tmp_path / "bad_settings.py").write_text(
+        "from django.core.exceptions import ImproperlyConfigured\n"
+        "raise ImproperlyConfigured('DEBUG=perhaps')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "bad_settings")
+    with pytest.raises(ImproperlyConfigured) as from_settings:
+        __import__("bad_settings")
+    assert _raised_by_settings(from_settings.value)
+    with pytest.raises(ImproperlyConfigured) as elsewhere:  # an app's or a command's own
+        raise ImproperlyConfigured("a URLconf without patterns")
+    assert not _raised_by_settings(elsewhere.value)
