@@ -356,14 +356,15 @@ def probe_summary(report: ProbeReport) -> str:
     if not report.ok:
         return f"Probe of deployment {report.deployment_id} failed: {report.error}"
 
-    def ms(seconds: float | None) -> str:
-        return "late" if seconds is None else f"{1e3 * seconds:.0f} ms"
+    def ms(seconds: float | None, none: str) -> str:
+        return none if seconds is None else f"{1e3 * seconds:.0f} ms"
 
+    # A null TTFT percentile: too many requests gave no token; a null TBT one: no gap was seen.
     return (
         f"Probe of deployment {report.deployment_id} at {report.rate:.4g} req/s: {report.finished} of "
         f"{report.num_requests} requests finished in {report.duration_s:.0f} s; TTFT p50/p99 "
-        f"{ms(report.ttft_p50_s)}/{ms(report.ttft_p99_s)}, TBT p50/p99 {ms(report.tbt_p50_s)}/"
-        f"{ms(report.tbt_p99_s)} ('late': over 1% of requests gave no token)."
+        f"{ms(report.ttft_p50_s, 'late')}/{ms(report.ttft_p99_s, 'late')}, TBT p50/p99 "
+        f"{ms(report.tbt_p50_s, 'n/a')}/{ms(report.tbt_p99_s, 'n/a')}."
     )
 
 

@@ -14,8 +14,12 @@ def test_a_probe_is_summed_up_in_one_line() -> None:
     )  # fmt: skip
     assert probe_summary(report) == (
         "Probe of deployment 7 at 0.5 req/s: 38 of 40 requests finished in 84 s; TTFT p50/p99 "
-        "123 ms/late, TBT p50/p99 10 ms/41 ms ('late': over 1% of requests gave no token)."
+        "123 ms/late, TBT p50/p99 10 ms/41 ms."
     )
+    # One-token answers have no gap between tokens: not late, there is no figure.
+    single = ProbeReport("p3", "7", ok=True, rate=1.0, num_requests=5, finished=5, ttft_p50_s=0.05,
+                         ttft_p99_s=0.06, duration_s=5.2)  # fmt: skip
+    assert probe_summary(single).endswith("TTFT p50/p99 50 ms/60 ms, TBT p50/p99 n/a/n/a.")
 
 
 def test_a_probe_that_could_not_run_says_why() -> None:
