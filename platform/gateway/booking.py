@@ -59,16 +59,24 @@ async def book(
     await database_sync_to_async(services.finish)(admission, result)
 
 
-async def to_the_end(work: Coroutine[Any, Any, None]) -> None:
-    """``work`` run to its end in a task of its own, however often the calling task is cancelled
-    meanwhile; a cancellation that came meanwhile is raised after it."""
-    task = asyncio.ensure_future(work)
+async def settle(task: asyncio.Future[Any]) -> asyncio.CancelledError | None:
+    """Wait until ``task`` is done, however often the calling task is cancelled meanwhile; the
+    cancellation that came meanwhile, if any, is returned (for the caller to raise when it is
+    ready), not raised. ``task``'s own outcome is left in it."""
     cancelled: asyncio.CancelledError | None = None
     while not task.done():
         try:
             await asyncio.wait({task})  # unlike awaiting the task, a cancellation leaves it running
         except asyncio.CancelledError as exc:
             cancelled = exc
+    return cancelled
+
+
+async def to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """``work`` run to its end in a task of its own, however often the calling task is cancelled
+    meanwhile; a cancellation that came meanwhile is raised after it."""
+    task = asyncio.ensure_future(work)
+    cancelled = await settle(task)
     if cancelled is None:
         task.result()
         return

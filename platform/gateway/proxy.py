@@ -48,7 +48,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from gateway import services
-from gateway.booking import book, to_the_end
+from gateway.booking import book, settle, to_the_end
 from gateway.errors import GatewayError, engine_error, upstream_lost
 from gateway.routing import Router, Target
 from gateway.streaming import StreamMeter, strict_json, upstream_body
@@ -175,13 +175,18 @@ class GatewayApp:
                 if state["outcome"] != "completed":  # not a client that left after [DONE]
                     state["outcome"] = "disconnected"
             watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-            try:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await relay
-            except GatewayError as error:  # answered once the request is recorded
+            # A cancellation of this task while the two end (the relay closes the engine's stream:
+            # daphne may cancel meanwhile) is kept, to be raised after the booking, like one above.
+            cancelled = await settle(watcher) or cancelled
+            cancelled = await settle(relay) or cancelled
+            failed = None if watcher.cancelled() else watcher.exception()
+            if failed is not None:  # receive() itself failed: raised, as before
+                raise failed
+            error = None if relay.cancelled() else relay.exception()
+            if isinstance(error, GatewayError):  # answered once the request is recorded
                 refused = error
+            elif error is not None:
+                raise error
         target: Target | None = state["target"]
         if target is not None:  # an engine took the request: what it served counts
             booking = book(

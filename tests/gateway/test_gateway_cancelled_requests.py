@@ -148,3 +148,60 @@ def slowly(finish: Callable[..., None], finishing: threading.Event) -> Callable[
         finish(*args)
 
     return slow_finish
+
+
+class SlowToCloseEngine(StallingEngine):
+    """Its stream takes ``close_s`` to close once the gateway gives it up."""
+
+    def __init__(self, chunks: list[dict[str, Any]], close_s: float) -> None:
+        super().__init__(chunks=chunks)
+        self.close_s = close_s
+        self.closing = asyncio.Event()
+
+    async def _generate(self) -> None:
+        try:
+            await super()._generate()
+        finally:
+            self.closing.set()
+            await asyncio.sleep(self.close_s)
+
+
+def test_a_cancellation_while_a_departed_clients_request_winds_down_is_raised_after_its_booking(
+    gateway_data: dict[str, Any],
+) -> None:
+    """The client leaves; while the relay closes the engine's stream, daphne cancels the task (its
+    application_close_timeout). The cancellation was swallowed there: the request was booked
+    without the short /tokenize bound and the task ended as if nothing had happened."""
+    engine = SlowToCloseEngine([chunk("a", 7, 1)], close_s=0.3)
+    app = app_with(engine)
+    body = json.dumps({**CHAT, "stream": True}).encode()
+
+    async def scenario() -> asyncio.Future[None]:
+        gone = asyncio.Event()
+        messages = [{"type": "http.request", "body": body}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            pass
+
+        headers = [(b"authorization", f"Bearer {gateway_data['secret']}".encode())]
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+        task = asyncio.ensure_future(app(scope, receive, send))
+        await asyncio.wait_for(engine.stalled.wait(), 10)
+        gone.set()  # the client leaves
+        await asyncio.wait_for(engine.closing.wait(), 10)  # the relay is closing the engine's stream
+        task.cancel()
+        await asyncio.wait({task}, timeout=10)
+        return task
+
+    task = asyncio.run(scenario())
+    assert task.done()
+    with pytest.raises(asyncio.CancelledError):
+        task.result()
+    assert engine.aborted
+    assert booked(gateway_data) == ("disconnected", 7, 1)
