@@ -207,6 +207,16 @@ async def test_it_stops_waiting_for_the_agent_when_the_job_is_cancelled() -> Non
         await comm.disconnect()
 
 
+async def refused_unsent(call: Any) -> str:
+    """Run a probe call that must be refused before anything is sent; its error message."""
+    measuring = Measure(call)
+    measuring.start()
+    await measuring.wait()
+    assert isinstance(measuring.error, ProfilingError), measuring.error
+    assert await database_sync_to_async(ProbeRequest.objects.count)() == 0  # nothing sent
+    return str(measuring.error)
+
+
 async def test_a_probe_whose_requests_would_outlast_its_timeout_is_refused_before_it_is_sent() -> None:
     # 12 requests at 0.01 req/s arrive over about 1100 s: the agent would stop the replay at 30 s
     # with most of them unsent, and they would count as missing the SLO.
@@ -217,14 +227,9 @@ async def test_a_probe_whose_requests_would_outlast_its_timeout_is_refused_befor
         probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=30)
         span = max(r.arrival for r in WORKLOAD.requests(0.01))
         assert span > 30
-        measuring = Measure(lambda: probe.measure(0.01))
-        measuring.start()
-        await measuring.wait()
-        assert isinstance(measuring.error, ProfilingError)
-        message = str(measuring.error)
+        message = await refused_unsent(lambda: probe.measure(0.01))
         assert f"over {span:.0f} s" in message and "probe_timeout_s (30 s)" in message
         assert "deployment" in message and "gpu-a" in message
-        assert await database_sync_to_async(ProbeRequest.objects.count)() == 0  # nothing sent
         await comm.disconnect()
 
 
@@ -236,13 +241,8 @@ async def test_a_burst_probe_is_refused_only_when_its_burst_would_outlast_the_ti
         comm = await connect(token)
         deployment = await running_deployment(host)
         short = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=15)
-        measuring = Measure(lambda: short.measure_burst(1.0, 4.0))
-        measuring.start()
-        await measuring.wait()
-        assert isinstance(measuring.error, ProfilingError)
-        assert "bursts until 20 s, after probe_timeout_s (15 s)" in str(measuring.error)
-        assert "burst_duration_s" in str(measuring.error)
-        assert await database_sync_to_async(ProbeRequest.objects.count)() == 0  # nothing sent
+        message = await refused_unsent(lambda: short.measure_burst(1.0, 4.0))
+        assert "bursts until 20 s, after probe_timeout_s (15 s)" in message and "burst_duration_s" in message
         long_enough = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=25)
         sending = Measure(lambda: long_enough.measure_burst(1.0, 4.0))
         sending.start()
