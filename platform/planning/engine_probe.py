@@ -172,8 +172,7 @@ class AgentEngineProbe(EngineProbe):
         there; the rest of its window is background load): refused before anything is sent when
         the burst would end after it."""
         w = self.workload
-        window = max(w.num_requests / rate, 3 * w.burst_duration_s)  # as WorkloadSpec.burst_requests
-        burst_end = (window + w.burst_duration_s) / 2
+        burst_end = (w.burst_window_s(rate) + w.burst_duration_s) / 2
         if burst_end >= self.timeout_s:
             raise ProfilingError(
                 f"the {factor:g}x burst probe at {rate:.4g} req/s bursts until {burst_end:.0f} s, after "

@@ -97,12 +97,17 @@ class WorkloadSpec:
             )
         return requests
 
+    def burst_window_s(self, rate: float) -> float:
+        """The length of `burst_requests`' window at `rate`; its burst is centred in it, so it ends
+        at (window + burst_duration_s) / 2."""
+        return max(self.num_requests / rate, 3 * self.burst_duration_s)
+
     def burst_requests(self, rate: float, factor: float) -> list[Request]:
         """Poisson arrivals at `rate` with one burst of `factor` x rate for `burst_duration_s`,
         centred in a window of max(num_requests / rate, 3 x burst_duration_s) seconds."""
         _positive_finite("rate", rate)
         _positive_finite("factor", factor)
-        duration = max(self.num_requests / rate, 3 * self.burst_duration_s)
+        duration = self.burst_window_s(rate)
         return make_workload(
             "burst",
             rate,
