@@ -215,11 +215,35 @@ def _check_type(key: str, value: Any, annotation: Any) -> None:
         raise ValueError(f"config key {key!r} must be {annotation}, got {value!r}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key: PyYAML keeps the last value,
+    so in an agent.yaml that sets `token:` twice (one left from an edit) the first line, the one
+    the operator reads, would be silently ignored."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            if isinstance(key, str):
+                key = key.replace("-", "_")  # control-plane and control_plane are one key
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the base class names it
+                break
+            if duplicate:
+                line = key_node.start_mark.line + 1
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (again on line {line})", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config_file(path: str) -> dict[str, Any]:
     """The YAML mapping at `path`; ValueError naming the file when it is not one."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=_UniqueKeyLoader)  # a SafeLoader
     except OSError as exc:
         raise ValueError(f"cannot read config file {path!r}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:

@@ -263,3 +263,19 @@ def test_a_flag_overriding_a_bad_config_value_is_not_blamed_on_the_file(tmp_path
     assert make_config(["--config", str(path), "--buffer-size", "5"]).buffer_size == 5
     with pytest.raises(ValueError, match=r"^self\.sim_rate=nan must be positive"):
         make_config(["--config", str(path), "--buffer-size", "5", "--sim-rate", "nan"])
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ("control_plane: http://cp\ntoken: first\ntoken: second\n", "token", 3),
+        ("control-plane: http://a\ntoken: t\ncontrol_plane: http://b\n", "control_plane", 3),
+    ],
+)
+def test_a_key_given_twice_in_the_config_file_is_refused_naming_it(
+    tmp_path: Path, text: str, key: str, line: int
+) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"{key!r} is given twice \(again on line {line}\)"):
+        make_config(["--config", str(path)])
