@@ -81,11 +81,6 @@ def _spec(name: str, gpus: list[Device], num_gpus: int | None = None) -> ServerS
     return ServerSpec(name, num_gpus or len(gpus), min(d.memory_total_bytes for d in gpus), nvlink)
 
 
-def servers(held: Mapping[str, set[int]] | None = None) -> list[ServerSpec]:
-    """One ServerSpec per host with GPU devices not in `held`, ordered by host name."""
-    return [_spec(name, gpus) for name, gpus in gpus_by_host(held).items()]
-
-
 def held_gpus(planned: set[str]) -> dict[str, set[int]]:
     """host name -> indices of the devices that running deployments of models outside `planned`
     use (a plan of `planned` must leave them alone)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from planning.applying import ApplyOutcome, PlanConflict, PlanNotApplicable, apply_plan
 from planning.engine_probe import AgentEngineProbe
-from planning.placing import current_placement, fingerprint, run_place, servers
+from planning.placing import current_placement, fingerprint, run_place
 from planning.profiling import run_profile, simulator_probe
 from planning.relay import relay_probes, store_probe_result
 
@@ -26,7 +26,6 @@ __all__ = [
     "relay_probes",
     "run_place",
     "run_profile",
-    "servers",
     "simulator_probe",
     "store_probe_result",
 ]
