@@ -225,7 +225,11 @@ class ProbeRunner:
         ]
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         timeout = httpx.Timeout(frame.timeout_s, connect=10.0)
-        async with httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=timeout) as http:
+        # The engine's key (DeploymentSpec.api_key): /v1/completions refuses requests without it.
+        headers = {"authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
+        async with httpx.AsyncClient(
+            base_url=self.base_url, limits=limits, timeout=timeout, headers=headers
+        ) as http:
             capacity_tokens = await self._capacity_tokens(http)
             capacity = capacity_tokens * self.kv_bytes_per_token
             peaks = _KvPeaks(capacity_tokens)

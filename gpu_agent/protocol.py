@@ -342,6 +342,10 @@ class DeploymentSpec:
     id: str
     model: ModelSpec
     devices: list[int]  # host-local device indices
+    # The key the engine takes generation requests with (vLLM's VLLM_API_KEY), which the gateway
+    # sends: without it anyone who reaches the host could use the engine past the gateway's keys and
+    # quotas. "" starts the engine without one. Never in a repr (the agent logs specs).
+    api_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         check(bool(self.id), "id", "must not be empty")

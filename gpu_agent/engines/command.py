@@ -111,6 +111,11 @@ class VllmLauncher:
         # Our vLLM plug-ins (serving.vllm_ext) must import inside the engine's processes.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        # The deployment's key (the gateway sends it): in the environment, not argv, where any
+        # user of the host would read it in `ps`. Without one, none the agent happens to have.
+        env.pop("VLLM_API_KEY", None)
+        if spec.api_key:
+            env["VLLM_API_KEY"] = spec.api_key
         if self.host_kind == "gpu":
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA indices == NVML indices
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in spec.devices)

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from deployments.engine_keys import engine_api_key
 from deployments.models import Deployment, DesiredState, ObservedState
 from deployments.services import report_observed_state
 from django.db import transaction
@@ -388,6 +389,7 @@ def desired_deployments(linked: LinkedHost) -> DesiredDeployments:
                     engine_options=dict(model.engine_options),
                 ),
                 devices=sorted(d.index for d in deployment.devices.all()),
+                api_key=engine_api_key(deployment.pk),
             )
         )
     return DesiredDeployments(deployments=specs)

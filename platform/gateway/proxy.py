@@ -218,7 +218,7 @@ class GatewayApp:
                 "POST",
                 target.base_url + path,
                 content=body,
-                headers={"content-type": "application/json"},
+                headers=target.headers(),
                 extensions={"trace": _when_sent(state, target)},
             )
             self.router.acquire(target)

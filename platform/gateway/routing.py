@@ -8,7 +8,7 @@ a shared counter (Redis) would fix that at the cost of a round trip per request.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,15 @@ class Target:
     replica_id: int
     deployment_id: int
     base_url: str  # http://host:port of the engine's OpenAI server
+    # The engine's key (deployments.engine_keys), sent as a bearer token; "" sends none.
+    api_key: str = field(default="", repr=False)
+
+    def headers(self) -> dict[str, str]:
+        """The headers of a request to the engine: JSON, and the engine's key."""
+        headers = {"content-type": "application/json"}
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        return headers
 
 
 class Router:

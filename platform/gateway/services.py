@@ -22,6 +22,7 @@ from typing import Any
 from accounts.models import ApiKey
 from accounts.services import authenticate_api_key
 from agents.models import Replica
+from deployments.engine_keys import engine_api_key
 from deployments.models import Deployment, DesiredState, ObservedState
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -111,7 +112,10 @@ def healthy_targets(model: ServedModel) -> list[Target]:
         .order_by("id")
         .values_list("id", "deployment_id", "base_url")
     )
-    return [Target(replica_id, deployment_id, url) for replica_id, deployment_id, url in replicas]
+    return [
+        Target(replica_id, deployment_id, url, engine_api_key(deployment_id))
+        for replica_id, deployment_id, url in replicas
+    ]
 
 
 def admit(

@@ -4,6 +4,7 @@ vLLM-style /metrics), plus the vLLM command line and the metrics arithmetic."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -314,6 +315,18 @@ def test_it_builds_the_vllm_command_for_a_cpu_host_without_aqua() -> None:
     assert everywhere.argv[everywhere.argv.index("--host") + 1] == "0.0.0.0"
     assert everywhere.probe_host == "127.0.0.1"
     assert VllmLauncher("cpu", bind="10.0.0.7", base_env={})(s, 9000).probe_host == "10.0.0.7"
+
+
+def test_the_engine_gets_its_deployments_key_in_its_environment_not_its_command_line() -> None:
+    """vLLM then refuses /v1 requests without the key (the gateway sends it); argv would show it to
+    any user of the host in `ps`."""
+    keyed = dataclasses.replace(spec(), api_key="k" * 64)
+    launch = VllmLauncher("gpu", base_env={"VLLM_API_KEY": "the-agents-own"})(keyed, 9000)
+    assert launch.env["VLLM_API_KEY"] == "k" * 64
+    assert not any("k" * 64 in arg for arg in launch.argv) and "k" * 64 not in str(launch)
+    assert "k" * 64 not in repr(keyed)
+    # No key in the spec: none at all, not one the agent's environment happens to hold.
+    assert "VLLM_API_KEY" not in VllmLauncher("gpu", base_env={"VLLM_API_KEY": "x"})(spec(), 9000).env
 
 
 def test_it_interpolates_quantiles_inside_buckets_like_prometheus() -> None:

@@ -12,6 +12,7 @@ import pytest_asyncio
 from agents.models import AgentLink, DeviceSample, EngineSample, Replica
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from deployments.engine_keys import engine_api_key
 from deployments.models import Deployment, DesiredState, ObservedState
 from deployments.services import create_deployment
 from django.test import override_settings
@@ -133,6 +134,7 @@ async def test_it_sends_the_running_deployments_of_the_host_on_register(
                     "engine_options": {"seed": 0},
                 },
                 "devices": [1],
+                "api_key": engine_api_key(running.pk),
             }
         ]
         # The stopped deployment changed nothing the agent must run: no second frame.

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
 from agents.models import EngineSample, Replica
+from deployments.engine_keys import engine_api_key
 from deployments.models import ObservedState
 
 from .servers import wait_until
@@ -36,11 +38,18 @@ def test_a_deployment_runs_a_real_engine_whose_metrics_and_restarts_reach_the_co
         deployment, replica = stack.deployment, stack.replica
         assert replica.base_url == f"http://127.0.0.1:{replica.port}" and replica.restarts == 0
 
+        # The engine serves only requests with its deployment's key (the gateway's): not anyone
+        # who reaches the host's address.
         body = json.dumps({"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 8}).encode()
-        request = urllib.request.Request(
-            f"{replica.base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:
+        url, headers = f"{replica.base_url}/v1/completions", {"Content-Type": "application/json"}
+        for refused in ({}, {"Authorization": "Bearer not-the-key"}):
+            with pytest.raises(urllib.error.HTTPError) as error:
+                urllib.request.urlopen(urllib.request.Request(url, body, {**headers, **refused}), timeout=120)
+            assert error.value.code == 401
+        key = {"Authorization": f"Bearer {engine_api_key(deployment.pk)}"}
+        with urllib.request.urlopen(
+            urllib.request.Request(url, body, {**headers, **key}), timeout=120
+        ) as response:
             assert response.status == 200
 
         engine = EngineSample.objects.filter(deployment=deployment)

@@ -5,6 +5,7 @@ known delays (the real vLLM engine is exercised in test_engine_profiling.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import statistics
@@ -38,6 +39,7 @@ class FakeEngine(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.0"
     bodies: list[dict[str, Any]] = []
+    authorizations: list[str | None] = []  # each POST's Authorization header
     in_flight = 0
     usage_per_request = 0.1
     lock = threading.Lock()
@@ -57,6 +59,7 @@ class FakeEngine(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with FakeEngine.lock:
             FakeEngine.bodies.append(body)
+            FakeEngine.authorizations.append(self.headers.get("Authorization"))
         if len(body["prompt"]) == 13:
             self.send_response(500)
             self.end_headers()
@@ -89,6 +92,7 @@ class FakeEngine(BaseHTTPRequestHandler):
 @pytest.fixture
 def engine() -> Iterator[str]:
     FakeEngine.bodies = []
+    FakeEngine.authorizations = []
     FakeEngine.usage_per_request = 0.1
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeEngine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -181,3 +185,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_it_sends_the_engines_key_with_every_request(engine: str, tmp_path: Path) -> None:
+    """The engine runs with its deployment's key (vLLM's VLLM_API_KEY) and refuses requests
+    without it: a probe that did not send it would measure nothing but 401s."""
+    keyed = dataclasses.replace(spec(tmp_path), api_key="k" * 64)
+    report = asyncio.run(
+        ProbeRunner(engine, keyed, sample_interval_s=0.02).run(probe((0.0, 8, 2), (0.1, 9, 2)))
+    )
+    assert report.ok and report.finished == 2
+    assert FakeEngine.authorizations == ["Bearer " + "k" * 64] * 2

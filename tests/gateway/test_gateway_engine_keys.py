@@ -1,0 +1,55 @@
+"""The gateway reaches each engine with its deployment's engine key (deployments/engine_keys.py).
+
+Engines are started with that key (vLLM's VLLM_API_KEY) so that nobody who reaches a GPU host uses
+them past the gateway's end-user keys and quotas; a request the gateway relays without it would be
+refused by the engine (401), so every chat through the gateway would fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+from deployments.engine_keys import engine_api_key
+from gateway.models import RequestSample
+
+from tests.gateway.asgi_driver import CHAT, app_with, call
+
+pytestmark = pytest.mark.usefixtures("gateway_data")
+
+
+def test_each_replica_gets_its_own_deployments_engine_key(gateway_data: dict[str, Any]) -> None:
+    a, b = gateway_data["deployments"]
+    keys = {"replica-a": engine_api_key(a.pk), "replica-b": engine_api_key(b.pk)}
+    sent: list[tuple[str, str | None]] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        """As vLLM with VLLM_API_KEY: anything but its own key is a 401."""
+        sent.append((request.url.host, request.headers.get("authorization")))
+        if request.headers.get("authorization") != f"Bearer {keys[request.url.host]}":
+            return httpx.Response(401, json={"error": "Unauthorized"})
+        return httpx.Response(
+            200, json={"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+        )
+
+    app = app_with(engine)
+    for _ in range(2):  # the second goes to the other replica (the first has one in flight: none)
+        result = asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"]))
+        assert result.status == 200, result.body
+    assert {host for host, _ in sent} <= set(keys)
+    assert all(auth == f"Bearer {keys[host]}" for host, auth in sent)
+    # The end user's key never reaches an engine.
+    assert all(gateway_data["secret"] not in (auth or "") for _, auth in sent)
+    assert RequestSample.objects.filter(outcome="completed").count() == 2
+
+
+def test_engine_keys_differ_per_deployment_and_follow_the_secret_key(
+    gateway_data: dict[str, Any], settings: Any
+) -> None:
+    a, b = gateway_data["deployments"]
+    first = engine_api_key(a.pk)
+    assert first != engine_api_key(b.pk) and len(first) == 64
+    settings.SECRET_KEY = "another-secret-key-" + "x" * 50
+    assert engine_api_key(a.pk) != first
