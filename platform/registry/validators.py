@@ -66,6 +66,24 @@ def _strings(v: Any) -> str | None:
     return None if isinstance(v, list) and all(isinstance(a, str) for a in v) else "a list of strings"
 
 
+# Engine flags the agent sets itself from the deployment (gpu_agent/engines/command.py): given again
+# in extra_args, vLLM takes the last, and the engine would listen where the gateway does not look,
+# serve another name or model, split over other devices, or refuse the gateway's key (--api-key
+# wins over the VLLM_API_KEY the agent sets).
+AGENT_OWNED_ENGINE_FLAGS = frozenset(
+    {"--model", "--served-model-name", "--host", "--port", "--api-key", "--tensor-parallel-size", "-tp"}
+)
+
+
+def _engine_args(v: Any) -> str | None:
+    if _strings(v) is not None:
+        return "a list of strings"
+    owned = sorted({a.split("=", 1)[0].replace("_", "-") for a in v} & AGENT_OWNED_ENGINE_FLAGS)
+    if owned:
+        return f"a list of strings without {', '.join(owned)} (the agent sets those from the deployment)"
+    return None
+
+
 def _object(v: Any) -> str | None:
     return None if isinstance(v, dict) else "a JSON object"
 
@@ -95,7 +113,7 @@ ENGINE_OPTIONS: dict[str, Callable[[Any], str | None]] = {
     "cpu_threads": _int(1),
     "aqua": _bool,
     "aqua_options": _object,
-    "extra_args": _strings,
+    "extra_args": _engine_args,
     "sim_model": _one_of(MODEL_CONFIGS, "cost-model preset model"),
     "sim_gpu": _one_of(GPU_SPECS, "cost-model preset GPU"),
     "sim_rate": _sim_rate,

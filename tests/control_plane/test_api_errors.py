@@ -84,6 +84,10 @@ def test_the_tp_size_of_a_model_with_running_deployments_cannot_change(
         ({"seed": 2**32}, "seed must be an integer from 0 to 4294967295"),  # numpy's seed range
         ({"kv_cache_bytes": 2**70}, "kv_cache_bytes must be an integer from 1 to 9223372036854775807"),
         ({"extra_args": "--x"}, "extra_args must be a list of strings"),
+        # Flags the agent sets from the deployment: the gateway could no longer reach or use it.
+        ({"extra_args": ["--api-key", "k"]}, "extra_args must be a list of strings without --api-key"),
+        ({"extra_args": ["--port=9"]}, "without --port (the agent sets those"),
+        ({"extra_args": ["--served_model_name", "x"]}, "without --served-model-name"),
         ({"aqua_options": 5}, "aqua_options must be a JSON object"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be a number in (0, 1]"),
         ({"enforce_eager": "yes"}, "enforce_eager must be true or false"),
