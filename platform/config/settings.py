@@ -379,6 +379,9 @@ GATEWAY_RESERVATION_TTL_S = env_int("GATEWAY_RESERVATION_TTL_S", 900, minimum=1)
 # 40,000 tokens with top-20 logprobs each (n x max_tokens). Serving more, raise them.
 GATEWAY_MAX_ENGINE_BODY_BYTES = env_int("GATEWAY_MAX_ENGINE_BODY_BYTES", 64 * 2**20, minimum=65_536)
 GATEWAY_MAX_ENGINE_EVENT_BYTES = env_int("GATEWAY_MAX_ENGINE_EVENT_BYTES", 8 * 2**20, minimum=65_536)
+# Engines' prefix caches are per user (the gateway salts each request with its key's owner,
+# gateway/cache_salt.py) unless this is set: then every user's requests share them.
+GATEWAY_SHARED_PREFIX_CACHE = env_bool("GATEWAY_SHARED_PREFIX_CACHE", False)
 
 # Celery's routine lines about the beat schedule's tasks (sent, received, succeeded: three every
 # 5 s for the liveness sweep) are dropped unless LOG_HOUSEKEEPING is set (config/log_filters.py).

@@ -49,6 +49,7 @@ from django.conf import settings
 
 from gateway import services
 from gateway.booking import book, settle, to_the_end
+from gateway.cache_salt import with_user_salt
 from gateway.errors import GatewayError, engine_error, upstream_lost
 from gateway.routing import Router, Target
 from gateway.streaming import StreamMeter, strict_json, upstream_body
@@ -209,15 +210,16 @@ class GatewayApp:
         trace: the wait for the answer's headers starts), not while the connection is being made:
         a client that leaves while a dead host's connect hangs asked no engine for anything."""
         path = "/v1/chat/completions" if request.kind == "chat" else "/v1/completions"
-        body = json.dumps(
-            upstream_body({**request.body, "model": admission.model_name}, request.stream)
-        ).encode()
+        body = {**request.body, "model": admission.model_name}
+        if admission.user_id is not None:
+            body = with_user_salt(body, admission.user_id)
+        encoded = json.dumps(upstream_body(body, request.stream)).encode()
         errors: list[str] = []
         for target in self.router.order(admission.targets):
             upstream = self.client.build_request(
                 "POST",
                 target.base_url + path,
-                content=body,
+                content=encoded,
                 headers=target.headers(),
                 extensions={"trace": _when_sent(state, target)},
             )

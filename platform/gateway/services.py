@@ -68,6 +68,8 @@ class Admission:
     admitted_at: datetime | None = None
     # The tokens it holds against the key's daily quota until it ends (`finish` or `release`).
     reservation: Reservation | None = None
+    # The key's owner: whose share of the engines' prefix cache it uses (gateway/cache_salt.py).
+    user_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,16 @@ def admit(
         raise
     limits = rate_limits(key, now, tokens_held, remaining, reset_s)
     reservation = Reservation(reservation_id)
-    return Admission(key.pk, model.pk, model.name, targets, limits, admitted_at=now, reservation=reservation)
+    return Admission(
+        key.pk,
+        model.pk,
+        model.name,
+        targets,
+        limits,
+        admitted_at=now,
+        reservation=reservation,
+        user_id=key.owner_id,
+    )
 
 
 def release(admission: Admission) -> None:

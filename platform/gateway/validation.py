@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.cache_salt import check_client_salt
 from gateway.errors import GatewayError, bad_request
 
 MAX_BODY_BYTES = 4 << 20
@@ -136,6 +137,9 @@ def _check_common(body: dict[str, Any]) -> tuple[str, bool, bool, bool]:
     for name in STRING_FIELDS:
         if name in body and body[name] is not None and not isinstance(body[name], str):
             raise bad_request(f"'{name}' must be a string, not {body[name]!r}", name)
+    salt_error = check_client_salt(body)
+    if salt_error is not None:
+        raise salt_error
     stop = body.get("stop")
     if stop is not None and not (
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
