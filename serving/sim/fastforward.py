@@ -77,6 +77,9 @@ def decode_run(engine: EngineSim, stop_time: float) -> int:
         j += 1
     if not j:
         return 0
+    # Free blocks only shrink over the run, to `free` just before the finishes: write that low
+    # point first, as the stepped path passes through it (a KV accountant may watch `free`).
+    engine.kv.free = free
     finished = 0
     for r in running:
         r.computed += j

@@ -25,6 +25,7 @@ from serving.profiler import (
 )
 from serving.profiler.sim_probe import tail_percentile
 from serving.sim.config import EngineConfig
+from serving.workload.request import Request
 
 COST = get_preset("llama-3-8b", "h100")
 FULL_BLOCKS = kv_capacity_tokens("llama-3-8b", "h100") // 16
@@ -118,6 +119,21 @@ def test_it_classifies_a_tight_engine_as_consumer_and_sizes_swap_per_burst_level
     assert model_profile_from_dict(stored, tp=2, burst_level=8.0).needed_bytes == needs[8.0]
     with pytest.raises(ProfilingError, match="3x was not profiled"):
         model_profile_from_dict(stored, burst_level=3.0)
+
+
+def test_peak_kv_use_is_the_same_with_and_without_fast_forward() -> None:
+    # Regression: a fast-forwarded decode run wrote the cache's free count once, after the
+    # finishing requests had returned their blocks, so the peak just before those finishes went
+    # unseen: the burst probe under-sized a consumer's swap space and the rate probe over-stated
+    # free (lendable) memory, by the blocks the run's decodes had allocated.
+    reqs = [Request(i, 0.0, 16, 40 + i) for i in range(8)]
+    peaks = []
+    for fast_forward in (True, False):
+        config = EngineConfig(num_kv_blocks=1000, block_size=4, fast_forward=fast_forward)
+        probe = SimulatorProbe(COST, config, WORKLOAD)
+        peaks.append(probe._run(config, reqs)[1])
+    # The peak is just before the first finishes: 8 sequences of 16 + 40 - 1 tokens, 14 blocks each.
+    assert peaks[0] == peaks[1] == 8 * 14 * 4 * COST.kv_bytes_per_token
 
 
 def test_it_rejects_a_bad_sla() -> None:
