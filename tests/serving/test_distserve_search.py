@@ -1,0 +1,100 @@
+"""DistServe's placement searches against brute force over random per-instance goodput tables.
+
+The tables hold small integers so that ties (equal per-GPU goodput, equal rate, equal GPUs) are
+common: the searches must return a placement with the best score (per-GPU goodput, then goodput,
+then fewer GPUs), and pruning must not change the answer when goodputs are found by probing.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serving.costmodel import Link
+from serving.distserve import Bisection, Parallelism, PhaseOracle, high_affinity_search, low_affinity_search
+from serving.distserve.parallel import feasible
+
+MODEL, GPU = "llama-2-13b", "a100"
+PARS = [
+    Parallelism(tp, pp) for tp in (1, 2, 4) for pp in (1, 2, 4) if feasible(MODEL, GPU, Parallelism(tp, pp))
+]
+
+
+class RandomTableOracle(PhaseOracle):
+    """Per-instance goodputs from tables (by (tp, pp)), known exactly or found by probing."""
+
+    def __init__(
+        self, table_p: dict[Parallelism, int], table_d: dict[Parallelism, int], probed: bool
+    ) -> None:
+        super().__init__(MODEL, GPU, lambda rate: [], 0.4, 0.04, rel_tol=0.05)
+        self.table_p, self.table_d, self.probed = table_p, table_d, probed
+        self.made: dict[tuple[str, Parallelism], Bisection] = {}
+
+    def _bracket(self, phase: str, par: Parallelism, value: float) -> Bisection:
+        if (phase, par) not in self.made:
+            if self.probed:
+                self.made[phase, par] = Bisection(lambda r: r <= value, value / 3, value * 1.7, self.rel_tol)
+            else:
+                self.made[phase, par] = Bisection.exact(value)
+        return self.made[phase, par]
+
+    def prefill_bracket(self, par: Parallelism, stage_link: Link) -> Bisection:
+        return self._bracket("p", par, self.table_p[par])
+
+    def decode_bracket(self, par: Parallelism, stage_link: Link, kv_link: Link) -> Bisection:
+        return self._bracket("d", par, self.table_d[par])
+
+
+def brute_force(
+    table_p: dict[Parallelism, int], table_d: dict[Parallelism, int], kind: str, nodes: int, per_node: int
+) -> tuple[float, float, int]:
+    """The best (per-GPU goodput, goodput, -GPUs) over every placement the search may consider."""
+    best = (0.0, 0.0, 0)
+    for p, d in itertools.product(PARS, PARS):
+        if kind == "high":
+            if p.gpus > per_node or d.gpus > per_node:
+                continue
+            counts = itertools.product(range(1, nodes * per_node + 1), repeat=2)
+            placements = [(n_p, n_d, n_p * p.gpus + n_d * d.gpus) for n_p, n_d in counts]
+            placements = [x for x in placements if x[2] <= nodes * per_node]
+        else:
+            if p.pp != d.pp or p.pp > nodes:
+                continue
+            counts = itertools.product(range(1, per_node + 1), repeat=2)
+            placements = [(n_p, n_d, p.pp * (n_p * p.tp + n_d * d.tp)) for n_p, n_d in counts]
+            placements = [x for x in placements if x[2] <= p.pp * per_node]
+        for n_p, n_d, gpus in placements:
+            rate = min(n_p * table_p[p], n_d * table_d[d])
+            best = max(best, (rate / gpus, rate, -gpus))
+    return best
+
+
+tables = st.fixed_dictionaries({par: st.integers(1, 12) for par in PARS})
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    table_p=tables,
+    table_d=tables,
+    kind=st.sampled_from(["high", "low"]),
+    shape=st.sampled_from([(1, 2), (1, 4), (2, 2), (2, 4)]),
+)
+def test_the_searches_return_the_brute_force_best_and_pruning_changes_nothing(
+    table_p: dict[Parallelism, int], table_d: dict[Parallelism, int], kind: str, shape: tuple[int, int]
+) -> None:
+    nodes, per_node = shape
+    search = high_affinity_search if kind == "high" else low_affinity_search
+    got = search(RandomTableOracle(table_p, table_d, probed=False), nodes, per_node, max_pp=4)
+    rate = min(
+        got.prefill.instances * table_p[got.prefill.par], got.decode.instances * table_d[got.decode.par]
+    )
+    unit = got.gpus // got.units
+    assert (rate / unit, rate, -unit) == brute_force(table_p, table_d, kind, nodes, per_node)
+    assert got.per_gpu_goodput == rate / unit
+    assert got.units == (nodes * per_node // unit if kind == "high" else nodes // got.prefill.par.pp)
+    # Goodputs found by bisection: the pruned search answers what the exhaustive one does.
+    full = search(RandomTableOracle(table_p, table_d, probed=True), nodes, per_node, max_pp=4, prune=False)
+    pruned = search(RandomTableOracle(table_p, table_d, probed=True), nodes, per_node, max_pp=4)
+    assert pruned == full
