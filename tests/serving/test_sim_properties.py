@@ -7,6 +7,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from serving.profiler.sim_probe import _PeakKVCache
 from serving.sim.config import EngineConfig
 from tests.serving.conftest import make_engine, make_requests
 
@@ -29,8 +30,12 @@ def test_every_request_finishes_and_fast_forward_changes_nothing(
     fields = {f: getattr(config, f) for f in EngineConfig.__dataclass_fields__}
     fast = make_engine(**fields)
     slow = make_engine(**{**fields, "fast_forward": False})
+    # KV accountants that see every change of the free-block count
+    fast.kv = fast_kv = _PeakKVCache(config.num_kv_blocks, config.block_size)
+    slow.kv = slow_kv = _PeakKVCache(config.num_kv_blocks, config.block_size)
     a, b = fast.run(reqs), slow.run(reqs)
     assert [r.token_times for r in a] == [r.token_times for r in b]
+    assert fast_kv.min_free == slow_kv.min_free, "fast forward hid the peak KV use"
     assert fast.stats.preemptions == slow.stats.preemptions
     cap = config.num_kv_blocks * config.block_size
     for req, rec in zip(reqs, a, strict=True):
