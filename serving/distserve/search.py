@@ -66,15 +66,21 @@ class Placement:
         return self.units * (self.prefill.gpus + self.decode.gpus)
 
 
+def _tp_degrees(max_tp: int) -> list[int]:
+    """Tensor-parallel degrees tried: the powers of two up to `max_tp`."""
+    out = [1]
+    while out[-1] * 2 <= max_tp:
+        out.append(out[-1] * 2)
+    return out
+
+
 def _parallelisms(model: str, gpu: str, max_tp: int, max_pp: int, max_gpus: int) -> list[Parallelism]:
     out = []
-    tp = 1
-    while tp <= max_tp:
+    for tp in _tp_degrees(max_tp):
         for pp in range(1, max_pp + 1):
             par = Parallelism(tp, pp)
             if par.gpus <= max_gpus and feasible(model, gpu, par):
                 out.append(par)
-        tp *= 2
     return out
 
 
@@ -191,9 +197,12 @@ def low_affinity_search(
     """
     opts = _new_options()
     for pp in range(1, min(max_pp, nodes) + 1):
-        pars = _parallelisms(oracle.model, oracle.gpu, gpus_per_node, 1, gpus_per_node)
+        # Every segment width whose pipelined instance fits, not only those that fit unpipelined:
+        # a model too big for tp GPUs may fit tp x pp of them.
         segs = [
-            Parallelism(p.tp, pp) for p in pars if feasible(oracle.model, oracle.gpu, Parallelism(p.tp, pp))
+            Parallelism(tp, pp)
+            for tp in _tp_degrees(gpus_per_node)
+            if feasible(oracle.model, oracle.gpu, Parallelism(tp, pp))
         ]
         for ps in segs:
             gp = oracle.prefill_bracket(ps, stage_link)

@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from serving.costmodel import Link
-from serving.distserve import Bisection, Parallelism, PhaseOracle, high_affinity_search, low_affinity_search
+from serving.distserve import (
+    Bisection,
+    Parallelism,
+    PhaseOracle,
+    PhaseSpec,
+    high_affinity_search,
+    low_affinity_search,
+)
 from serving.distserve.parallel import feasible
 
 MODEL, GPU = "llama-2-13b", "a100"
@@ -26,9 +33,13 @@ class RandomTableOracle(PhaseOracle):
     """Per-instance goodputs from tables (by (tp, pp)), known exactly or found by probing."""
 
     def __init__(
-        self, table_p: dict[Parallelism, int], table_d: dict[Parallelism, int], probed: bool
+        self,
+        table_p: dict[Parallelism, int],
+        table_d: dict[Parallelism, int],
+        probed: bool,
+        model: str = MODEL,
     ) -> None:
-        super().__init__(MODEL, GPU, lambda rate: [], 0.4, 0.04, rel_tol=0.05)
+        super().__init__(model, GPU, lambda rate: [], 0.4, 0.04, rel_tol=0.05)
         self.table_p, self.table_d, self.probed = table_p, table_d, probed
         self.made: dict[tuple[str, Parallelism], Bisection] = {}
 
@@ -98,3 +109,24 @@ def test_the_searches_return_the_brute_force_best_and_pruning_changes_nothing(
     full = search(RandomTableOracle(table_p, table_d, probed=True), nodes, per_node, max_pp=4, prune=False)
     pruned = search(RandomTableOracle(table_p, table_d, probed=True), nodes, per_node, max_pp=4)
     assert pruned == full
+
+
+def test_low_affinity_search_considers_segments_that_fit_only_when_pipelined() -> None:
+    # Regression: the segment widths were the tp degrees whose instance fits a node with pp = 1,
+    # so a model that fits only when pipelined had those segments left out. llama-3-70b on A100s
+    # fits tp 1 only at pp >= 4 and tp 2 only at pp >= 2: on 2-GPU nodes no tp fits unpipelined
+    # and the search said the model did not fit the cluster at all.
+    model = "llama-3-70b"
+    pars = [Parallelism(tp, pp) for tp in (1, 2, 4) for pp in (1, 2, 4)]
+    table = {par: 10 for par in pars if feasible(model, GPU, par)}
+    assert Parallelism(1, 4) in table and Parallelism(2, 1) not in table
+    got = low_affinity_search(RandomTableOracle(table, table, probed=False, model=model), 4, 2)
+    assert (got.prefill, got.decode, got.units) == (
+        PhaseSpec(Parallelism(1, 4), 1),
+        PhaseSpec(Parallelism(1, 4), 1),
+        1,
+    )
+    # On 4-GPU nodes only tp 2 x pp 2 segments let a prefill and a decode segment share a node (two
+    # tp 4 segments need 8 GPUs): one unit of 2 x (2 + 2) GPUs.
+    got = low_affinity_search(RandomTableOracle(table, table, probed=False, model=model), 2, 4)
+    assert got.per_gpu_goodput == 10 / 8
