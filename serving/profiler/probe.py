@@ -33,7 +33,8 @@ class ProbeResult:
         rate: Offered request rate (requests/s).
         ttft_p99_s: 99th percentile TTFT over all requests; inf when more than 1% of requests
             produced no token (rejected or cut off).
-        tbt_p99_s: 99th percentile of all inter-token gaps; inf when there are none.
+        tbt_p99_s: 99th percentile of all inter-token gaps; 0.0 when there are none (one-token
+            answers meet any pacing target).
         ttft_p50_s: Median TTFT (for the curve).
         tbt_p50_s: Median inter-token gap.
         num_requests: Requests replayed.
