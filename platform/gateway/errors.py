@@ -17,7 +17,9 @@ from typing import Any
 class GatewayError(Exception):
     """A request the gateway answers itself with an error body.
 
-    ``retry_after_s`` becomes a ``Retry-After`` header (429 and 503).
+    ``retry_after_s`` becomes a ``Retry-After`` header (429 and 503). ``retry`` False becomes
+    ``x-should-retry: false``, which OpenAI's SDKs obey over their own rule (they retry every 5xx,
+    twice by default): for an error that a retry of the same request would only repeat.
     """
 
     status: int
@@ -26,6 +28,7 @@ class GatewayError(Exception):
     code: str | None = None
     param: str | None = None
     retry_after_s: int | None = None
+    retry: bool | None = None
 
     def __str__(self) -> str:
         return f"{self.status} {self.message}"
@@ -40,6 +43,8 @@ class GatewayError(Exception):
             headers.append((b"www-authenticate", b'Bearer realm="gateway"'))
         if self.retry_after_s is not None:
             headers.append((b"retry-after", str(self.retry_after_s).encode()))
+        if self.retry is not None:
+            headers.append((b"x-should-retry", b"true" if self.retry else b"false"))
         return headers
 
 
@@ -65,11 +70,11 @@ def unavailable(message: str, retry_after_s: int) -> GatewayError:
     return GatewayError(503, message, "service_unavailable", "no_healthy_replica", None, retry_after_s)
 
 
-def upstream_lost(message: str, timed_out: bool) -> GatewayError:
+def upstream_lost(message: str, timed_out: bool, retry: bool | None = None) -> GatewayError:
     """The engine failed (or went silent) after it had started to answer."""
     if timed_out:
-        return GatewayError(504, message, "server_error", "upstream_timeout")
-    return GatewayError(502, message, "server_error", "upstream_failed")
+        return GatewayError(504, message, "server_error", "upstream_timeout", retry=retry)
+    return GatewayError(502, message, "server_error", "upstream_failed", retry=retry)
 
 
 def engine_error(status: int, body: Any) -> GatewayError:

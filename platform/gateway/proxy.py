@@ -392,9 +392,12 @@ async def _read_at_most(response: httpx.Response, limit: int) -> bytes | None:
 
 def _too_large(target: Target, what: str, limit: int) -> GatewayError:
     """``target`` sent an answer (or one event of it) past ``limit``: the request is cut off. The
-    replica is not marked failed: a request asking for a huge answer is no sign of a sick engine."""
+    replica is not marked failed: a request asking for a huge answer is no sign of a sick engine.
+    Nor should the client retry it (``x-should-retry: false``): the same request would have an
+    engine generate the same oversized answer again, only to be cut off again."""
     log.warning("gateway: replica %s sent an %s over %d bytes: cut off", target.replica_id, what, limit)
-    return upstream_lost(f"The engine's {what} was larger than the gateway relays ({limit} bytes).", False)
+    message = f"The engine's {what} was larger than the gateway relays ({limit} bytes)."
+    return upstream_lost(message, timed_out=False, retry=False)
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -172,6 +172,25 @@ def test_the_sdk_does_not_retry_a_refusal_a_retry_would_repeat(gateway_data: dic
             assert int(error.response.headers["retry-after"]) > 120
 
 
+def test_an_answer_too_large_to_relay_is_not_retried_by_the_sdk(
+    gateway_data: dict[str, Any], settings: Any
+) -> None:
+    """The SDK retries a 502; the same request would make an engine generate the same oversized
+    answer again (twice, by default), to be cut off again."""
+    settings.GATEWAY_MAX_ENGINE_BODY_BYTES = 1000
+    asked: list[httpx.Request] = []
+
+    def huge(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        return httpx.Response(200, json={"id": "c1", "choices": [], "pad": "x" * 2000})
+
+    error = refused(app_with(huge), gateway_data["secret"], chat(), max_retries=2)
+    assert isinstance(error, openai.InternalServerError) and error.status_code == 502
+    assert error.code == "upstream_failed" and "(1000 bytes)" in error.message
+    assert len(asked) == 1, "the SDK retried"
+    assert error.response.headers["x-should-retry"] == "false"
+
+
 def answering(body: bytes) -> Callable[[httpx.Request], httpx.Response]:
     return lambda request: httpx.Response(200, stream=httpx.ByteStream(body))
 
