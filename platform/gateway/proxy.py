@@ -28,6 +28,12 @@ in place of ``[DONE]``; either way the request is recorded as failed. So is one 
 one SSE event of it) passes GATEWAY_MAX_ENGINE_BODY_BYTES (GATEWAY_MAX_ENGINE_EVENT_BYTES): it is
 read only that far, then the engine's connection is closed.
 
+Every response carries an ``x-request-id`` (``req_`` and 32 hex digits, as OpenAI's: the SDK
+shows it as a response's ``_request_id`` and an error's ``request_id``). The engine gets it as
+``X-Request-Id``, which vLLM makes its own request's id (``chatcmpl-req_...`` in its answer and
+its log): the id a user quotes finds the request in the engine's log. A client's own X-Request-Id
+is not passed on (no header of the client's is).
+
 Routes: ``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/chat/completions``,
 ``POST /v1/completions``.
 """
@@ -39,7 +45,9 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -109,6 +117,8 @@ class GatewayApp:
         headers = dict(scope.get("headers") or [])
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         path, method = scope["path"].rstrip("/"), scope["method"]
+        request_id = new_request_id()
+        send = _with_headers(send, [(b"x-request-id", request_id.encode())])
         try:
             if path == "/v1/models" and method == "GET":
                 data = await database_sync_to_async(services.served_models)(authorization)
@@ -121,7 +131,7 @@ class GatewayApp:
                 # The key first: a caller without one learns nothing about what a body should be.
                 key = await database_sync_to_async(services.authenticate)(authorization)
                 request = validate(ROUTES[path], parse_body(await _read_body(receive)))
-                await self._complete(request, key, receive, send)
+                await self._complete(replace(request, request_id=request_id), key, receive, send)
             elif path in ROUTES or path == "/v1/models" or path.startswith(MODEL_PREFIX):
                 raise GatewayError(
                     405, f"Method {method} is not allowed on {path}.", code="method_not_allowed"
@@ -220,7 +230,7 @@ class GatewayApp:
                 "POST",
                 target.base_url + path,
                 content=encoded,
-                headers=target.headers(),
+                headers={**target.headers(), "x-request-id": request.request_id},
                 extensions={"trace": _when_sent(state, target)},
             )
             self.router.acquire(target)
@@ -366,6 +376,12 @@ class GatewayApp:
         timed_out = isinstance(exc, httpx.TimeoutException)
         what = "stopped answering" if timed_out else "failed"
         return upstream_lost(f"The engine serving this request {what} mid-response.", timed_out)
+
+
+def new_request_id() -> str:
+    """A request's id, unique: it names one request in the engine's log (vLLM adds a suffix of
+    its own to an id it is given, so even a repeated one would not clash with one in flight)."""
+    return f"req_{uuid.uuid4().hex}"
 
 
 def _when_sent(state: dict[str, Any], target: Target) -> Callable[[str, dict[str, Any]], Awaitable[None]]:

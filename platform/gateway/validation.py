@@ -39,6 +39,7 @@ class CompletionRequest:
     include_usage: bool  # the client asked for a final usage chunk
     body: dict[str, Any]
     continuous_usage: bool = False  # ... and for the usage so far on every chunk (vLLM's extension)
+    request_id: str = ""  # the gateway's id of the request (proxy.new_request_id), set by the proxy
 
 
 def _is_int(value: Any) -> bool:

@@ -265,3 +265,29 @@ def test_models_and_rate_limit_headers_read_as_the_sdk_expects(gateway_data: dic
     assert limits["limit-tokens"] == "10000" and 0 < int(limits["remaining-tokens"]) < 10_000
     for reset in (limits["reset-requests"], limits["reset-tokens"]):
         assert re.fullmatch(r"(\d+h)?(\d+m)?\d+s", reset), reset
+
+
+def test_every_answer_has_a_request_id_the_engine_was_given_too(gateway_data: dict[str, Any]) -> None:
+    """The SDK shows ``x-request-id`` as a response's ``request_id`` and an error's; the engine
+    got the same id as X-Request-Id (vLLM names its request after it)."""
+    given: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        given.append(request.headers["x-request-id"])
+        return engine(request)
+
+    async def answers(client: openai.AsyncOpenAI) -> list[str | None]:
+        ids = []
+        for _ in range(2):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="tiny", messages=MESSAGES, max_tokens=3
+            )
+            ids.append(raw.request_id)
+        ids.append((await client.models.with_raw_response.list()).request_id)
+        return ids
+
+    ids = asyncio.run(answers(openai_client(app_with(upstream), gateway_data["secret"])))
+    assert all(re.fullmatch(r"req_[0-9a-f]{32}", str(i)) for i in ids) and len(set(ids)) == 3
+    assert given == ids[:2]
+    error = refused(app_with(upstream), gateway_data["secret"], chat(model="gpt-9"))
+    assert isinstance(error, openai.NotFoundError) and error.request_id and error.request_id not in ids

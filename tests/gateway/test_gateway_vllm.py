@@ -213,9 +213,11 @@ def test_it_streams_chat_and_records_the_usage_the_client_received(stack: Stack)
 
 def test_it_serves_non_streaming_chat_and_completions_and_sums_their_usage(stack: Stack) -> None:
     client, key_id = client_for(stack)
-    chat = client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=5, temperature=0
     )
+    chat = raw.parse()
+    assert chat.id == f"chatcmpl-{raw.request_id}", "the engine named its request after the gateway's id"
     completion = client.completions.create(
         model="tiny", prompt="The quick brown fox", max_tokens=7, temperature=0
     )
