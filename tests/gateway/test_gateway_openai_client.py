@@ -5,6 +5,7 @@ automatic retries follow our headers; streams parse into its chunk types."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Callable, Coroutine
@@ -291,3 +292,38 @@ def test_every_answer_has_a_request_id_the_engine_was_given_too(gateway_data: di
     assert given == ids[:2]
     error = refused(app_with(upstream), gateway_data["secret"], chat(model="gpt-9"))
     assert isinstance(error, openai.NotFoundError) and error.request_id and error.request_id not in ids
+
+
+def test_the_sdks_sampling_fields_and_extra_body_reach_the_engine_unchanged(
+    gateway_data: dict[str, Any],
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return engine(request)
+
+    fields: dict[str, Any] = {
+        "n": 2,
+        "stop": ["\n", "END"],
+        "max_completion_tokens": 4,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "seed": 7,
+        "user": "u-1",
+        "response_format": {"type": "json_object"},
+    }
+    xargs = {"vllm_xargs": {"slo_ttft_ms": 200}, "top_k": 5}
+
+    async def send(client: openai.AsyncOpenAI) -> None:
+        await client.chat.completions.create(model="tiny", messages=MESSAGES, extra_body=xargs, **fields)
+        stream = await client.chat.completions.create(
+            model="tiny", messages=MESSAGES, stream=True, extra_body=xargs, **fields
+        )
+        [_ async for _ in stream]
+
+    asyncio.run(send(openai_client(app_with(upstream), gateway_data["secret"])))
+    expected = {"model": "tiny", "messages": MESSAGES, **fields, **xargs}
+    assert seen[0] == expected
+    usage_on_every_chunk = {"include_usage": True, "continuous_usage_stats": True}
+    assert seen[1] == {**expected, "stream": True, "stream_options": usage_on_every_chunk}
