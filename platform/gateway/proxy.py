@@ -30,9 +30,9 @@ read only that far, then the engine's connection is closed.
 
 Every response carries an ``x-request-id`` (``req_`` and 32 hex digits, as OpenAI's: the SDK
 shows it as a response's ``_request_id`` and an error's ``request_id``). The engine gets it as
-``X-Request-Id``, which vLLM makes its own request's id (``chatcmpl-req_...`` in its answer and
-its log): the id a user quotes finds the request in the engine's log. A client's own X-Request-Id
-is not passed on (no header of the client's is).
+``X-Request-Id``, which vLLM makes its own request's id (``chatcmpl-req_...``: its answer's ``id``,
+and its log lines of the request with ``--enable-log-requests``): the id a user quotes finds the
+request there. A client's own X-Request-Id is not passed on (no header of the client's is).
 
 Routes: ``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/chat/completions``,
 ``POST /v1/completions``.

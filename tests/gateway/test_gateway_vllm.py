@@ -218,6 +218,7 @@ def test_it_serves_non_streaming_chat_and_completions_and_sums_their_usage(stack
     )
     chat = raw.parse()
     assert chat.id == f"chatcmpl-{raw.request_id}", "the engine named its request after the gateway's id"
+    wait_until(lambda: chat.id in stack.engine_log(), 10, "the engine to log the request by that id")
     completion = client.completions.create(
         model="tiny", prompt="The quick brown fox", max_tokens=7, temperature=0
     )
