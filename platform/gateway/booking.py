@@ -20,11 +20,12 @@ from channels.db import database_sync_to_async
 
 from gateway import services
 from gateway.prompt_count import count_prompt_tokens
+from gateway.request_ids import RequestLog
 from gateway.routing import Target
 from gateway.streaming import MAX_TOKENS, StreamMeter
 from gateway.validation import CompletionRequest
 
-log = logging.getLogger(__name__)
+log = RequestLog(logging.getLogger(__name__))  # its lines name the request
 
 
 async def book(

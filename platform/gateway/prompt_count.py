@@ -22,9 +22,10 @@ from typing import Any
 
 import httpx
 
+from gateway.request_ids import RequestLog
 from gateway.validation import CompletionRequest
 
-log = logging.getLogger(__name__)
+log = RequestLog(logging.getLogger(__name__))  # its lines name the request
 
 # The count runs after the client left, before the request is booked, and holds the request's
 # task (and its reservation) until then. A local engine tokenizes in milliseconds; one that does not

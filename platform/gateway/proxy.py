@@ -32,7 +32,8 @@ Every response carries an ``x-request-id`` (``req_`` and 32 hex digits, as OpenA
 shows it as a response's ``_request_id`` and an error's ``request_id``). The engine gets it as
 ``X-Request-Id``, which vLLM makes its own request's id (``chatcmpl-req_...``: its answer's ``id``,
 and its log lines of the request with ``--enable-log-requests``): the id a user quotes finds the
-request there. A client's own X-Request-Id is not passed on (no header of the client's is).
+request there, as it does the gateway's log lines about the request (``request_ids``). A client's
+own X-Request-Id is not passed on (no header of the client's is).
 
 Routes: ``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/chat/completions``,
 ``POST /v1/completions``.
@@ -45,7 +46,6 @@ import contextlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
@@ -55,15 +55,16 @@ from accounts.models import ApiKey
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from gateway import services
+from gateway import request_ids, services
 from gateway.booking import book, settle, to_the_end
 from gateway.cache_salt import with_user_salt
 from gateway.errors import GatewayError, engine_error, upstream_lost
+from gateway.request_ids import RequestLog, new_request_id
 from gateway.routing import Router, Target
 from gateway.streaming import StreamMeter, strict_json, upstream_body
 from gateway.validation import MAX_BODY_BYTES, CompletionRequest, body_too_large, parse_body, validate
 
-log = logging.getLogger(__name__)
+log = RequestLog(logging.getLogger(__name__))  # its lines name the request (request_ids.current)
 # httpx logs every request at INFO: one line per proxied request is noise and per-request cost.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -118,6 +119,7 @@ class GatewayApp:
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         path, method = scope["path"].rstrip("/"), scope["method"]
         request_id = new_request_id()
+        named = request_ids.current.set(request_id)  # for this task and those it starts
         send = _with_headers(send, [(b"x-request-id", request_id.encode())])
         try:
             if path == "/v1/models" and method == "GET":
@@ -142,6 +144,8 @@ class GatewayApp:
             await _respond(send, error.status, error.body(), error.headers())
         except ClientGone:
             return
+        finally:
+            request_ids.current.reset(named)
 
     async def _complete(self, request: CompletionRequest, key: ApiKey, receive: Receive, send: Send) -> None:
         started = time.monotonic()
@@ -376,12 +380,6 @@ class GatewayApp:
         timed_out = isinstance(exc, httpx.TimeoutException)
         what = "stopped answering" if timed_out else "failed"
         return upstream_lost(f"The engine serving this request {what} mid-response.", timed_out)
-
-
-def new_request_id() -> str:
-    """A request's id, unique: it names one request in the engine's log (vLLM adds a suffix of
-    its own to an id it is given, so even a repeated one would not clash with one in flight)."""
-    return f"req_{uuid.uuid4().hex}"
 
 
 def _when_sent(state: dict[str, Any], target: Target) -> Callable[[str, dict[str, Any]], Awaitable[None]]:

@@ -327,3 +327,16 @@ def test_the_sdks_sampling_fields_and_extra_body_reach_the_engine_unchanged(
     assert seen[0] == expected
     usage_on_every_chunk = {"include_usage": True, "continuous_usage_stats": True}
     assert seen[1] == {**expected, "stream": True, "stream_options": usage_on_every_chunk}
+
+
+def test_the_gateways_log_lines_about_a_request_name_its_request_id(
+    gateway_data: dict[str, Any], settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The id a user quotes from the SDK's error finds what the gateway logged about the request."""
+    settings.GATEWAY_MAX_ENGINE_BODY_BYTES = 1000
+    app = app_with(lambda request: httpx.Response(200, json={"pad": "x" * 2000}))
+    errors = [refused(app, gateway_data["secret"], chat()) for _ in range(2)]
+    ids = [e.request_id for e in errors if isinstance(e, openai.InternalServerError)]
+    lines = [r.getMessage() for r in caplog.records if "answer over 1000 bytes" in r.getMessage()]
+    assert len(ids) == len(lines) == 2 and ids[0] != ids[1]
+    assert [f"[{i}]" in line for i, line in zip(ids, lines, strict=True)] == [True, True], lines
