@@ -324,6 +324,9 @@ def test_the_sdks_sampling_fields_and_extra_body_reach_the_engine_unchanged(
 
     asyncio.run(send(openai_client(app_with(upstream), gateway_data["secret"])))
     expected = {"model": "tiny", "messages": MESSAGES, **fields, **xargs}
+    # ... with the key owner's prefix-cache salt added (gateway/cache_salt.py), the same for both.
+    salts = {body.pop("cache_salt") for body in seen}
+    assert len(salts) == 1 and re.fullmatch(r"[0-9a-f]{64}", salts.pop())
     assert seen[0] == expected
     usage_on_every_chunk = {"include_usage": True, "continuous_usage_stats": True}
     assert seen[1] == {**expected, "stream": True, "stream_options": usage_on_every_chunk}
