@@ -223,6 +223,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: merged keys may be overridden
+                continue
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, str):
                 key = key.replace("-", "_")  # control-plane and control_plane are one key

@@ -279,3 +279,12 @@ def test_a_key_given_twice_in_the_config_file_is_refused_naming_it(
     path.write_text(text)
     with pytest.raises(ValueError, match=rf"{key!r} is given twice \(again on line {line}\)"):
         make_config(["--config", str(path)])
+
+
+def test_yaml_merge_keys_still_work_and_may_be_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("base: &base {control_plane: 'http://cp', token: t}\n<<: *base\ntoken: mine\n")
+    with pytest.raises(ValueError, match="unknown config key 'base'"):  # merged, then refused by name
+        make_config(["--config", str(path)])
+    path.write_text("<<: {control_plane: 'http://cp', token: t}\ntoken: mine\n")
+    assert make_config(["--config", str(path)]).token == "mine"
