@@ -10,10 +10,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpu_agent.engines.owned_flags import owned_flags_in
 from gpu_agent.protocol import DeploymentSpec
 from serving.vllm_ext.cpu_binding import reserved_cpus_env
 
 AQUA_SCHEDULER = "serving.vllm_ext.scheduler.AquaScheduler"
+ENGINE_KEY_GUARD = "serving.vllm_ext.engine_auth.EngineKeyGuard"
 AQUA_KV_TRANSFER = {
     "kv_connector": "AquaConnector",
     "kv_connector_module_path": "serving.vllm_ext.connector",
@@ -83,6 +85,14 @@ class VllmLauncher:
         """The engine's command for `spec` on `port`; EngineConfigError if an option is invalid."""
         model = spec.model
         opts: dict[str, Any] = model.engine_options
+        extra_args = opts.get("extra_args", [])
+        if not isinstance(extra_args, list):
+            raise EngineConfigError(f"engine_options['extra_args'] must be a list, got {extra_args!r:.200}")
+        owned = owned_flags_in(extra_args)
+        if owned:  # a model saved before the control plane refused them
+            raise EngineConfigError(
+                f"engine_options['extra_args'] may not give {', '.join(owned)}: the agent sets them"
+            )
         argv = [self.python, "-m", "vllm.entrypoints.openai.api_server"]
         argv += ["--model", model.source, "--served-model-name", model.name]
         argv += ["--host", self.bind, "--port", str(port), "--dtype", model.dtype]
@@ -102,10 +112,9 @@ class VllmLauncher:
         if opts.get("aqua"):
             argv += ["--scheduler-cls", AQUA_SCHEDULER]
             argv += ["--kv-transfer-config", json.dumps(self._kv_transfer(spec))]
-        extra_args = opts.get("extra_args", [])
-        if not isinstance(extra_args, list):
-            raise EngineConfigError(f"engine_options['extra_args'] must be a list, got {extra_args!r:.200}")
-        argv += [str(a) for a in extra_args]
+        if spec.api_key:  # vLLM's own check leaves /invocations open (serving/vllm_ext/engine_auth.py)
+            argv += ["--middleware", ENGINE_KEY_GUARD]
+        argv += [str(a) for a in extra_args]  # last: they may override the options above
 
         env = dict(os.environ if self.base_env is None else self.base_env)
         # Our vLLM plug-ins (serving.vllm_ext) must import inside the engine's processes.

@@ -43,9 +43,7 @@ async def book(
     daphne waits for its cancelled applications at shutdown."""
     prompt_tokens = meter.prompt_tokens
     if outcome == "disconnected" and not prompt_tokens:
-        counted = await count_prompt_tokens(
-            client, target.base_url, admission.model_name, request, brief=cancelled
-        )
+        counted = await count_prompt_tokens(client, target, admission.model_name, request, brief=cancelled)
         prompt_tokens = min(counted or 0, MAX_TOKENS)  # an engine's count fits the columns
     result = services.Outcome(
         deployment_id=target.deployment_id,

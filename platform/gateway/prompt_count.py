@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from gateway.request_ids import RequestLog
+from gateway.routing import Target
 from gateway.validation import CompletionRequest
 
 log = RequestLog(logging.getLogger(__name__))  # its lines name the request
@@ -51,12 +52,12 @@ CHAT_TEMPLATE_FIELDS = (
 
 async def count_prompt_tokens(
     client: httpx.AsyncClient,
-    base_url: str,
+    target: Target,
     model_name: str,
     request: CompletionRequest,
     brief: bool = False,
 ) -> int | None:
-    """The prompt tokens of ``request`` as the engine at ``base_url`` (serving ``model_name``) counts them.
+    """The prompt tokens of ``request`` as the engine of ``target`` (serving ``model_name``) counts them.
 
     Returns:
         The count, or None if the engine did not give one (it failed, refused or took longer than
@@ -65,10 +66,10 @@ async def count_prompt_tokens(
     try:
         async with asyncio.timeout(CANCELLED_TOKENIZE_TIMEOUT_S if brief else TOKENIZE_TIMEOUT_S):
             if request.kind == "chat":
-                return await _tokenize(client, base_url, _chat_body(model_name, request.body))
-            return await _count_completion_prompts(client, base_url, model_name, request.body)
+                return await _tokenize(client, target, _chat_body(model_name, request.body))
+            return await _count_completion_prompts(client, target, model_name, request.body)
     except (TimeoutError, httpx.HTTPError, _NoCount) as exc:
-        log.warning("gateway: %s did not count a prompt for %s: %r", base_url, model_name, exc)
+        log.warning("gateway: %s did not count a prompt for %s: %r", target.base_url, model_name, exc)
         return None
 
 
@@ -82,7 +83,7 @@ def _chat_body(model_name: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _count_completion_prompts(
-    client: httpx.AsyncClient, base_url: str, model_name: str, body: dict[str, Any]
+    client: httpx.AsyncClient, target: Target, model_name: str, body: dict[str, Any]
 ) -> int:
     prompt = body["prompt"]  # validated: a string, or a non-empty list of one kind
     prompts = [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
@@ -94,12 +95,13 @@ async def _count_completion_prompts(
         tokenize = {"model": model_name, "prompt": one}
         if body.get("add_special_tokens") is not None:
             tokenize["add_special_tokens"] = body["add_special_tokens"]
-        total += await _tokenize(client, base_url, tokenize)
+        total += await _tokenize(client, target, tokenize)
     return total
 
 
-async def _tokenize(client: httpx.AsyncClient, base_url: str, body: dict[str, Any]) -> int:
-    response = await client.post(base_url + "/tokenize", json=body)
+async def _tokenize(client: httpx.AsyncClient, target: Target, body: dict[str, Any]) -> int:
+    # With the engine's key: its /tokenize is guarded too (serving/vllm_ext/engine_auth.py).
+    response = await client.post(target.base_url + "/tokenize", json=body, headers=target.headers())
     if response.status_code != 200:
         raise _NoCount(f"HTTP {response.status_code}: {response.text[:200]}")
     try:

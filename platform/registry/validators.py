@@ -9,6 +9,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from gpu_agent.config import MAX_SIM_RATE
+from gpu_agent.engines.owned_flags import owned_flags_in
 from serving.costmodel.config import MODEL_CONFIGS
 from serving.costmodel.gpus import GPU_SPECS
 
@@ -66,19 +67,10 @@ def _strings(v: Any) -> str | None:
     return None if isinstance(v, list) and all(isinstance(a, str) for a in v) else "a list of strings"
 
 
-# Engine flags the agent sets itself from the deployment (gpu_agent/engines/command.py): given again
-# in extra_args, vLLM takes the last, and the engine would listen where the gateway does not look,
-# serve another name or model, split over other devices, or refuse the gateway's key (--api-key
-# wins over the VLLM_API_KEY the agent sets).
-AGENT_OWNED_ENGINE_FLAGS = frozenset(
-    {"--model", "--served-model-name", "--host", "--port", "--api-key", "--tensor-parallel-size", "-tp"}
-)
-
-
 def _engine_args(v: Any) -> str | None:
     if _strings(v) is not None:
         return "a list of strings"
-    owned = sorted({a.split("=", 1)[0].replace("_", "-") for a in v} & AGENT_OWNED_ENGINE_FLAGS)
+    owned = owned_flags_in(v)  # would break what the agent sets (gpu_agent/engines/owned_flags.py)
     if owned:
         return f"a list of strings without {', '.join(owned)} (the agent sets those from the deployment)"
     return None

@@ -63,6 +63,9 @@ async def test_it_reports_a_bad_engine_option_as_failed_and_waits_for_a_new_spec
         ("gpu", {"kv_cache_bytes": 1.5}),
         ("gpu", {"gpu_memory_utilization": "0.9"}),
         ("gpu", {"extra_args": "--x"}),
+        # A flag the agent sets, abbreviated as vLLM's parser allows (a model saved before the
+        # control plane refused them): the engine would refuse the gateway's key.
+        ("gpu", {"extra_args": ["--api_k", "mine"]}),
         ("gpu", {"aqua_options": [1], "aqua": True}),
         ("cpu", {"cpu_threads": None}),
         ("cpu", {"cpu_kvcache_space_gib": float("nan")}),

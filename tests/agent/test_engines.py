@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from gpu_agent.engines import EngineManager, LaunchSpec, VllmLauncher
-from gpu_agent.engines.command import AQUA_SCHEDULER, OFFLOAD_STATS_FILE, REPO_ROOT
+from gpu_agent.engines.command import AQUA_SCHEDULER, ENGINE_KEY_GUARD, OFFLOAD_STATS_FILE, REPO_ROOT
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.metrics import Histogram, histogram_quantile, parse_metrics, summarize
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, EngineSample, ModelSpec
@@ -327,6 +327,9 @@ def test_the_engine_gets_its_deployments_key_in_its_environment_not_its_command_
     assert "k" * 64 not in repr(keyed)
     # No key in the spec: none at all, not one the agent's environment happens to hold.
     assert "VLLM_API_KEY" not in VllmLauncher("gpu", base_env={"VLLM_API_KEY": "x"})(spec(), 9000).env
+    # vLLM's own check guards /v1 only; the guard middleware covers /invocations and the rest.
+    assert launch.argv[launch.argv.index("--middleware") + 1] == ENGINE_KEY_GUARD
+    assert "--middleware" not in VllmLauncher("gpu", base_env={})(spec(), 9000).argv
 
 
 def test_it_interpolates_quantiles_inside_buckets_like_prometheus() -> None:

@@ -46,6 +46,16 @@ def test_a_deployment_runs_a_real_engine_whose_metrics_and_restarts_reach_the_co
             with pytest.raises(urllib.error.HTTPError) as error:
                 urllib.request.urlopen(urllib.request.Request(url, body, {**headers, **refused}), timeout=120)
             assert error.value.code == 401
+        # Nor through the paths vLLM's own check leaves open: /invocations (SageMaker's entry point
+        # runs a completion body) and the rest, but for health and metrics (engine_auth.py).
+        for path in ("/invocations", "/tokenize", "/generative_scoring"):
+            with pytest.raises(urllib.error.HTTPError) as error:
+                urllib.request.urlopen(
+                    urllib.request.Request(replica.base_url + path, body, headers), timeout=120
+                )
+            assert error.value.code == 401, path
+        with urllib.request.urlopen(replica.base_url + "/health", timeout=30) as response:
+            assert response.status == 200
         key = {"Authorization": f"Bearer {engine_api_key(deployment.pk)}"}
         with urllib.request.urlopen(
             urllib.request.Request(url, body, {**headers, **key}), timeout=120

@@ -35,6 +35,8 @@ class StallingEngine:
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/tokenize":
             self.tokenized += 1
+            if not request.headers.get("authorization", "").startswith("Bearer "):
+                return httpx.Response(401, json={"error": "Unauthorized"})  # as engine_auth.py
             if self.tokenize_silent:
                 await asyncio.Event().wait()
             messages = json.loads(request.content)["messages"]
