@@ -2,11 +2,13 @@
 hosts' deployments, agents/reconcile.py) every second, telemetry retention every minute.
 
 Why here: `make run` starts no Celery beat, and liveness must advance (online -> stale -> offline)
-even when nothing else happens. The first agent connection of an ASGI process starts one sweeper
-task on that process's event loop; it runs until the loop ends. Several ASGI processes each run
-one: the liveness sweep is idempotent, and retention runs in a transaction. Where Celery beat
-runs (production), the same work is scheduled as the tasks in agents/tasks.py; set
-``AGENTS_SWEEP_IN_ASGI=false`` to leave it to beat alone.
+even when nothing else happens. The first request or connection an ASGI process serves
+(config/asgi.py: an agent's, a browser's, a health check) starts one sweeper task on that process's
+event loop; it runs until the loop ends. Not only an agent's: a web process that no agent reaches
+(restarted while the agents were down, a second one) would otherwise leave dead hosts online for
+good without beat. Several ASGI processes each run one: the liveness sweep is idempotent, and
+retention runs in a transaction. Where Celery beat runs (production), the same work is scheduled as
+the tasks in agents/tasks.py; set ``AGENTS_SWEEP_IN_ASGI=false`` to leave it to beat alone.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 # Django must be set up before anything imports models (consumers, routing).
 django_asgi_app = get_asgi_application()
 
+from agents import sweeper  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
@@ -52,6 +53,7 @@ _browser_app = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(browser
 
 async def websocket_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Send agent paths to the token-authenticated routes, everything else to the browser stack."""
+    sweeper.ensure_started()
     if scope["path"].startswith(AGENT_PATH_PREFIX):
         await _agent_app(scope, receive, send)
     else:
@@ -59,7 +61,12 @@ async def websocket_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Send /v1 (the chat gateway) to the gateway app, everything else to Django."""
+    """Send /v1 (the chat gateway) to the gateway app, everything else to Django.
+
+    Whatever this process serves first also starts its liveness sweep (agents/sweeper.py), not
+    only an agent's connection: a web process that no agent reaches (restarted while an agent was
+    down, or a second one behind a balancer) must still mark silent hosts offline without beat."""
+    sweeper.ensure_started()
     if scope["path"] == "/v1" or scope["path"].startswith("/v1/"):
         await _gateway_app(scope, receive, send)
     else:

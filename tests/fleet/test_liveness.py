@@ -10,7 +10,7 @@ import pytest
 from agents import sweeper
 from agents.tasks import sweep_liveness
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
+from channels.testing import HttpCommunicator, WebsocketCommunicator
 from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
@@ -80,6 +80,25 @@ async def test_the_asgi_process_marks_a_silent_host_stale_then_offline(agent_hos
             await wait_status(host_id, HostStatus.OFFLINE, 5.0)
             offline_after = time.monotonic() - last_beat
             assert 1.0 <= stale_after < 2.0 <= offline_after < 3.5, (stale_after, offline_after)
+        finally:
+            await sweeper.stop()
+            await database_sync_to_async(close_connection)()  # the one the sweeper's thread opened
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_a_web_process_no_agent_reaches_still_marks_a_silent_host_offline() -> None:
+    # A web server restarted while a host's agent was down (or one that agents never reach: a second
+    # daphne) got no agent connection, so it never swept: without Celery beat the dead host stayed
+    # "online" for good, and the gateway kept routing to it. Serving anything starts the sweep.
+    host = await database_sync_to_async(Host.objects.create)(
+        name="gone", status=HostStatus.ONLINE, last_seen_at=timezone.now()
+    )
+    with FAST:
+        request = HttpCommunicator(application, "GET", "/api/health/", headers=[(b"host", b"127.0.0.1")])
+        try:
+            assert (await request.get_response(timeout=30))["status"] == 200
+            await wait_status(host.pk, HostStatus.OFFLINE, 5.0)
         finally:
             await sweeper.stop()
             await database_sync_to_async(close_connection)()  # the one the sweeper's thread opened
