@@ -4,8 +4,10 @@ A worker killed mid-job (SIGKILL, OOM, a lost machine) cannot write the outcome,
 its job would stay "running" forever. While a job runs, a thread of the worker stamps the row's
 ``heartbeat_at`` every ``JOBS_HEARTBEAT_S``; ``fail_lost_jobs`` marks a running job failed once its
 last stamp is older than ``JOBS_LOST_AFTER_S``. The sweep runs on Celery beat (see settings) and
-once whenever a worker starts. Both writes are conditional on ``status=running``, so a job that
-finishes or is cancelled meanwhile keeps its own outcome.
+once whenever a worker starts, and again ``JOBS_LOST_AFTER_S`` later if jobs were running then (a
+worker restarted at once cannot tell its predecessor's job is lost yet). Both writes are
+conditional on ``status=running``, so a job that finishes or is cancelled meanwhile keeps its own
+outcome.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class Heartbeat:
                     logger.warning("heartbeat of job %s not written", self.job_id, exc_info=True)
         finally:
             connection.close()  # this thread's own connection
+
+
+def running_jobs_exist() -> bool:
+    """Whether any job is running (on any worker): one a sweep may later find lost."""
+    return Job.objects.filter(status=JobStatus.RUNNING).exists()
 
 
 def fail_lost_jobs(now: datetime | None = None) -> list[int]:

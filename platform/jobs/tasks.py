@@ -7,6 +7,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.conf import settings
 
 from jobs import liveness, services
 
@@ -35,9 +36,14 @@ def fail_lost_jobs() -> list[int]:
 @worker_ready.connect
 def _recover_jobs_on_start(**_: Any) -> None:
     """A (re)started worker clears what its predecessor left running, even without beat, and
-    re-sends queued jobs whose messages a killed worker may have taken with it."""
+    re-sends queued jobs whose messages a killed worker may have taken with it.
+
+    A worker restarted at once (a restart policy's seconds) finds its predecessor's job not silent
+    long enough to count as lost yet, so it sweeps once more when such a job would be."""
     try:
         liveness.fail_lost_jobs()
+        if liveness.running_jobs_exist():
+            fail_lost_jobs.apply_async(countdown=settings.JOBS_LOST_AFTER_S + settings.JOBS_HEARTBEAT_S)
         services.requeue_queued_jobs()
     except Exception:
         logging.getLogger(__name__).exception("job recovery at worker start failed")

@@ -115,6 +115,20 @@ def test_a_job_whose_worker_is_killed_is_failed_by_the_next_worker(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_worker_restarted_at_once_fails_its_predecessors_job_once_it_is_silent_long_enough(
+    start_worker: Callable[..., CeleryWorker],
+) -> None:
+    # A restart policy starts the next worker seconds after one is killed: at its start the killed
+    # worker's job still looks alive (its last heartbeat is recent), and without beat nothing swept
+    # again, so the job stayed "running" for good.
+    job = _job(JobStatus.RUNNING, silent_s=0.0)
+    with Heartbeat(job.pk, interval_s=0.1):  # the predecessor stamps it until the new worker is up
+        start_worker(JOBS_HEARTBEAT_S="0.2", JOBS_LOST_AFTER_S="2")
+    job = wait_for(job.pk, lambda j: j.status != JobStatus.RUNNING, timeout_s=20)
+    assert job.status == JobStatus.FAILED and job.error.startswith("Worker lost"), job.error
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_starting_worker_runs_queued_jobs_whose_messages_were_lost(
     start_worker: Callable[..., CeleryWorker],
 ) -> None:
