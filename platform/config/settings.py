@@ -341,6 +341,10 @@ JOBS_HEARTBEAT_S = env_float("JOBS_HEARTBEAT_S", 10.0, minimum=0.1)
 JOBS_LOST_AFTER_S = env_float("JOBS_LOST_AFTER_S", 120.0, minimum=1.0)
 if JOBS_LOST_AFTER_S < 2.5 * JOBS_HEARTBEAT_S:  # else a healthy job between two stamps is "lost"
     raise ImproperlyConfigured(f"{JOBS_LOST_AFTER_S=} must be at least 2.5 x {JOBS_HEARTBEAT_S=}")
+# Beat's own state (when each task last ran) goes with the rest of the local state: by default
+# Celery writes it to the working directory, the checkout's root or the image's /app, which the
+# image's user cannot write. `--schedule` still overrides it (docker/compose.yaml, make run).
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "jobs-lost": {"task": "jobs.fail_lost_jobs", "schedule": 30.0},
     "agents-liveness": {"task": "agents.sweep_liveness", "schedule": 5.0},

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from celery.apps.beat import Beat
 from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
@@ -15,6 +16,8 @@ from jobs.models import Job, JobStatus
 from jobs.services import create_job, execute_job
 from jobs.tasks import fail_lost_jobs as sweep_task
 from rest_framework.test import APIClient
+
+from config.celery import app
 
 from .test_worker import URL, wait_for
 from .worker import CeleryWorker
@@ -145,3 +148,9 @@ def test_a_starting_worker_runs_queued_jobs_whose_messages_were_lost(
 def test_beat_schedules_the_sweep() -> None:
     scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
     assert sweep_task.name in scheduled
+
+
+def test_beat_started_as_the_readme_says_keeps_its_schedule_under_var_dir() -> None:
+    # `celery -A config.celery beat` (no --schedule) wrote celerybeat-schedule.* into the working
+    # directory: the checkout's root, or the image's /app, which its user 10001 cannot write.
+    assert Beat(app=app).schedule == str(settings.VAR_DIR / "celerybeat-schedule")
