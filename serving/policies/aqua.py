@@ -19,7 +19,9 @@ preemption threw that KV away, so service never decreases.
     one iteration per wave of `max_running` new requests instead of a full slice per wave; victims
     rejoin the queue as served requests, so the slice and the gap still keep served requests from
     thrashing among themselves. Most served victims go first; rotations are planned only when
-    they let the waiting request in.
+    they let the waiting request in: a victim frees the blocks of the tokens whose KV it holds
+    (a decoding request's last sampled token has none yet), and the running requests that stay
+    take their blocks for this step's decodes and prefill chunks before anyone is admitted.
     No request is rotated out before its first token, whichever request waits: a rotation never
     delays a TTFT, and it never lowers a victim's service. (With recompute preemption a prompt
     rotated out mid-prefill would lose its progress and come back with service 0, i.e. as a new
@@ -49,6 +51,55 @@ def service(r: SchedRequest) -> int:
 
 def _key(r: SchedRequest) -> tuple[int, float, str]:
     return (service(r), r.arrival_time, str(r.req_id))
+
+
+def _blocks(tokens: int, ctx: SchedContext) -> int:
+    return -(-tokens // ctx.block_size)
+
+
+def _tokens_left(r: SchedRequest) -> int:
+    """Tokens `r` has to compute: 1 for a decode, else what is left of its (re)prefill."""
+    return r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+
+
+class _StepGrowth:
+    """The most KV blocks and tokens the running requests can take this step before admission.
+
+    The engine (the simulator and vLLM alike) schedules running requests before it admits waiting
+    ones, so what they take comes out of what a rotation frees: a decode takes one token and a
+    block when its token starts one, a prefill chunk its tokens and the blocks it fills. The
+    chunks share the step's token budget, so together they fill at most budget / block_size
+    blocks plus a partial one each.
+    """
+
+    def __init__(self, running: Sequence[SchedRequest], ctx: SchedContext) -> None:
+        self._ctx = ctx
+        self.decode_blocks = 0
+        self.prefill_blocks = 0
+        self.prefills = 0
+        self.wanted_tokens = 0
+        for r in running:
+            self._add(r, 1)
+
+    def _add(self, r: SchedRequest, sign: int) -> None:
+        held = r.num_computed_tokens
+        tokens = min(_tokens_left(r), self._ctx.token_budget)
+        grown = _blocks(held + tokens, self._ctx) - _blocks(held, self._ctx)
+        self.wanted_tokens += sign * tokens
+        if tokens == 1 and r.num_output_tokens > 0:
+            self.decode_blocks += sign * grown
+        else:
+            self.prefill_blocks += sign * grown
+            self.prefills += sign
+
+    def remove(self, r: SchedRequest) -> None:
+        """`r` is rotated out: it takes nothing this step."""
+        self._add(r, -1)
+
+    @property
+    def blocks(self) -> int:
+        chunks_bound = self._ctx.token_budget // self._ctx.block_size + self.prefills
+        return self.decode_blocks + min(self.prefill_blocks, chunks_bound)
 
 
 @register_policy("aqua")
@@ -91,9 +142,6 @@ class AquaFairPolicy(SchedulingPolicy):
                 self._admitted_at.setdefault(k, ctx.iteration)
         return sorted(running, key=_key)
 
-    def _blocks(self, tokens: int, ctx: SchedContext) -> int:
-        return -(-tokens // ctx.block_size)
-
     def select_rotations(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         if not waiting or not running:
             return []
@@ -105,11 +153,13 @@ class AquaFairPolicy(SchedulingPolicy):
         # Most served first; waiting is least served first, so once a waiting request finds no
         # victim with a large enough service lead, no later one would either.
         by_service = list(reversed(running))
-        free = ctx.free_kv_blocks
+        growth = _StepGrowth(running, ctx)
+        free = ctx.free_kv_blocks  # plus the victims' blocks, less those the admitted ones need
         slots = ctx.max_running - len(running)
+        admitted_tokens = 0  # the most tokens the waiting requests planned for take
         victims: list[R] = []
         for w in waiting:
-            need = self._blocks(w.num_prompt_tokens + w.num_output_tokens + 1, ctx)
+            need = _blocks(w.num_prompt_tokens + w.num_output_tokens + 1, ctx)
             if need > ctx.total_kv_blocks:
                 continue
             taken = {id(v) for v in victims}
@@ -126,14 +176,18 @@ class AquaFairPolicy(SchedulingPolicy):
             planned: list[R] = []
             gained_blocks = 0
             gained_slots = 0
-            while free + gained_blocks < need or slots + gained_slots < 1:
+            while free + gained_blocks - growth.blocks < need or slots + gained_slots < 1:
                 v = next(candidates, None)
                 if v is None or (not new_arrival and service(v) - service(w) < self.min_service_gap):
                     return victims
                 planned.append(v)
-                gained_blocks += self._blocks(v.num_computed_prompt_tokens + v.num_output_tokens, ctx)
+                gained_blocks += _blocks(v.num_computed_tokens, ctx)
+                growth.remove(v)
                 gained_slots += 1
+            if growth.wanted_tokens + admitted_tokens >= ctx.token_budget:
+                return victims  # no budget left for `w` (nor for anyone after it) this step
             victims.extend(planned)
+            admitted_tokens += _tokens_left(w)
             free += gained_blocks - need
             slots += gained_slots - 1
         return victims

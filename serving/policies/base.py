@@ -43,6 +43,15 @@ class SchedRequest(Protocol):
         ...
 
     @property
+    def num_computed_tokens(self) -> int:
+        """Tokens (prompt and output) whose KV is computed: what the request's KV blocks hold.
+
+        A decoding request holds one token less than its sequence: the last sampled token's KV is
+        computed by its next step (vLLM's `Request.num_computed_tokens`).
+        """
+        ...
+
+    @property
     def num_output_tokens(self) -> int:
         """Tokens generated so far; never decreases, even across preemptions."""
         ...

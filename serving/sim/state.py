@@ -71,6 +71,11 @@ class SimRequest:
         return min(self.computed, self.num_prompt_tokens)
 
     @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is computed (`computed`): what the request's blocks hold."""
+        return self.computed
+
+    @property
     def max_output_tokens(self) -> int | None:
         """Uncapped: a simulated request stops at its `target_output_tokens`, which no policy reads."""
         return None

@@ -64,6 +64,10 @@ class VllmRequestView:
         return min(int(self._r.num_computed_tokens), int(self._r.num_prompt_tokens))
 
     @property
+    def num_computed_tokens(self) -> int:
+        return int(self._r.num_computed_tokens)
+
+    @property
     def num_output_tokens(self) -> int:
         return int(self._r.num_output_tokens)
 

@@ -20,6 +20,7 @@ class Req:
     arrival_time: float = 0.0
     num_prompt_tokens: int = 8
     num_computed_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
     num_output_tokens: int = 0
     admission_seq: int = 0
     num_preemptions: int = 0

@@ -24,6 +24,13 @@ class Req:
     slo_class: str | None = None
     max_output_tokens: int | None = None
 
+    @property
+    def num_computed_tokens(self) -> int:
+        """A decoding request's: its last sampled token's KV is computed by its next step."""
+        if self.num_computed_prompt_tokens < self.num_prompt_tokens:
+            return self.num_computed_prompt_tokens
+        return self.num_prompt_tokens + max(0, self.num_output_tokens - 1)
+
 
 def ctx(iteration: int = 10, free: int = 0, total: int = 64, max_running: int = 8) -> SchedContext:
     return SchedContext(1.0, iteration, 256, free, total, 16, max_running)
@@ -110,6 +117,39 @@ def test_it_rotates_for_a_free_slot_when_all_slots_are_taken() -> None:
     ordered = p.order_running(running, ctx(iteration=0, max_running=2))
     victims = p.select_rotations(ordered, [Req("w", 8)], ctx(iteration=2, free=50, max_running=2))
     assert len(victims) == 1
+
+
+def test_a_victim_frees_the_blocks_it_holds_not_one_token_more() -> None:
+    # A decoding request holds its sequence but the last sampled token: 16 + 48 tokens, 4 blocks.
+    # Counted as 65 tokens (5 blocks) it alone seemed to make room for a 71-token request.
+    p = AquaFairPolicy(slice_iters=1)
+    running = [Req("r0", 16, 16, 40, admission_seq=0), Req("r1", 16, 16, 49, admission_seq=1)]
+    ordered = p.order_running(running, ctx(iteration=0))
+    victims = p.select_rotations(ordered, [Req("new", 70)], ctx(iteration=3, free=0))
+    assert [v.req_id for v in victims] == ["r1", "r0"]
+
+
+def test_it_leaves_the_blocks_the_staying_requests_take_this_step() -> None:
+    # "stay" holds 32 tokens (2 full blocks): its decode takes a third block before admission.
+    p = AquaFairPolicy(slice_iters=1)
+    running = [Req("stay", 16, 16, 17, admission_seq=0), Req("victim", 16, 16, 30, admission_seq=1)]
+    ordered = p.order_running(running, ctx(iteration=0))
+    new = [Req("new", 40)]  # 3 blocks; the victim frees 3 (45 tokens)
+    victims = p.select_rotations(ordered, new, ctx(iteration=3, free=1))
+    assert [v.req_id for v in victims] == ["victim"]
+    victims = p.select_rotations(ordered, new, ctx(iteration=3, free=0))
+    assert [v.req_id for v in victims] == ["victim", "stay"]
+
+
+def test_it_does_not_rotate_when_the_running_prefills_leave_no_token_budget() -> None:
+    p = AquaFairPolicy(slice_iters=1)
+    prefilling = Req("prefilling", 1000, 100, admission_seq=0)  # 900 tokens left: the whole budget
+    running = [prefilling, Req("decoding", 16, 16, 30, admission_seq=1)]
+    ordered = p.order_running(running, ctx(iteration=0, max_running=2))
+    assert p.select_rotations(ordered, [Req("new", 20)], ctx(iteration=3, free=50, max_running=2)) == []
+    prefilling.num_computed_prompt_tokens = 900  # 100 left: the new request would get budget
+    victims = p.select_rotations(ordered, [Req("new", 20)], ctx(iteration=3, free=50, max_running=2))
+    assert [v.req_id for v in victims] == ["decoding"]
 
 
 def test_prefill_cap_leaves_one_token_per_decode() -> None:
