@@ -9,8 +9,14 @@ name or an HTTP phrase, the code the status as an integer) and older vLLM ``{"ob
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+from core.unavailable import RETRY_AFTER_S, backing_service_unavailable
+from gateway.request_ids import RequestLog
+
+log = RequestLog(logging.getLogger(__name__))  # its lines name the request (request_ids.current)
 
 
 @dataclass
@@ -66,8 +72,8 @@ def rate_limited(message: str, retry_after_s: int, code: str) -> GatewayError:
     return GatewayError(429, message, "rate_limit_error", code, None, max(1, retry_after_s))
 
 
-def unavailable(message: str, retry_after_s: int) -> GatewayError:
-    return GatewayError(503, message, "service_unavailable", "no_healthy_replica", None, retry_after_s)
+def unavailable(message: str, retry_after_s: int, code: str = "no_healthy_replica") -> GatewayError:
+    return GatewayError(503, message, "service_unavailable", code, None, retry_after_s)
 
 
 def upstream_lost(message: str, timed_out: bool, retry: bool | None = None) -> GatewayError:
@@ -95,3 +101,17 @@ def engine_error(status: int, body: Any) -> GatewayError:
     else:
         kind = "invalid_request_error"
     return GatewayError(status, message, kind, code, param)
+
+
+def internal_error(exc: Exception) -> GatewayError:
+    """The answer to a failure of the gateway itself before it answered, logged: a 503 to retry
+    when the database or Redis cannot serve now (core/unavailable.py), else a 500."""
+    if backing_service_unavailable(exc):
+        log.error("gateway: a backing service is unavailable", exc_info=exc)
+        return unavailable(
+            "The service is temporarily unavailable; retry later.", RETRY_AFTER_S, "service_unavailable"
+        )
+    log.error("gateway: request failed", exc_info=exc)
+    return GatewayError(
+        500, "The server had an error while processing your request.", "server_error", "internal_error"
+    )

@@ -58,7 +58,7 @@ from django.conf import settings
 from gateway import request_ids, services
 from gateway.booking import book, settle, to_the_end
 from gateway.cache_salt import with_user_salt
-from gateway.errors import GatewayError, engine_error, upstream_lost
+from gateway.errors import GatewayError, engine_error, internal_error, upstream_lost
 from gateway.request_ids import RequestLog, new_request_id
 from gateway.routing import Router, Target
 from gateway.streaming import StreamMeter, strict_json, upstream_body
@@ -121,6 +121,8 @@ class GatewayApp:
         request_id = new_request_id()
         named = request_ids.current.set(request_id)  # for this task and those it starts
         send = _with_headers(send, [(b"x-request-id", request_id.encode())])
+        started: list[bool] = []  # whether the answer's headers went out
+        send = _noting_start(send, started)
         try:
             if path == "/v1/models" and method == "GET":
                 data = await database_sync_to_async(services.served_models)(authorization)
@@ -144,6 +146,11 @@ class GatewayApp:
             await _respond(send, error.status, error.body(), error.headers())
         except ClientGone:
             return
+        except Exception as exc:  # answered in OpenAI's shape, with the request id
+            if started:  # mid-answer: nothing left to say but closing the connection
+                raise
+            error = internal_error(exc)
+            await _respond(send, error.status, error.body(), error.headers())
         finally:
             request_ids.current.reset(named)
 
@@ -460,6 +467,17 @@ async def _respond(
     headers = headers or [(b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _noting_start(send: Send, started: list[bool]) -> Send:
+    """``send`` that appends to ``started`` once the answer's headers are sent."""
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            started.append(True)
+        await send(message)
+
+    return sending
 
 
 def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:

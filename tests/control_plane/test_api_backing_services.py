@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 from accounts import login_limits
 from django.db import OperationalError
@@ -32,10 +33,34 @@ def test_sign_in_with_the_cache_down_is_a_json_503(monkeypatch: pytest.MonkeyPat
     assert "retry later" in response.json()["detail"]
 
 
-def test_a_database_failure_is_a_json_503(monkeypatch: pytest.MonkeyPatch, viewer_client: APIClient) -> None:
-    monkeypatch.setattr(
-        ServedModelViewSet, "get_queryset", _down(OperationalError("server closed the connection"))
-    )
+def _django_error(message: str, cause: Exception | None) -> OperationalError:
+    """An OperationalError as Django's DatabaseErrorWrapper raises it: ``from`` the driver's."""
+    try:
+        raise OperationalError(message) from cause
+    except OperationalError as error:
+        return error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _django_error("connection refused", psycopg.OperationalError("connection refused")),
+        _django_error("database is locked", None),  # SQLite, past its busy timeout
+    ],
+)
+def test_a_database_that_cannot_serve_now_is_a_json_503(
+    monkeypatch: pytest.MonkeyPatch, viewer_client: APIClient, error: OperationalError
+) -> None:
+    monkeypatch.setattr(ServedModelViewSet, "get_queryset", _down(error))
     response = viewer_client.get("/api/v1/models/")
     assert response.status_code == 503 and response["Retry-After"] == "5"
     assert response.json()["detail"].startswith("The database or cache is unavailable")
+
+
+def test_a_schema_error_stays_a_500_not_retry_later(
+    monkeypatch: pytest.MonkeyPatch, viewer_client: APIClient
+) -> None:
+    """On SQLite a missing table (a missing migration) is an OperationalError too."""
+    monkeypatch.setattr(ServedModelViewSet, "get_queryset", _down(_django_error("no such table: x", None)))
+    with pytest.raises(OperationalError):  # the test client re-raises what would be a 500
+        viewer_client.get("/api/v1/models/")

@@ -9,9 +9,8 @@ in JSON with a status that says what went wrong.
   ProtectedError, a 500. Here it is a 409 naming what still refers to it (the first
   NAMED_PER_KIND rows of each kind and a count of the rest).
 * The database or Redis (the cache of sign-in counts and throttles) unreachable, or the database
-  refusing for now (locked, a serialization failure): Django's HTML 500 page. Here it is a JSON 503
-  with Retry-After, logged with its traceback: the client can retry, and an API client never has
-  to parse HTML.
+  refusing for now (locked, a serialization failure; core/unavailable.py): Django's HTML 500
+  page. Here it is a JSON 503 with Retry-After, logged with its traceback: the client can retry.
 """
 
 from __future__ import annotations
@@ -21,13 +20,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import InterfaceError, OperationalError
 from django.db.models import ProtectedError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import parsers, status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.response import Response
+
+from core.unavailable import RETRY_AFTER_S, backing_service_unavailable
 
 
 class JSONParser(parsers.JSONParser):
@@ -56,8 +54,6 @@ class BackingServiceUnavailable(APIException):
     default_detail = "The database or cache is unavailable right now; retry later."
 
 
-BACKING_SERVICE_ERRORS = (OperationalError, InterfaceError, RedisConnectionError, RedisTimeoutError)
-RETRY_AFTER_S = 5
 log = logging.getLogger(__name__)
 
 
@@ -92,7 +88,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = PayloadTooLarge(f"Request body is larger than {limit} bytes.")
     elif isinstance(exc, ProtectedError):
         exc = Conflict(still_used(exc))
-    elif isinstance(exc, BACKING_SERVICE_ERRORS):
+    elif backing_service_unavailable(exc):
         log.error("API request failed: a backing service is unavailable", exc_info=exc)
         response = drf_exception_handler(BackingServiceUnavailable(), context)
         if response is not None:
