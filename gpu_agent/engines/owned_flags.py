@@ -32,6 +32,6 @@ def owned_flags_in(args: Iterable[object]) -> list[str]:
         name = str(arg).split("=", 1)[0].replace("_", "-")
         if name.startswith("--") and len(name) > 2:
             found.update(flag for flag in AGENT_OWNED_FLAGS if flag.startswith(name))
-        elif name.startswith("-"):
-            found.update(flag for flag in SHORT_OWNED if name.startswith(flag))
+        elif name.startswith("-") and len(name) > 1:  # argparse abbreviates these too: -t for -tp
+            found.update(flag for flag in SHORT_OWNED if flag.startswith(name) or name.startswith(flag))
     return sorted(found)

@@ -92,6 +92,7 @@ def test_the_tp_size_of_a_model_with_running_deployments_cannot_change(
         ({"extra_args": ["--api-k", "k"]}, "without --api-key"),
         ({"extra_args": ["--tensor-parallel", "2"]}, "without --tensor-parallel-size"),
         ({"extra_args": ["-tp=2"]}, "without -tp"),
+        ({"extra_args": ["-t", "2"]}, "without -tp"),
         ({"extra_args": ["--config", "f.yaml"]}, "without --config"),
         ({"aqua_options": 5}, "aqua_options must be a JSON object"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be a number in (0, 1]"),
