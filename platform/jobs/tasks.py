@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
+from django.db import connection
 
 from jobs import liveness, services
 
@@ -39,11 +41,24 @@ def _recover_jobs_on_start(**_: Any) -> None:
     re-sends queued jobs whose messages a killed worker may have taken with it.
 
     A worker restarted at once (a restart policy's seconds) finds its predecessor's job not silent
-    long enough to count as lost yet, so it sweeps once more when such a job would be."""
+    long enough to count as lost yet, so it sweeps once more when such a job would be: from a timer
+    thread of this process, not a queued task, which would wait while every pool slot runs a job
+    (for hours: CELERY_TASK_TIME_LIMIT)."""
     try:
         liveness.fail_lost_jobs()
         if liveness.running_jobs_exist():
-            fail_lost_jobs.apply_async(countdown=settings.JOBS_LOST_AFTER_S + settings.JOBS_HEARTBEAT_S)
+            later = threading.Timer(settings.JOBS_LOST_AFTER_S + settings.JOBS_HEARTBEAT_S, _sweep_again)
+            later.daemon = True
+            later.start()
         services.requeue_queued_jobs()
     except Exception:
         logging.getLogger(__name__).exception("job recovery at worker start failed")
+
+
+def _sweep_again() -> None:
+    try:
+        liveness.fail_lost_jobs()
+    except Exception:
+        logging.getLogger(__name__).exception("the delayed lost-job sweep failed")
+    finally:
+        connection.close()  # this thread's own connection
