@@ -149,8 +149,8 @@ class GatewayApp:
         except Exception as exc:  # answered in OpenAI's shape, with the request id
             if started:  # mid-answer: nothing left to say but closing the connection
                 raise
-            error = internal_error(exc)
-            await _respond(send, error.status, error.body(), error.headers())
+            failure = internal_error(exc)
+            await _respond(send, failure.status, failure.body(), failure.headers())
         finally:
             request_ids.current.reset(named)
 
