@@ -52,7 +52,7 @@ from django.db import DatabaseError, IntegrityError, InterfaceError, Operational
 from inventory.models import Host
 from planning.relay import relay_probes, store_probe_result
 
-from agents import services, sweeper
+from agents import services
 from agents.ingest import rows_for, writer
 from core import ids
 from gpu_agent.protocol import (
@@ -120,7 +120,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.host, self._token_id = record.host, record.pk
         await self.accept()
-        sweeper.ensure_started()
 
     async def disconnect(self, code: int) -> None:
         if self.host is not None:
