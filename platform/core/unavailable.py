@@ -1,4 +1,5 @@
-"""Whether an exception means a backing service (the database, Redis) is unavailable for now.
+"""Whether an exception means a backing service (the database, Redis, the job broker) is
+unavailable for now.
 
 Such a failure is worth a 503 with Retry-After (the API, the /v1 gateway): the request was fine and
 may succeed in a moment. Only connection-level and transient causes count: a programming error that
@@ -28,9 +29,14 @@ TRANSIENT_SQLSTATES = frozenset(
 RETRY_AFTER_S = 5
 
 
+class BrokerUnavailable(Exception):
+    """The Celery broker did not take a message; the text says so to the client (the 503's detail)
+    and what happened to the request (raised from the broker's own error)."""
+
+
 def backing_service_unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the database or Redis cannot serve right now (see the module doc)."""
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError | InterfaceError):
+    """Whether ``exc`` says the database, Redis or the broker cannot serve now (see the module doc)."""
+    if isinstance(exc, BrokerUnavailable | RedisConnectionError | RedisTimeoutError | InterfaceError):
         return True
     if not isinstance(exc, OperationalError):
         return False

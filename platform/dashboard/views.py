@@ -33,6 +33,7 @@ from planning.models import PlacementPlan
 from registry.models import ServedModel
 from rest_framework.exceptions import ValidationError
 
+from core.unavailable import RETRY_AFTER_S, BrokerUnavailable
 from dashboard import deploy_forms, forms, job_pages, snapshots
 from dashboard.assets import PLOTLY_VERSION
 
@@ -193,17 +194,21 @@ def job_start(request: HttpRequest) -> HttpResponse:
         job = jobs_services.create_job(data["kind"], data["params"], request.user)
     except JobRefused as exc:  # e.g. another profile job of the model was stored since validation
         return _refused_job_form(request, forms.field_errors(exc.detail))
+    except BrokerUnavailable as exc:  # nothing was stored: the same form, to send again later
+        response = _refused_job_form(request, {"form": [f"{exc} Retry later."]}, status=503)
+        response["Retry-After"] = str(RETRY_AFTER_S)
+        return response
     return HttpResponseRedirect(reverse("dashboard:job-detail", args=[job.pk]))
 
 
-def _refused_job_form(request: HttpRequest, errors: forms.Errors) -> HttpResponse:
+def _refused_job_form(request: HttpRequest, errors: forms.Errors, status: int = 400) -> HttpResponse:
     context = {
         **job_pages.jobs_page(None),
         "kinds": describe_kinds(),
         "errors": errors,
         "values": {"kind": request.POST.get("kind", ""), "params": request.POST.get("params", "")},
     }
-    return _page(request, "jobs.html", context, status=400)
+    return _page(request, "jobs.html", context, status=status)
 
 
 @require_safe

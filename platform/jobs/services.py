@@ -1,4 +1,4 @@
-"""Job operations: create (and enqueue after commit), execute in a worker, cancel.
+"""Job operations: create (and enqueue once committed), execute in a worker, cancel.
 
 Every status change is a conditional UPDATE on the row (``WHERE status IN ...``), so a cancel
 racing a worker's progress or completion write always leaves one consistent outcome: once a job
@@ -18,7 +18,9 @@ from typing import Any
 from accounts.services import lock_owner
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError as KombuOperationalError
 
+from core.unavailable import BrokerUnavailable
 from jobs.liveness import Heartbeat, worker_name
 from jobs.models import ACTIVE_STATUSES, Job, JobStatus
 from jobs.registry import JobCancelled, JobContext, get_kind
@@ -29,6 +31,9 @@ logger = logging.getLogger(__name__)
 PROGRESS_WRITE_INTERVAL_S = 0.2
 ERROR_TEXT_LIMIT = 10_000
 TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
+# What publishing raises when the broker cannot take a message: kombu's OperationalError (Redis
+# unreachable, after Celery's publish retries), OSError (the embedded filesystem broker's folders).
+BROKER_ERRORS = (KombuOperationalError, OSError)
 
 
 class JobNotActive(Exception):
@@ -36,18 +41,21 @@ class JobNotActive(Exception):
 
 
 def create_job(kind: str, params: dict[str, Any], user: Any | None) -> Job:
-    """Store a queued job and send it to the workers once the transaction commits.
+    """Store a queued job and send it to the workers once the row is committed.
 
     ``params`` must already be validated by the kind's params serializer. The kind's ``admit``
     (if any) runs in the same transaction as the insert and may refuse the job (``JobRefused``;
-    nothing is written). If the broker cannot take the message, the job is marked failed with the
-    reason instead of staying queued forever.
+    nothing is written). The transaction is durable (never nested in a caller's), so it commits
+    when its block ends and the message goes out then, within this call: a worker never receives
+    a job whose row it cannot read yet, and a message the broker does not take withdraws the row.
 
     Raises:
         OwnerGone: ``user`` was deleted meanwhile; nothing was written.
+        BrokerUnavailable: the broker did not take the message; the row was deleted again.
     """
     job_kind = get_kind(kind)  # KeyError for an unknown kind: callers validate first
-    with transaction.atomic():
+    unsent: list[Exception] = []
+    with transaction.atomic(durable=True):
         if user is not None:
             # A delete of the user (which locks the row first) then runs before or after the insert,
             # not between its cascade and its commit: the insert would fail there (IntegrityError).
@@ -55,11 +63,32 @@ def create_job(kind: str, params: dict[str, Any], user: Any | None) -> Job:
         if job_kind.admit is not None:
             job_kind.admit(params)
         job = Job.objects.create(kind=kind, params=params, created_by=user, celery_id=str(uuid.uuid4()))
-        transaction.on_commit(partial(_enqueue, job.pk, job.celery_id))
+        # Not raised from the hook: Django runs hooks in the middle of leaving the block.
+        transaction.on_commit(partial(_send_or_withdraw, job.pk, job.celery_id, unsent))
+    if unsent:
+        error = unsent[0]
+        if isinstance(error, BROKER_ERRORS):
+            message = "The job queue cannot take jobs right now; no job was created."
+            raise BrokerUnavailable(message) from error
+        raise error
     return job
 
 
+def _send_or_withdraw(job_id: int, celery_id: str, unsent: list[Exception]) -> None:
+    """Send the new job's message; if that fails, delete the job unless a worker took it already
+    (a message sent before the failure was reported) and note the error in ``unsent``."""
+    from jobs.tasks import run_job
+
+    try:
+        run_job.apply_async(args=(job_id,), task_id=celery_id)
+    except Exception as exc:
+        if Job.objects.filter(pk=job_id, status=JobStatus.QUEUED).delete()[0]:
+            logger.warning("could not enqueue new job %s; deleted it", job_id, exc_info=True)
+            unsent.append(exc)
+
+
 def _enqueue(job_id: int, celery_id: str) -> None:
+    """Send a stored job's message again; if the broker cannot take it, fail the job."""
     from jobs.tasks import run_job
 
     try:

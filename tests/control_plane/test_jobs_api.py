@@ -31,20 +31,6 @@ def test_it_enqueues_a_job_after_commit(
     assert sent == [((job.pk,), job.celery_id)]
 
 
-def test_it_marks_a_job_failed_when_the_broker_refuses_it(
-    admin_client: APIClient, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise ConnectionError("broker down")
-
-    monkeypatch.setattr(run_job, "apply_async", refuse)
-    with django_capture_on_commit_callbacks(execute=True):
-        response = admin_client.post(URL, {"kind": "noop"}, format="json")
-    job = Job.objects.get(pk=response.data["id"])
-    assert job.status == JobStatus.FAILED
-    assert "broker down" in job.error
-
-
 @pytest.mark.parametrize(
     ("body", "field"),
     [

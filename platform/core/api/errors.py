@@ -11,6 +11,7 @@ in JSON with a status that says what went wrong.
 * The database or Redis (the cache of sign-in counts and throttles) unreachable, or the database
   refusing for now (locked, a serialization failure; core/unavailable.py): Django's HTML 500
   page. Here it is a JSON 503 with Retry-After, logged with its traceback: the client can retry.
+  So is the job broker refusing a new job (BrokerUnavailable, whose text is the detail).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rest_framework import parsers, status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.response import Response
 
-from core.unavailable import RETRY_AFTER_S, backing_service_unavailable
+from core.unavailable import RETRY_AFTER_S, BrokerUnavailable, backing_service_unavailable
 
 
 class JSONParser(parsers.JSONParser):
@@ -90,7 +91,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = Conflict(still_used(exc))
     elif backing_service_unavailable(exc):
         log.error("API request failed: a backing service is unavailable", exc_info=exc)
-        response = drf_exception_handler(BackingServiceUnavailable(), context)
+        detail = str(exc) if isinstance(exc, BrokerUnavailable) else None  # the others' are internal
+        response = drf_exception_handler(BackingServiceUnavailable(detail), context)
         if response is not None:
             response["Retry-After"] = str(RETRY_AFTER_S)
         return response
