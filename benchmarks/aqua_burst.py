@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.aqua_copy import copy_bandwidth  # noqa: E402
-from benchmarks.bench_io import out_file, positive_int  # noqa: E402
+from benchmarks.bench_io import bounded_int, out_file  # noqa: E402
 from serving.aqua.offload.stats import read_json  # noqa: E402
 from serving.atomic_file import write_json_atomic, write_text_atomic  # noqa: E402
 from serving.vllm_ext.cpu_binding import RESERVED_CPUS_ENV  # noqa: E402
@@ -261,6 +261,9 @@ def _make(name: str, cfg: dict[str, Any], trace_file: str | None = None) -> tupl
 SWITCH_PAUSE_S = 1.5
 # Measured rounds of a full run (SETUP_NOTES: 5 rounds left the throughput ratio within noise).
 FULL_ROUNDS = 15
+# The most --rounds (here and in aqua_steptrace.py): a round takes about 25 s (a full run's 15, 6.5
+# minutes), so 100 is most of an hour; 10**30 was taken and would have run for ever.
+MAX_ROUNDS = 100
 
 
 def _round_order(variants: tuple[str, ...], rnd: int) -> list[str]:
@@ -369,9 +372,9 @@ def main() -> None:
     ap.add_argument("--html", type=out_file, default=None, help="plotly chart (default: beside --out)")
     ap.add_argument(
         "--rounds",
-        type=positive_int,
+        type=bounded_int(1, MAX_ROUNDS),
         default=None,
-        help=f"measured rounds (default {FULL_ROUNDS}; 1 with --quick)",
+        help=f"measured rounds, at most {MAX_ROUNDS} (default {FULL_ROUNDS}; 1 with --quick)",
     )
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else FULL_ROUNDS)

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import aqua_burst as ab  # noqa: E402
-from benchmarks.bench_io import out_dir, out_file, positive_int  # noqa: E402
+from benchmarks.bench_io import bounded_int, out_dir, out_file  # noqa: E402
 from serving.atomic_file import write_json_atomic  # noqa: E402
 
 ENGINES = ("default", "ours")
@@ -158,7 +158,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one measured round (about 2 minutes)")
     ap.add_argument("--out", type=out_file, default=REPO / "benchmarks" / "results" / "aqua_steptrace.json")
     ap.add_argument(
-        "--rounds", type=positive_int, default=None, help="measured rounds (default 5; 1 with --quick)"
+        "--rounds",
+        type=bounded_int(1, ab.MAX_ROUNDS),
+        default=None,
+        help=f"measured rounds, at most {ab.MAX_ROUNDS} (default 5; 1 with --quick)",
     )
     ap.add_argument(
         "--traces", type=out_dir, default=None, help="keep the engines' step traces in this folder"

@@ -11,9 +11,17 @@ import resource
 from collections.abc import Callable
 from pathlib import Path
 
-from serving.argtypes import non_negative_int, positive_float, positive_int
+from serving.argtypes import bounded_int, non_negative_int, positive_float, positive_int
 
-__all__ = ["non_negative_int", "open_files_count", "out_dir", "out_file", "positive_float", "positive_int"]
+__all__ = [
+    "bounded_int",
+    "non_negative_int",
+    "open_files_count",
+    "out_dir",
+    "out_file",
+    "positive_float",
+    "positive_int",
+]
 
 # Open files a server process keeps for itself (listening socket, database, logs, pipes).
 SPARE_FILES = 64

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 
 def _parse(text: str, kind: type[int] | type[float]) -> float:
@@ -28,6 +29,20 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
     return value
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """The type of an integer in ``low..high``: an absurd count (10**30 rounds, GPUs) would
+    otherwise be taken and crash or run for ever later."""
+
+    def parse(text: str) -> int:
+        value = int(_parse(text, int))
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} must be in {low}..{high}")
+        return value
+
+    parse.__name__ = f"int_{low}_to_{high}"
+    return parse
 
 
 def positive_float(text: str) -> float:

@@ -21,9 +21,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from serving.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from serving.argtypes import bounded_int, non_negative_float, non_negative_int, positive_float, positive_int
 from serving.atomic_file import write_text_atomic
-from serving.costmodel.config import MODEL_CONFIGS
+from serving.costmodel.config import MODEL_CONFIGS, get_model_config
 from serving.costmodel.gpus import GPU_SPECS
 from serving.costmodel.presets import get_preset, kv_capacity_tokens
 from serving.metrics.slo import SLO
@@ -38,6 +38,9 @@ from serving.workload.factory import WORKLOAD_KINDS, make_workload
 from serving.workload.request import Request
 
 GIB = 1 << 30
+# Tensor parallelism splits each layer's attention heads over the GPUs: a degree above a model's
+# head count leaves GPUs without one (vLLM refuses it; 10**30 was taken and simulated).
+MAX_TP = max(model.num_heads for model in MODEL_CONFIGS.values())
 
 
 def _path(text: str) -> Path:
@@ -50,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m serving.sim", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="llama-3-8b", choices=sorted(MODEL_CONFIGS))
     p.add_argument("--gpu", default="h100", choices=sorted(GPU_SPECS))
-    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (GPUs per engine)")
+    p.add_argument(
+        "--tp",
+        type=bounded_int(1, MAX_TP),
+        default=1,
+        help="tensor-parallel degree (GPUs per engine), at most the model's attention heads",
+    )
     p.add_argument("--policy", default="fcfs", choices=available_policies())
     p.add_argument("--workload", default="poisson", choices=WORKLOAD_KINDS)
     p.add_argument("--rate", type=positive_float, default=None, help="requests/s (burst: base rate)")
@@ -83,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    heads = get_model_config(a.model).num_heads
+    if a.tp > heads:
+        p.error(f"--tp {a.tp} is more than the {heads} attention heads of {a.model}: each GPU needs one")
     if a.workload == "trace" and a.trace is None:
         p.error("--workload trace needs --trace PATH")
     if a.workload != "trace" and a.rate is None:

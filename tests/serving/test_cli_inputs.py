@@ -311,6 +311,9 @@ def test_every_benchmark_checks_out_before_running(tmp_path: Path, name: str) ->
         # Accepted: a host row each was created, one by one, before any client connected.
         ("telemetry_ingest", "--clients", str(10**30)),
         ("aqua_steptrace", "--rounds", "0"),
+        # Accepted: rounds of about 25 s each, for ever.
+        ("aqua_burst", "--rounds", str(10**30)),
+        ("aqua_steptrace", "--rounds", "101"),
     ],
 )
 def test_benchmarks_reject_bad_numbers_naming_them(tmp_path: Path, name: str, flag: str, value: str) -> None:

@@ -70,6 +70,9 @@ def test_it_simulates_offload_to_lent_memory_with_a_reclaim(tmp_path: Path) -> N
         (["--gpu-memory-utilization", "1.5"], "1.5"),
         (["--peer-memory-gib", "2"], "offload_peer"),
         (["--kv-blocks", "0"], "'0'"),
+        # Accepted and simulated (10**30 GPUs' worth of KV cache).
+        (["--tp", str(10**30)], f"--tp: '{10**30}' must be in 1..64"),
+        (["--tp", "40"], "--tp 40 is more than the 32 attention heads of llama-3-8b"),
     ],
 )
 def test_it_rejects_bad_flags_naming_the_value(
