@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from serving.argtypes import non_negative_float  # noqa: E402  (run as a file: REPO just added)
 
 RESULTS: dict[str, Any] = {"checks": {}}
 DTYPES = ("float16", "bfloat16", "float32")  # dtypes vLLM takes for the tiny model on a GPU
@@ -97,21 +98,11 @@ def start_lender(
     return coord, prod, sock, leased
 
 
-def tolerance(text: str) -> float:
-    """A logprob tolerance: a finite number >= 0 (nan or inf would make engine_exact meaningless)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Aqua GPU smoke check")
     ap.add_argument("--dtype", choices=DTYPES, default="float16", help="the engines' dtype")
-    ap.add_argument("--logprob-tol", type=tolerance, default=0.05, help="largest logprob difference")
+    # Finite and >= 0: nan or inf would make engine_exact meaningless.
+    ap.add_argument("--logprob-tol", type=non_negative_float, default=0.05, help="largest logprob difference")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     import torch
