@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import math
 import re
 import socket
-import sys
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +32,18 @@ MAX_SIM_SEED = 2**32 - 1
 # few MB; bursts reach 4x), while 1e9 was accepted and, once an engine started, failed inside the
 # running agent (MemoryError: 492 GiB of arrival times; 1e308: "more than an array can hold").
 MAX_SIM_RATE = 1000.0
+# The bounds of --health-timeout-s, how long a starting engine may take to answer /health before it
+# is stopped as failed. No engine starts faster than the shortest (vLLM loads the weights, profiles
+# memory and allocates its KV cache: 15-25 s for a tiny model on a CPU); 1e-300 was accepted and
+# stopped every engine as it started. Past the longest (a day, for weights fetched over a slow
+# link), a stuck start would keep its GPUs from every other deployment.
+MIN_HEALTH_TIMEOUT_S = 10.0
+MAX_HEALTH_TIMEOUT_S = 86_400.0
+# The most --buffer-size: telemetry frames kept while disconnected, all sent on reconnecting. One
+# hour at the default interval (1 s); the control plane ingests about 1,000 frames/s from all its
+# hosts (benchmarks/results/telemetry_ingest.json), so a larger backlog (sys.maxsize was accepted,
+# and held in memory while the link was down) takes seconds of it from every other host.
+MAX_BUFFER_SIZE = 3600
 
 
 def default_address() -> str:
@@ -117,12 +127,23 @@ class AgentConfig:
             f" {MIN_TELEMETRY_INTERVAL_S:g}..{MAX_HEARTBEAT_INTERVAL_S:g}"
         },
     )
-    buffer_size: int = field(default=300, metadata={"help": "telemetry frames kept while disconnected"})
+    buffer_size: int = field(
+        default=300,
+        metadata={
+            "help": f"telemetry frames kept while disconnected (sent on reconnecting), 1..{MAX_BUFFER_SIZE}"
+        },
+    )
     engine_bind: str | None = field(
         default=None,
         metadata={"help": "address engines listen on (default: --address if it is an IP, else 0.0.0.0)"},
     )
-    health_timeout_s: float = field(default=600.0, metadata={"help": "engine start-up limit"})
+    health_timeout_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "seconds a starting engine may take to answer /health before it is stopped,"
+            f" {MIN_HEALTH_TIMEOUT_S:g}..{MAX_HEALTH_TIMEOUT_S:g}"
+        },
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
@@ -154,14 +175,20 @@ class AgentConfig:
                 f" {MAX_HEARTBEAT_INTERVAL_S:g}] seconds: the control plane refuses a longer"
                 " heartbeat interval, and a shorter one floods it with telemetry"
             )
-        if not 1 <= self.buffer_size <= sys.maxsize:
-            raise ValueError(f"{self.buffer_size=} must be in 1..{sys.maxsize}")
+        if not 1 <= self.buffer_size <= MAX_BUFFER_SIZE:
+            raise ValueError(
+                f"{self.buffer_size=} must be in 1..{MAX_BUFFER_SIZE} telemetry frames: all of them are"
+                " sent when the link is back, and a longer backlog floods the control plane"
+            )
         if not 0 < self.sim_rate <= MAX_SIM_RATE:  # also refuses nan
             raise ValueError(f"{self.sim_rate=} must be positive and at most {MAX_SIM_RATE:g} requests/s")
         if not 0 <= self.sim_seed <= MAX_SIM_SEED:
             raise ValueError(f"{self.sim_seed=} must be in 0..{MAX_SIM_SEED} (a 32-bit seed)")
-        if not 0 < self.health_timeout_s < math.inf:
-            raise ValueError(f"{self.health_timeout_s=} must be positive and finite")
+        if not MIN_HEALTH_TIMEOUT_S <= self.health_timeout_s <= MAX_HEALTH_TIMEOUT_S:  # also refuses nan
+            raise ValueError(
+                f"{self.health_timeout_s=} must be in [{MIN_HEALTH_TIMEOUT_S:g}, {MAX_HEALTH_TIMEOUT_S:g}]"
+                " seconds: no engine starts in less, and a longer limit lets a stuck start hold its GPUs"
+            )
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ValueError(f"{self.log_level=} must be DEBUG, INFO, WARNING or ERROR")
 

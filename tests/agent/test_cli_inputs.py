@@ -6,6 +6,7 @@ Each of these used to be accepted and then crashed or misbehaved inside the runn
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -16,7 +17,13 @@ from gpu_agent import cli
 from gpu_agent.agent import Agent
 from gpu_agent.aqua_socket import UNIX_PATH_MAX
 from gpu_agent.cli import main, make_config, make_host
-from gpu_agent.config import MAX_SIM_SEED, MIN_TELEMETRY_INTERVAL_S
+from gpu_agent.config import (
+    MAX_BUFFER_SIZE,
+    MAX_HEALTH_TIMEOUT_S,
+    MAX_SIM_SEED,
+    MIN_HEALTH_TIMEOUT_S,
+    MIN_TELEMETRY_INTERVAL_S,
+)
 from gpu_agent.host import Host, LocalHost
 from gpu_agent.protocol import MAX_HEARTBEAT_INTERVAL_S
 from tests.agent.test_aqua_socket_path import runtime  # noqa: F401
@@ -40,8 +47,17 @@ def never_started(*args: object, **kwargs: object) -> None:
         (["--telemetry-interval-s", "nan"], "telemetry_interval_s=nan"),
         (["--telemetry-interval-s", "inf"], "telemetry_interval_s=inf"),
         (["--health-timeout-s", "nan"], "health_timeout_s=nan"),
+        # Accepted: every engine was stopped as failed the moment it started.
+        (["--health-timeout-s", "1e-300"], r"health_timeout_s=1e-300 must be in \[10, 86400\] seconds"),
+        (["--health-timeout-s", "9.5"], r"health_timeout_s=9.5 must be in \[10, 86400\]"),
+        (["--health-timeout-s", "1e300"], r"health_timeout_s=1e\+300 must be in \[10, 86400\]"),
         (["--sim-seed", "-1"], "sim_seed=-1"),
         (["--buffer-size", str(1 << 63)], f"buffer_size={1 << 63}"),
+        # Accepted: frames kept in memory while disconnected, then all sent to the control plane.
+        (
+            ["--buffer-size", str(sys.maxsize)],
+            f"buffer_size={sys.maxsize} must be in 1..3600 telemetry frames",
+        ),
         (["--name", ""], "name=''"),
         # Accepted: on every connection the link failed building its Register frame (ProtocolError,
         # logged with a traceback as "failed unexpectedly") and reconnected, for ever.
@@ -215,6 +231,20 @@ def test_the_bounds_themselves_are_accepted_and_the_agent_starts_with_them(
         argv = ["--telemetry-interval-s", str(interval), "--sim-seed", str(seed)]
         assert main([*BASE, "--simulate", "1xH100", *argv]) == 0
     assert started == [0.05, 60.0]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("health_timeout_s", MIN_HEALTH_TIMEOUT_S),
+        ("health_timeout_s", MAX_HEALTH_TIMEOUT_S),
+        ("buffer_size", 1),
+        ("buffer_size", MAX_BUFFER_SIZE),
+    ],
+)
+def test_the_health_timeout_and_buffer_size_take_their_bounds(key: str, value: float) -> None:
+    cfg = make_config([*BASE, f"--{key.replace('_', '-')}", str(value)])
+    assert getattr(cfg, key) == value
 
 
 @pytest.mark.parametrize(
