@@ -14,6 +14,8 @@ from django.contrib.auth.models import AbstractUser
 from django.core.validators import MinValueValidator
 from django.db import models, transaction
 
+from core.validators import no_control_characters
+
 
 class Role(models.TextChoices):
     ADMIN = "admin", "Admin (read and write)"
@@ -73,7 +75,7 @@ class ApiToken(models.Model):
     """A bearer token an operator (or a script) uses instead of a session for the REST API."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=100, validators=[no_control_characters])
     prefix = models.CharField(max_length=16)
     digest = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -113,6 +113,17 @@ def test_it_refuses_unknown_fields_in_a_token_request(
     assert ApiToken.objects.get().name == "ci"
 
 
+def test_it_refuses_a_token_name_with_a_control_character(anon_client: APIClient, alice: User) -> None:
+    """The rule of ApiToken.name, which issue_api_token applies too (a newline forged lines)."""
+    credentials = {"username": "alice", "password": "alice-pw-9f2k"}
+    response = anon_client.post("/api/v1/auth/token/", {**credentials, "name": "ci\x1b[2Jbot"}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {
+        "name": ["Control characters (newline, tab, escape, ...) are not allowed: '\\x1b' at index 2."]
+    }
+    assert not ApiToken.objects.exists()
+
+
 def test_signing_in_without_next_lands_on_the_dashboard(client: Any, bob: User) -> None:
     login = client.post("/accounts/login/", {"username": "bob", "password": "bob-pw-9f2k"})
     assert login.status_code == 302

@@ -163,6 +163,26 @@ def test_issue_api_token_refuses_a_nul_character(args: tuple[str, ...], named: s
     assert not ApiToken.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "named"),
+    [
+        (
+            "ci\nbot",
+            "--name 'ci\\nbot': Control characters (newline, tab, escape, ...) are not allowed: '\\n' at",
+        ),
+        ("\x1b[2Jci", "--name '\\x1b[2Jci': Control characters"),
+        ("ci\tbot", "'\\t' at index 2"),
+        ("ci\x7f", "'\\x7f' at index 2"),
+    ],
+)
+def test_issue_api_token_refuses_a_control_character(name: str, named: str) -> None:
+    """A newline forged a second line in lists of tokens and logs; an escape drove the terminal."""
+    User.objects.create_user(username="bob", password="bob-pw-9f2k")
+    assert named in refused("issue_api_token", "bob", "--name", name)
+    assert not ApiToken.objects.exists()
+    assert run("issue_api_token", "bob", "--name", "ci bot ü").startswith("tok")  # spaces, letters: fine
+
+
 def test_local_agent_refuses_a_tiny_model_path_longer_than_a_models_source(tmp_path: Path) -> None:
     # On PostgreSQL: DataError "value too long for type character varying(500)", a traceback;
     # SQLite stored a source over the field's limit.

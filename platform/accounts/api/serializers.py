@@ -10,6 +10,7 @@ from accounts.models import ApiKey, ApiToken
 from accounts.roles import is_admin
 from accounts.services import PLAYGROUND_KEY_NAME, update_api_key
 from core.serializers import StrictModelSerializer
+from core.validators import no_control_characters
 
 QUOTA_FIELDS = ("requests_per_minute", "tokens_per_day")
 
@@ -82,7 +83,9 @@ class TokenRequestSerializer(StrictModelSerializer):
 
     username = serializers.CharField()
     password = serializers.CharField(style={"input_type": "password"}, trim_whitespace=False)
-    name = serializers.CharField(max_length=100, required=False, default="api")
+    name = serializers.CharField(
+        max_length=100, required=False, default="api", validators=[no_control_characters]
+    )
 
     class Meta:
         model = ApiToken

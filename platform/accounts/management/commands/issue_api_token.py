@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import ApiToken
 from accounts.services import issue_api_token
+from core.validators import no_control_characters
 
 
 class Command(BaseCommand):
@@ -27,6 +29,10 @@ class Command(BaseCommand):
         # DataError (a traceback). The API refuses NUL in both too (DRF's CharField).
         if "\x00" in name:
             raise CommandError(f"--name {name!r} holds a NUL character")
+        try:  # the rule of the model field, which the API's serializer applies too
+            no_control_characters(name)
+        except ValidationError as exc:
+            raise CommandError(f"--name {name!r}: {exc.messages[0]}") from None
         if "\x00" in options["username"]:
             raise CommandError(f"username {options['username']!r} holds a NUL character; no user's name does")
         if limit is not None and len(name) > limit:
