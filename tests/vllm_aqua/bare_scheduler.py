@@ -70,7 +70,8 @@ def make_request(
 
 
 def step(scheduler: Any, produced: dict[str, int] | None = None) -> Any:
-    """One engine step without a model: schedule, then sample token 7 for every scheduled request.
+    """One engine step without a model: schedule, then sample token 7 for every scheduled request
+    but the non-final prefill chunks.
 
     Returns the SchedulerOutput; `produced` (request id -> tokens) counts the tokens the engine
     core emitted to clients in this step.
@@ -79,8 +80,10 @@ def step(scheduler: Any, produced: dict[str, int] | None = None) -> Any:
 
     out = scheduler.schedule()
     ids = list(out.num_scheduled_tokens)
+    # Like the model runner, sample nothing for a request whose prompt is not yet all computed.
+    sampled = [[] if scheduler.requests[r].is_prefill_chunk else [7] for r in ids]
     result = ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)}, sampled_token_ids=[[7]] * len(ids)
+        req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)}, sampled_token_ids=sampled
     )
     emitted = scheduler.update_from_output(out, result)
     if produced is not None:
