@@ -16,8 +16,13 @@ Each step, before vLLM's own `schedule()`:
   2. the policy's rotations are preempted through vLLM's own `_preempt_request` (after removing
      them from `self.running`), which frees their blocks and reports their ids to the KV
      connector; waiting is then re-ordered so they queue behind the requests they yield to;
-  3. `prefill_token_cap` is mapped onto vLLM's per-request `long_prefill_token_threshold`
-     (cap split evenly over the requests that may prefill this step), restored afterwards;
+  3. a policy's `prefill_token_cap` below the step's token budget caps the step's prefill tokens
+     (`_apply_prefill_cap`): vLLM's per-step budget (`max_num_scheduled_tokens`, which
+     `schedule()` reads once as `token_budget`) becomes the running decodes' tokens (speculative
+     ones included) plus the cap, and prefill chunks of running requests served before a decode
+     share the cap among themselves (`_reserve_prefill_lookahead`, vLLM's last clamp of a
+     request's tokens), so they cannot take the decodes' share. The budget is restored afterwards
+     (docs/ecoserve-vllm.md: what this maps exactly, and what it does not);
   4. for a policy with an `admission_limit` (e.g. EcoServe's KV reservation and late-request
      gate), the waiting requests past the limit are taken out of `self.waiting` for the duration
      of vLLM's `schedule()` and put back behind the others, so vLLM admits at most the limit.
@@ -91,6 +96,10 @@ class AquaScheduler(Scheduler):
         # Only policies that override admission_limit pay for the gate's views.
         self._gated = type(self.aqua_policy).admission_limit is not SchedulingPolicy.admission_limit
         self._dirty = False
+        # Set for one step by _apply_prefill_cap: running prefill chunks served before a decode,
+        # and how much of the prefill cap they may still take.
+        self._ahead_of_decodes: frozenset[str] = frozenset()
+        self._ahead_left = 0
         logger.info("AquaScheduler: policy %s", self.aqua_policy.name)
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -153,12 +162,13 @@ class AquaScheduler(Scheduler):
             still = {id(r) for r in self.running}
             running = [v for v in running if id(v.request) in still]
         held = self._hold_back(running, waiting, ctx) if self._gated and waiting else []
-        saved = self.scheduler_config.long_prefill_token_threshold
-        self._apply_prefill_cap(ctx)
+        budget = self.max_num_scheduled_tokens
         try:
+            self._apply_prefill_cap(ctx)
             out = super().schedule(throttle_prefills)
         finally:
-            self.scheduler_config.long_prefill_token_threshold = saved
+            self.max_num_scheduled_tokens = budget
+            self._ahead_of_decodes = frozenset()
             for r in held:
                 self.waiting.add_request(r)
         self._account(out)
@@ -183,16 +193,56 @@ class AquaScheduler(Scheduler):
         return held
 
     def _apply_prefill_cap(self, ctx: SchedContext) -> None:
-        decodes = sum(1 for r in self.running if r.num_tokens_with_spec - r.num_computed_tokens <= 1)
-        cap = self.aqua_policy.prefill_token_cap(ctx, decodes)
+        """Limit this step's prefill tokens to the policy's cap; decodes keep all their tokens.
+
+        The step's budget becomes the decodes' tokens plus the cap, which bounds every prefill
+        served after the decodes (and every admission) through vLLM's own clamps. Running prefill
+        chunks served before a decode share the cap in `_reserve_prefill_lookahead`.
+        """
+        policy = self.aqua_policy
+        if type(policy).prefill_token_cap is SchedulingPolicy.prefill_token_cap:
+            return  # the whole budget, as vLLM
+        # A decode has at most one token without KV besides its draft tokens (async scheduling's
+        # in-flight outputs counted as vLLM counts them), and its prompt computed; it gets them
+        # all, no further than max_model_len, as in vLLM's loop over the running requests.
+        room = self.max_model_len - self.num_sampled_tokens_per_step
+        decode_tokens = decodes = 0
+        ahead: list[str] = []  # prefill chunks served before the last decode seen so far
+        prefills: list[str] = []
+        for r in self.running:
+            computed = r.num_computed_tokens
+            pending = r.num_tokens + r.num_output_placeholders - computed
+            if pending > 1 or computed < r.num_prompt_tokens:
+                prefills.append(r.request_id)
+                continue
+            n = pending + len(r.spec_token_ids)
+            decode_tokens += n if computed + n <= room else max(0, room - computed)
+            decodes += 1
+            if prefills:
+                ahead.extend(prefills)
+                prefills.clear()
+        cap = max(0, policy.prefill_token_cap(ctx, decodes))
         if cap >= ctx.token_budget:
-            return
-        slots = max(0, self.max_num_running_reqs - len(self.running))
-        prefills = len(self.running) - decodes + min(slots, len(self.waiting))
-        per_request = max(1, cap // max(1, prefills))
-        current = self.scheduler_config.long_prefill_token_threshold
-        if current <= 0 or per_request < current:
-            self.scheduler_config.long_prefill_token_threshold = per_request
+            return  # no cap: vLLM's own schedule
+        self.max_num_scheduled_tokens = min(ctx.token_budget, decode_tokens + cap)
+        self._ahead_of_decodes = frozenset(ahead)
+        self._ahead_left = cap
+
+    def _reserve_prefill_lookahead(
+        self, request: Request, num_computed_tokens: int, num_new_tokens: int
+    ) -> int:
+        """vLLM's last clamp of a request's tokens this step; also shares the prefill cap among the
+        running prefill chunks served before a decode (set by `_apply_prefill_cap`)."""
+        n = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        if request.request_id not in self._ahead_of_decodes:
+            return n
+        left = self._ahead_left
+        # A chunk cut here would bypass vLLM's multimodal-item and Mamba-alignment clamps, applied
+        # before this one: such a chunk keeps its size (the decodes behind it may then go short).
+        if n > left and not (request.has_encoder_inputs or self.need_mamba_block_aligned_split):
+            n = super()._reserve_prefill_lookahead(request, num_computed_tokens, left)
+        self._ahead_left = max(0, left - n)
+        return n
 
     def _account(self, out: SchedulerOutput) -> None:
         """Count prefill tokens and those recomputed (KV that had been computed before)."""
