@@ -20,7 +20,8 @@ preemption threw that KV away, so service never decreases.
     rejoin the queue as served requests, so the slice and the gap still keep served requests from
     thrashing among themselves. Most served victims go first; rotations are planned only when
     they let the waiting request in: a victim frees the blocks of the tokens whose KV it holds
-    (a decoding request's last sampled token has none yet), and the running requests that stay
+    (a decoding request's last sampled token has none yet) less those it shares with requests
+    that keep running (vLLM's prefix caching), and the running requests that stay
     take their blocks for this step's decodes and prefill chunks before anyone is admitted.
     No request is rotated out before its first token, whichever request waits: a rotation never
     delays a TTFT, and it never lowers a victim's service. (With recompute preemption a prompt
@@ -39,7 +40,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from serving.policies.base import R, SchedContext, SchedRequest, SchedulingPolicy
+from serving.policies.base import (
+    R,
+    SchedContext,
+    SchedRequest,
+    SchedulingPolicy,
+    kv_blocks_freed_by_preemption,
+)
 from serving.policies.registry import register_policy
 
 
@@ -180,8 +187,8 @@ class AquaFairPolicy(SchedulingPolicy):
                 v = next(candidates, None)
                 if v is None or (not new_arrival and service(v) - service(w) < self.min_service_gap):
                     return victims
+                gained_blocks += kv_blocks_freed_by_preemption(v, [*victims, *planned], ctx)
                 planned.append(v)
-                gained_blocks += _blocks(v.num_computed_tokens, ctx)
                 growth.remove(v)
                 gained_slots += 1
             if growth.wanted_tokens + admitted_tokens >= ctx.token_budget:

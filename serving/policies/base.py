@@ -12,7 +12,9 @@ A policy is consulted once per engine iteration and decides:
   (e) admission_limit:   (optional) how many waiting requests may be admitted this iteration.
 
 Policies see requests only through the `SchedRequest` protocol, which both the simulator's request
-state and the vLLM adapter implement, so one policy object runs unchanged in both.
+state and the vLLM adapter implement, so one policy object runs unchanged in both. What only an
+engine with shared KV blocks can tell (prefix caching) is optional: `kv_blocks_freed_by_preemption`
+reads it where a request provides it and estimates it elsewhere.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ class SchedRequest(Protocol):
         """The most tokens the response may have (vLLM's `max_tokens`); None when uncapped."""
         ...
 
+    # Optional (not part of the protocol's required members; see kv_blocks_freed_by_preemption):
+    #   def kv_blocks_freed_by_preemption(self, preempted: Sequence[SchedRequest]) -> int | None
+    # The KV blocks preempting this request returns to the engine's free pool once the requests in
+    # `preempted` are preempted too, or None when the request cannot tell.
+
 
 R = TypeVar("R", bound=SchedRequest)
 
@@ -104,6 +111,22 @@ class SchedContext:
     total_kv_blocks: int
     block_size: int
     max_running: int
+
+
+def kv_blocks_freed_by_preemption(
+    r: SchedRequest, preempted: Sequence[SchedRequest], ctx: SchedContext
+) -> int:
+    """KV blocks that preempting `r` after the requests in `preempted` returns to the free pool.
+
+    A request that knows (the vLLM adapter, from the engine's block table) answers through its
+    optional method of this name: with prefix caching, a block shared with requests that keep
+    running stays allocated, and one shared only with `preempted` is freed by the last of them.
+    Otherwise every block of the tokens whose KV `r` holds counts (no sharing, as in the
+    simulator).
+    """
+    exact = getattr(r, "kv_blocks_freed_by_preemption", None)
+    freed: int | None = exact(preempted) if exact is not None else None
+    return -(-r.num_computed_tokens // ctx.block_size) if freed is None else freed
 
 
 class SchedulingPolicy(ABC):

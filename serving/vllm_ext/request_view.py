@@ -14,10 +14,16 @@ accepted the request, so the scheduler cannot refuse it.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.request import Request
+
+    from serving.policies.base import SchedRequest
 
 PREDICTION_KEY = "predicted_output_tokens"
 SLO_CLASS_KEY = "slo_class"
@@ -35,13 +41,18 @@ class VllmRequestView:
         request: The engine's request object (read, never modified).
         admission_seq: Sequence number of its latest admission to the running set (kept by the
             scheduler, since vLLM does not number admissions).
+        kv_cache_manager: The scheduler's KV cache manager, whose block tables tell what a
+            preemption frees; None: the policy estimates it from the computed tokens.
     """
 
-    __slots__ = ("_r", "admission_seq")
+    __slots__ = ("_kv", "_r", "admission_seq")
 
-    def __init__(self, request: Request, admission_seq: int) -> None:
+    def __init__(
+        self, request: Request, admission_seq: int, kv_cache_manager: KVCacheManager | None = None
+    ) -> None:
         self._r = request
         self.admission_seq = admission_seq
+        self._kv = kv_cache_manager
 
     @property
     def request(self) -> Request:
@@ -97,3 +108,26 @@ class VllmRequestView:
         extra = _extra(self._r)
         value = extra.get(SLO_CLASS_KEY) if extra else None
         return value if isinstance(value, str) and value else None
+
+    def kv_blocks_freed_by_preemption(self, preempted: Sequence[SchedRequest]) -> int | None:
+        """Blocks of this request that vLLM's `free` returns to the pool after `preempted`'s.
+
+        A block goes back to the free pool when its reference count drops to 0: with prefix
+        caching, blocks shared with other requests (a common system prompt) stay allocated while
+        any of them keeps running. Null blocks (skipped by a sliding window) and blocks of
+        another pool free nothing here. Costs a pass over the blocks of this request and of
+        `preempted`, so the policy calls it only for the victims it plans.
+        """
+        kv = self._kv
+        if kv is None:
+            return None
+        pool = kv.block_pool
+        ours = (pool, None)  # vLLM's free_blocks hands blocks of another pool to that pool
+
+        def blocks(req_id: str) -> list[KVCacheBlock]:
+            return [b for g in kv.get_blocks(req_id).blocks for b in g if b.pool in ours and not b.is_null]
+
+        dropped: Counter[int] = Counter()  # block id -> references `preempted` gives up
+        for p in preempted:
+            dropped.update(b.block_id for b in blocks(str(p.req_id)))
+        return sum(1 for b in blocks(self._r.request_id) if b.ref_cnt - dropped[b.block_id] == 1)

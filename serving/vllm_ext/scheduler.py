@@ -108,7 +108,7 @@ class AquaScheduler(Scheduler):
         if seq is None:
             seq = self._admission[r.request_id] = self._next_seq
             self._next_seq += 1
-        return VllmRequestView(r, seq)
+        return VllmRequestView(r, seq, self.kv_cache_manager)
 
     def _context(self) -> SchedContext:
         return SchedContext(

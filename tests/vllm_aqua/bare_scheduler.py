@@ -7,6 +7,7 @@ benchmarks/sched_overhead.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tests.vllm_aqua.engines import BLOCK_SIZE, COMMON_ENGINE_ARGS
@@ -20,8 +21,12 @@ def make_scheduler(
     max_model_len: int = 512,
     max_num_batched_tokens: int = 256,
     additional: dict[str, Any] | None = None,
+    **engine_args: Any,
 ) -> Any:
-    """A scheduler of class `cls` with a KV cache of `num_blocks` blocks of BLOCK_SIZE tokens."""
+    """A scheduler of class `cls` with a KV cache of `num_blocks` blocks of BLOCK_SIZE tokens.
+
+    `engine_args` override COMMON_ENGINE_ARGS (e.g. `enable_prefix_caching=True`).
+    """
     import torch
     from vllm import EngineArgs
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -36,7 +41,7 @@ def make_scheduler(
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         additional_config=additional or {},
-        **COMMON_ENGINE_ARGS,
+        **{**COMMON_ENGINE_ARGS, **engine_args},
     )
     config = args.create_engine_config()
     config.cache_config.num_gpu_blocks = num_blocks
@@ -59,14 +64,34 @@ def make_request(
     max_tokens: int,
     arrival_time: float,
     extra_args: dict[str, Any] | None = None,
+    prefix: Sequence[int] = (),
+    block_hasher: Callable[[Any], list[Any]] | None = None,
 ) -> Any:
-    """A vLLM request with a synthetic prompt, decoding `max_tokens` tokens (EOS ignored)."""
+    """A vLLM request with a synthetic prompt, decoding `max_tokens` tokens (EOS ignored).
+
+    The prompt starts with `prefix` (part of its `prompt_tokens`). A scheduler with prefix caching
+    on reuses KV only for requests with a `block_hasher` (see `prefix_block_hasher`).
+    """
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
+    if len(prefix) > prompt_tokens:
+        raise ValueError(f"prefix of {len(prefix)} tokens is longer than {prompt_tokens=}")
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, extra_args=extra_args)
-    prompt = [(len(req_id) + j) % 100 + 1 for j in range(prompt_tokens)]
-    return Request(req_id, prompt, params, None, arrival_time=arrival_time)
+    own = [(len(req_id) + j) % 100 + 1 for j in range(prompt_tokens - len(prefix))]
+    return Request(
+        req_id, [*prefix, *own], params, None, arrival_time=arrival_time, block_hasher=block_hasher
+    )
+
+
+def prefix_block_hasher() -> Callable[[Any], list[Any]]:
+    """The block hasher the engine core gives requests when prefix caching is on (BLOCK_SIZE)."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    hash_fn = get_hash_fn_by_name("sha256")
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(BLOCK_SIZE, hash_fn)
 
 
 def step(scheduler: Any, produced: dict[str, int] | None = None) -> Any:

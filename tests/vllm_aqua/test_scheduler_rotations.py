@@ -38,3 +38,55 @@ def test_every_step_that_rotates_admits_a_waiting_request() -> None:
             step += 1
     assert rotating_steps > 100  # the workload does put the policy under pressure
     assert idle == 0, (idle, rotating_steps)
+
+
+def test_with_prefix_caching_every_step_that_rotates_admits_a_waiting_request() -> None:
+    # Regression: with prefix caching, requests that share a system prompt share its KV blocks, and
+    # preempting one frees only the blocks no running request still references; the policy counted
+    # all of a victim's blocks, so vLLM preempted victims and then could not admit anyone (13 of 242
+    # rotating steps in this workload).
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    s = bare_scheduler.make_scheduler(
+        resolve_obj_by_qualname(AQUA_SCHEDULER),
+        max_num_seqs=8,
+        num_blocks=24,
+        max_num_batched_tokens=128,
+        enable_prefix_caching=True,
+    )
+    hasher = bare_scheduler.prefix_block_hasher()
+    rotating_steps = idle = shared_hits = 0
+    for seed in range(6):
+        rng = random.Random(seed)
+        system_prompt = [rng.randint(1, 500) for _ in range(160)]  # 5 blocks of 32 tokens
+        # (arrival step, own prompt tokens, output tokens, whether the prompt starts with the system
+        # prompt); 24 blocks hold about 5 requests' KV, or more of those that share it.
+        pending = sorted(
+            (rng.randint(0, 60), rng.randint(8, 150), rng.randint(2, 150), rng.random() < 0.5)
+            for _ in range(30)
+        )
+        step = 0
+        while pending or s.has_requests():
+            while pending and pending[0][0] <= step:
+                _, own, output, shared = pending.pop(0)
+                prompt = (system_prompt if shared else []) + [rng.randint(1, 500) for _ in range(own)]
+                req = bare_scheduler.make_request(
+                    f"{seed}-{len(pending)}",
+                    len(prompt),
+                    output,
+                    float(step),
+                    prefix=prompt,
+                    block_hasher=hasher,
+                )
+                s.add_request(req)
+            rotations = s.counters["rotations"]
+            out = bare_scheduler.step(s)
+            shared_hits += sum(nr.num_computed_tokens >= len(system_prompt) for nr in out.scheduled_new_reqs)
+            if s.counters["rotations"] > rotations:
+                rotating_steps += 1
+                admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
+                idle += admitted == 0
+            step += 1
+    assert rotating_steps > 100  # the workload does put the policy under pressure
+    assert shared_hits > 30  # and requests do share the system prompt's blocks
+    assert idle == 0, (idle, rotating_steps)
