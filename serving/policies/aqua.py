@@ -166,7 +166,9 @@ class AquaFairPolicy(SchedulingPolicy):
         admitted_tokens = 0  # the most tokens the waiting requests planned for take
         victims: list[R] = []
         for w in waiting:
-            need = _blocks(w.num_prompt_tokens + w.num_output_tokens + 1, ctx)
+            # vLLM admits a request with blocks for its whole sequence so far (prompt and output
+            # tokens; its `full_sequence_must_fit` gate), the simulator with those of its first chunk.
+            need = _blocks(w.num_prompt_tokens + w.num_output_tokens, ctx)
             if need > ctx.total_kv_blocks:
                 continue
             taken = {id(v) for v in victims}

@@ -154,3 +154,15 @@ def test_it_does_not_rotate_when_the_running_prefills_leave_no_token_budget() ->
 
 def test_prefill_cap_leaves_one_token_per_decode() -> None:
     assert AquaFairPolicy().prefill_token_cap(ctx(), num_decodes=6) == 250
+
+
+def test_a_waiting_request_needs_the_blocks_of_its_sequence_not_one_token_more() -> None:
+    # vLLM admits a (resumed) request with blocks for its prompt and output tokens: 20 + 12 = 32
+    # tokens, 2 blocks, exactly what the victim frees (16 + 16 tokens). Counted as 33 tokens
+    # (3 blocks) the rotation seemed not to make room, and the request kept waiting.
+    p = AquaFairPolicy(slice_iters=1, min_service_gap=1)
+    running = [Req("victim", 16, 16, 17, admission_seq=0)]
+    ordered = p.order_running(running, ctx(iteration=0, max_running=1))
+    waiting = [Req("resumed", 20, 0, 12, arrival_time=1.0)]
+    victims = p.select_rotations(ordered, waiting, ctx(iteration=3, free=0, max_running=1))
+    assert [v.req_id for v in victims] == ["victim"]
