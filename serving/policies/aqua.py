@@ -21,8 +21,10 @@ preemption threw that KV away, so service never decreases.
     thrashing among themselves. Most served victims go first; rotations are planned only when
     they let the waiting request in: a victim frees the blocks of the tokens whose KV it holds
     (a decoding request's last sampled token has none yet) less those it shares with requests
-    that keep running (vLLM's prefix caching), and the running requests that stay
-    take their blocks for this step's decodes and prefill chunks before anyone is admitted.
+    that keep running (vLLM's prefix caching), the waiting request takes the blocks of its
+    sequence less its prefix-cache hits on blocks that stay referenced, and the running requests
+    that stay take their blocks for this step's decodes and prefill chunks before anyone is
+    admitted.
     No request is rotated out before its first token, whichever request waits: a rotation never
     delays a TTFT, and it never lowers a victim's service. (With recompute preemption a prompt
     rotated out mid-prefill would lose its progress and come back with service 0, i.e. as a new
@@ -46,6 +48,7 @@ from serving.policies.base import (
     SchedRequest,
     SchedulingPolicy,
     kv_blocks_freed_by_preemption,
+    kv_blocks_taken_by_admission,
 )
 from serving.policies.registry import register_policy
 
@@ -168,9 +171,11 @@ class AquaFairPolicy(SchedulingPolicy):
         for w in waiting:
             # vLLM admits a request with blocks for its whole sequence so far (prompt and output
             # tokens; its `full_sequence_must_fit` gate), the simulator with those of its first chunk.
-            need = _blocks(w.num_prompt_tokens + w.num_output_tokens, ctx)
+            full_need = need = _blocks(w.num_prompt_tokens + w.num_output_tokens, ctx)
             if need > ctx.total_kv_blocks:
                 continue
+            if free - growth.blocks < need:  # less where its prefix hits blocks others keep
+                need = kv_blocks_taken_by_admission(w, victims, ctx)
             taken = {id(v) for v in victims}
             new_arrival = service(w) == 0
             # Wakeup preemption (a new arrival) after the first slice, else after the full slice;
@@ -193,6 +198,8 @@ class AquaFairPolicy(SchedulingPolicy):
                 planned.append(v)
                 growth.remove(v)
                 gained_slots += 1
+                if need < full_need:  # its hits on blocks only `v` kept are hits no more
+                    need = kv_blocks_taken_by_admission(w, [*victims, *planned], ctx)
             if growth.wanted_tokens + admitted_tokens >= ctx.token_budget:
                 return victims  # no budget left for `w` (nor for anyone after it) this step
             victims.extend(planned)

@@ -14,7 +14,7 @@ A policy is consulted once per engine iteration and decides:
 Policies see requests only through the `SchedRequest` protocol, which both the simulator's request
 state and the vLLM adapter implement, so one policy object runs unchanged in both. What only an
 engine with shared KV blocks can tell (prefix caching) is optional: `kv_blocks_freed_by_preemption`
-reads it where a request provides it and estimates it elsewhere.
+and `kv_blocks_taken_by_admission` read it where a request provides it and estimate it elsewhere.
 """
 
 from __future__ import annotations
@@ -81,10 +81,14 @@ class SchedRequest(Protocol):
         """The most tokens the response may have (vLLM's `max_tokens`); None when uncapped."""
         ...
 
-    # Optional (not part of the protocol's required members; see kv_blocks_freed_by_preemption):
+    # Optional members (not required; see the functions of the same names below), each answering
+    # None when the request cannot tell:
     #   def kv_blocks_freed_by_preemption(self, preempted: Sequence[SchedRequest]) -> int | None
-    # The KV blocks preempting this request returns to the engine's free pool once the requests in
-    # `preempted` are preempted too, or None when the request cannot tell.
+    #       KV blocks preempting this running request returns to the engine's free pool once the
+    #       requests in `preempted` are preempted too.
+    #   def kv_blocks_taken_by_admission(self, preempted: Sequence[SchedRequest]) -> int | None
+    #       KV blocks admitting this waiting request takes from the free pool once the requests in
+    #       `preempted` are preempted.
 
 
 R = TypeVar("R", bound=SchedRequest)
@@ -127,6 +131,21 @@ def kv_blocks_freed_by_preemption(
     exact = getattr(r, "kv_blocks_freed_by_preemption", None)
     freed: int | None = exact(preempted) if exact is not None else None
     return -(-r.num_computed_tokens // ctx.block_size) if freed is None else freed
+
+
+def kv_blocks_taken_by_admission(
+    r: SchedRequest, preempted: Sequence[SchedRequest], ctx: SchedContext
+) -> int:
+    """KV blocks that admitting the waiting request `r` takes, once `preempted` are preempted.
+
+    A request that knows (the vLLM adapter, from the prefix cache) answers through its optional
+    method of this name: a prompt prefix whose blocks other requests keep referenced takes no new
+    ones. Otherwise the blocks of its whole sequence so far (prompt and output tokens), the most
+    an engine admits a request with.
+    """
+    exact = getattr(r, "kv_blocks_taken_by_admission", None)
+    taken: int | None = exact(preempted) if exact is not None else None
+    return -(-(r.num_prompt_tokens + r.num_output_tokens) // ctx.block_size) if taken is None else taken
 
 
 class SchedulingPolicy(ABC):

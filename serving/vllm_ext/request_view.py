@@ -45,7 +45,7 @@ class VllmRequestView:
             preemption frees; None: the policy estimates it from the computed tokens.
     """
 
-    __slots__ = ("_kv", "_r", "admission_seq")
+    __slots__ = ("_hits", "_kv", "_r", "admission_seq")
 
     def __init__(
         self, request: Request, admission_seq: int, kv_cache_manager: KVCacheManager | None = None
@@ -53,6 +53,7 @@ class VllmRequestView:
         self._r = request
         self.admission_seq = admission_seq
         self._kv = kv_cache_manager
+        self._hits: list[KVCacheBlock] | None = None  # the prefix cache's blocks for our prompt
 
     @property
     def request(self) -> Request:
@@ -121,13 +122,52 @@ class VllmRequestView:
         kv = self._kv
         if kv is None:
             return None
-        pool = kv.block_pool
-        ours = (pool, None)  # vLLM's free_blocks hands blocks of another pool to that pool
+        dropped = _dropped_refs(kv, preempted)
+        return sum(1 for b in _own_blocks(kv, self._r.request_id) if b.ref_cnt - dropped[b.block_id] == 1)
 
-        def blocks(req_id: str) -> list[KVCacheBlock]:
-            return [b for g in kv.get_blocks(req_id).blocks for b in g if b.pool in ours and not b.is_null]
+    def kv_blocks_taken_by_admission(self, preempted: Sequence[SchedRequest]) -> int | None:
+        """Blocks vLLM's admission of this waiting request takes from the free pool after `preempted`.
 
-        dropped: Counter[int] = Counter()  # block id -> references `preempted` gives up
-        for p in preempted:
-            dropped.update(b.block_id for b in blocks(str(p.req_id)))
-        return sum(1 for b in blocks(self._r.request_id) if b.ref_cnt - dropped[b.block_id] == 1)
+        vLLM allocates its whole sequence (prompt and output tokens) less its prefix-cache hit
+        (`get_computed_blocks`), but a hit block no request references is in the free pool and
+        admission takes it out (`touch`): only hits on blocks that requests other than `preempted`
+        keep save blocks. The hit is looked up as vLLM does, through the coordinator's
+        `find_longest_cache_hit` (a read of the block-hash table; `get_computed_blocks` may emit
+        KV-cache events, and the prefix-cache stats are recorded by the scheduler, not here), once
+        per view. None (the policy's estimate) for a request that skips the prefix cache, already
+        holds KV, or for KV caches other than a single full-attention group (sliding windows,
+        hybrid models), whose hits vLLM trims further.
+        """
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        kv = self._kv
+        r = self._r
+        if kv is None or r.num_computed_tokens > 0 or not kv.prefix_cache_lookup_enabled(r):
+            return None
+        groups = kv.kv_cache_config.kv_cache_groups
+        if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, FullAttentionSpec):
+            return None
+        block_size = groups[0].kv_cache_spec.block_size
+        hits = self._hits
+        if hits is None:
+            # As get_computed_blocks: the last token is always computed, for its logits.
+            blocks, hit_tokens, _ = kv.coordinator.find_longest_cache_hit(r.block_hashes, r.num_tokens - 1)
+            hits = self._hits = blocks[0][: hit_tokens // block_size]
+        dropped = _dropped_refs(kv, preempted)
+        kept = sum(1 for b in hits if b.ref_cnt - dropped[b.block_id] > 0)
+        return -(-r.num_tokens // block_size) - kept
+
+
+def _own_blocks(kv: KVCacheManager, req_id: str) -> list[KVCacheBlock]:
+    """The blocks of `req_id` that freeing it may return to `kv`'s pool (not null ones, not those
+    of another pool: vLLM's `free_blocks` hands those to their own pool)."""
+    ours = (kv.block_pool, None)
+    return [b for g in kv.get_blocks(req_id).blocks for b in g if b.pool in ours and not b.is_null]
+
+
+def _dropped_refs(kv: KVCacheManager, preempted: Sequence[SchedRequest]) -> Counter[int]:
+    """Block id -> references that preempting `preempted` drops."""
+    dropped: Counter[int] = Counter()
+    for p in preempted:
+        dropped.update(b.block_id for b in _own_blocks(kv, str(p.req_id)))
+    return dropped

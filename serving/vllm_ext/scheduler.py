@@ -124,7 +124,8 @@ class AquaScheduler(Scheduler):
     def _order_waiting(self, ctx: SchedContext) -> list[VllmRequestView]:
         if not self.waiting:
             return []
-        views = [VllmRequestView(r, -1) for r in self.waiting]
+        kv = self.kv_cache_manager
+        views = [VllmRequestView(r, -1, kv) for r in self.waiting]
         ordered = self.aqua_policy.order_waiting(views, ctx)
         queue = self.waiting
         assert isinstance(queue, FCFSRequestQueue)  # a deque

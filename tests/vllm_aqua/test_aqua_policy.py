@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -166,3 +167,54 @@ def test_a_waiting_request_needs_the_blocks_of_its_sequence_not_one_token_more()
     waiting = [Req("resumed", 20, 0, 12, arrival_time=1.0)]
     victims = p.select_rotations(ordered, waiting, ctx(iteration=3, free=0, max_running=1))
     assert [v.req_id for v in victims] == ["victim"]
+
+
+@dataclass
+class SharingReq(Req):
+    """A request whose engine knows its shared KV blocks (the optional SchedRequest members)."""
+
+    freed: int | None = None  # blocks its preemption frees
+    taken: int | None = None  # blocks its admission takes
+
+    def kv_blocks_freed_by_preemption(self, preempted: Sequence[object]) -> int | None:
+        return self.freed
+
+    def kv_blocks_taken_by_admission(self, preempted: Sequence[object]) -> int | None:
+        return self.taken
+
+
+def test_a_victim_sharing_its_prefix_frees_only_what_its_engine_says() -> None:
+    # r1 holds 4 blocks (64 tokens) but shares 3 with requests that keep running: it frees 1.
+    p = AquaFairPolicy(slice_iters=1)
+    r0 = SharingReq("r0", 16, 16, 40, admission_seq=0)
+    r1 = SharingReq("r1", 16, 16, 49, admission_seq=1)
+    ordered = p.order_running([r0, r1], ctx(iteration=0))
+    new = [Req("new", 20)]  # 2 blocks
+    assert [v.req_id for v in p.select_rotations(ordered, new, ctx(iteration=3, free=0))] == ["r1"]
+    r1.freed = 1
+    assert [v.req_id for v in p.select_rotations(ordered, new, ctx(iteration=3, free=0))] == ["r1", "r0"]
+
+
+def test_a_waiting_request_whose_prefix_is_cached_needs_fewer_blocks() -> None:
+    # The victim frees 2 blocks; the new request's 70 tokens take 5, or 2 where 3 hit the prefix cache.
+    p = AquaFairPolicy(slice_iters=1)
+    ordered = p.order_running([Req("victim", 16, 16, 17, admission_seq=0)], ctx(iteration=0, max_running=1))
+    new = SharingReq("new", 70)
+    assert p.select_rotations(ordered, [new], ctx(iteration=3, free=0, max_running=1)) == []
+    new.taken = 2
+    victims = p.select_rotations(ordered, [new], ctx(iteration=3, free=0, max_running=1))
+    assert [v.req_id for v in victims] == ["victim"]
+
+
+def test_a_cached_prefix_held_only_by_the_victim_saves_the_waiting_request_nothing() -> None:
+    # The new request's 70 tokens hit 3 cached blocks that only the victim references: preempting
+    # the victim frees them, and admission takes them back. Its 2 freed blocks do not make room.
+    @dataclass
+    class HitsHeldByVictim(Req):
+        def kv_blocks_taken_by_admission(self, preempted: Sequence[Req]) -> int | None:
+            return 5 if any(r.req_id == "victim" for r in preempted) else 2
+
+    p = AquaFairPolicy(slice_iters=1)
+    ordered = p.order_running([Req("victim", 16, 16, 17, admission_seq=0)], ctx(iteration=0, max_running=1))
+    new = HitsHeldByVictim("new", 70)
+    assert p.select_rotations(ordered, [new], ctx(iteration=3, free=0, max_running=1)) == []
