@@ -9,7 +9,8 @@ Every run ends with its whole process group: workers the engine left behind when
 no orphan keeps the devices' memory. The run's port (engines/ports.py) is held until then; a
 status carries it only while the engine is starting or running.
 A `restart()` (operator command) terminates the process and starts it again at once, counted in
-`restarts` like a crash restart but without the backoff. Every state change is reported through
+`restarts` like a crash restart but without the backoff (one that comes while the process is being
+created ends that process as soon as it exists). Every state change is reported through
 `on_status`. While running, /metrics is scraped every `scrape_interval_s`.
 
 Telemetry takes `take_sample()` once a tick: its latencies are those observed since the scrape the
@@ -306,6 +307,10 @@ class EngineSupervisor:
             except OSError as exc:
                 return f"engine could not be started: {exc}"
         proc = self._proc
+        if self._restart_requested:
+            # restart() came while the process was being created, when it had nothing to end: end
+            # this one now, so that `_run` starts the next at once and takes the request as done.
+            await self._terminate()
         self._set_state("starting", error=None)
         base_url = f"http://{_url_host(launch.probe_host)}:{port}"
         async with httpx.AsyncClient(base_url=base_url, timeout=5.0) as http:
