@@ -4,7 +4,8 @@ Every `telemetry_interval_s` (aligned to the wall clock) it samples the host and
 telemetry frame; deployment status changes are sent as they happen; on each (re)connect the link
 sends `register` and every deployment's status. Frames from the control plane become host actions:
 `desired_deployments` -> converge, `command` -> restart / log tail, `probe` -> replay a workload
-against an engine and answer `probe_result` (gpu_agent/probe.py), `error` -> logged.
+against an engine and answer `probe_result` (gpu_agent/probe.py), `error` -> logged. When the
+agent stops, replays still running are cancelled (their streams closed) before the engines stop.
 
 The link is supervised: should `AgentLink.run()` ever end or raise while the agent is up (it is
 built not to), the agent logs it at ERROR and starts it again after a backoff. It does not stop
@@ -101,6 +102,7 @@ class Agent:
         self._statuses: asyncio.Queue[DeploymentStatus] = asyncio.Queue()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._probes: set[asyncio.Task[None]] = set()  # of those, the probe replays
         self._aqua_refresh: asyncio.Task[object] | None = None  # the AquaHost.refresh() running
 
     def register_frame(self) -> Register:
@@ -131,6 +133,10 @@ class Agent:
             await self._stopping.wait()
         finally:
             log.info("Agent stopping: stopping engines.")
+            # A replay would go on for the rest of its schedule (up to its timeout_s) against
+            # engines that are stopping, holding the agent's exit; cancelling it closes its streams.
+            for t in self._probes:
+                t.cancel()
             await self.host.stop()
             while not self._statuses.empty():
                 await self.link.send(_clean_status(self._statuses.get_nowait()))
@@ -214,17 +220,19 @@ class Agent:
         elif isinstance(frame, Command):
             self._spawn(self._command(frame))
         elif isinstance(frame, Probe):
-            self._spawn(self._probe(frame))
+            self._probes.add(self._spawn(self._probe(frame)))
         elif isinstance(frame, ErrorFrame):
             log.warning("Control plane reported an error: %s (%s)", frame.message, frame.code)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)
+        return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._probes.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("Handling a control-plane frame failed", exc_info=task.exception())
 
