@@ -84,6 +84,7 @@ class SimulatedHost(Host):
         self._on_status: StatusCallback = lambda s: None
         self._t0 = 0.0
         self._sim_now = 0.0  # simulated seconds the host has advanced to
+        self._closed = False  # stop() was called: apply() starts nothing
 
     # ---- scenario -----------------------------------------------------------------------------
 
@@ -221,6 +222,9 @@ class SimulatedHost(Host):
         return devices, engines
 
     async def apply(self, deployments: list[DeploymentSpec]) -> None:
+        if self._closed:  # as EngineManager: a stopping agent reports nothing running after "stopped"
+            log.info("Agent stopping: ignoring a desired list of %d deployment(s).", len(deployments))
+            return
         wanted = {d.id: d for d in deployments}
         for dep_id in [d for d, p in self._deployed.items() if wanted.get(d) != p.spec]:
             del self._deployed[dep_id]
@@ -287,6 +291,7 @@ class SimulatedHost(Host):
         return sorted(out + list(self._failed.values()), key=lambda s: s.deployment_id)
 
     async def stop(self) -> None:
+        self._closed = True
         for dep_id in sorted(self._deployed):
             self._on_status(self._status(dep_id, "stopped"))
         self._deployed.clear()

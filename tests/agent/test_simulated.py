@@ -153,3 +153,14 @@ async def test_it_registers_a_simulated_host_from_the_command_line(tmp_path: Pat
     t = server.of_type("telemetry")[-1]
     assert t["simulated"] is True and len(t["engines"]) == 8
     assert [d["aqua_role"] for d in t["devices"]] == ["consumer", "producer"] * 4
+
+
+def test_once_stopped_it_starts_no_deployment() -> None:
+    # The agent stops its host on SIGTERM and goes on reading frames until its link closes.
+    host, statuses = started("2xH100")
+    model = ModelSpec("llama-3-8b", "meta-llama/Meta-Llama-3-8B")
+    asyncio.run(host.apply([DeploymentSpec("dep-a", model, [0])]))
+    asyncio.run(host.stop())
+    asyncio.run(host.apply([DeploymentSpec("dep-a", model, [0]), DeploymentSpec("dep-b", model, [1])]))
+    assert [(s.deployment_id, s.state) for s in statuses] == [("dep-a", "running"), ("dep-a", "stopped")]
+    assert host.statuses() == [] and host.sample_at(5.0)[1] == []
