@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import fcntl
 import logging
 import os
 import re
 import signal
 import sys
 from collections.abc import Sequence
+from typing import IO
 
 from gpu_agent.agent import Agent
 from gpu_agent.config import AgentConfig, load_config_file, sim_gpu_kinds
 from gpu_agent.host import Host
 
 log = logging.getLogger("gpu_agent")
+STATE_LOCK = "agent.lock"  # in the state dir: held (flock) by the one agent that uses it
+_state_locks: list[IO[str]] = []  # kept open for the life of the process: closing one unlocks it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,12 +84,39 @@ def make_host(cfg: AgentConfig) -> Host:
         os.makedirs(cfg.state_dir, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"--state-dir {cfg.state_dir!r}: cannot create it ({exc.strerror})") from None
+    _state_locks.append(claim_state_dir(cfg.state_dir))
     return LocalHost(
         detect_inventory(agent_name=cfg.name),
         cfg.state_dir,
         engine_bind=cfg.engine_bind or "127.0.0.1",
         health_timeout_s=cfg.health_timeout_s,
     )
+
+
+def claim_state_dir(state_dir: str) -> IO[str]:
+    """Lock `state_dir` for this process (released when it exits, however it exits), or
+    ValueError naming the agent that holds it: two agents on one state dir share its Aqua socket
+    (the second one's engines lend through the first's coordinator) and its engine logs."""
+    path = os.path.join(state_dir, STATE_LOCK)
+    try:
+        lock = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held open on purpose)
+    except OSError as exc:
+        raise ValueError(f"--state-dir {state_dir!r}: cannot open {path} ({exc.strerror})") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise ValueError(
+            f"--state-dir {state_dir!r} is in use by another agent (pid {holder}); two agents on one"
+            " machine need different state dirs"
+        ) from None
+    with contextlib.suppress(OSError):
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+    return lock
 
 
 async def _serve(agent: Agent) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_agent.cli import main, make_config
+from gpu_agent.cli import claim_state_dir, main, make_config
 from gpu_agent.config import parse_simulate_spec
 from gpu_agent.engines.command import REPO_ROOT
 from tests.agent.ws_server import ControlPlaneStub, wait_for
@@ -95,3 +95,41 @@ def test_it_binds_engines_where_the_control_plane_will_reach_them() -> None:
     assert make_config([*base, "--address", "10.1.2.3"]).engine_bind == "10.1.2.3"
     assert make_config([*base, "--address", "agent"]).engine_bind == "0.0.0.0"
     assert make_config([*base, "--address", "agent", "--engine-bind", "127.0.0.1"]).engine_bind == "127.0.0.1"
+
+
+@pytest.mark.asyncio
+async def test_a_second_agent_on_the_same_state_dir_is_refused_and_the_first_keeps_running(
+    tmp_path: Path,
+) -> None:
+    # It would share the first one's Aqua socket (its engines lending through the first's
+    # coordinator) and engine logs.
+    server = ControlPlaneStub()
+    await server.start()
+    env = {**os.environ, "GPU_AGENT_TOKEN": "good-token", "PYTHONPATH": REPO_ROOT}
+    state = str(tmp_path / "state")
+
+    async def agent(name: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpu_agent", "--control-plane", server.url, "--name", name,
+            "--state-dir", state, cwd=REPO_ROOT, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+
+    first = await agent("box-1")
+    second: asyncio.subprocess.Process | None = None
+    try:
+        await wait_for(lambda: len(server.of_type("register")) == 1, timeout=30)
+        second = await agent("box-2")
+        out, _ = await asyncio.wait_for(second.communicate(), 20)
+        assert second.returncode == 2, out.decode()
+        assert f"--state-dir {state!r} is in use by another agent (pid {first.pid})" in out.decode()
+        assert first.returncode is None and [r["host"] for r in server.of_type("register")] == ["box-1"]
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(proc.communicate(), 20)
+        await server.stop()
+    assert first.returncode == 0
+    # Its lock went with it: the state dir is free for the next agent.
+    claim_state_dir(state).close()
