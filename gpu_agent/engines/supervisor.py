@@ -45,13 +45,13 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 
 import httpx
 
 from gpu_agent.engines.command import EngineConfigError, LaunchSpec
+from gpu_agent.engines.exec_guard import guarded
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
 from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, Window, combine, parse_metrics, summarize
 from gpu_agent.engines.ports import PortAllocator
@@ -69,8 +69,6 @@ log = logging.getLogger(__name__)
 Launcher = Callable[[DeploymentSpec, int], LaunchSpec]
 ERROR_LINES = 30
 ERROR_TAIL_BYTES = 16 * 2**10  # of log lines in a failed status's `error`
-# Execs the engine so that it gets SIGTERM if the agent dies (see exec_guard.py).
-EXEC_GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_guard.py")
 
 
 class EngineSupervisor:
@@ -295,9 +293,8 @@ class EngineSupervisor:
             logf.flush()
             try:
                 self._proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    EXEC_GUARD,
-                    *launch.argv,
+                    # Execs the engine so that it gets SIGTERM if the agent dies (see exec_guard.py).
+                    *guarded(launch.argv),
                     env=launch.env,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=logf,
