@@ -7,7 +7,8 @@ CUDA does. A worker left behind holds its GPU memory, and the next engine on tho
 for lack of it. So the group is ended as a whole, also when the leader has already gone.
 
 Zombies do not count as members: a container whose init does not reap orphans would otherwise keep
-a group "alive" for ever.
+a group "alive" for ever. A leader that SIGKILL does not end within `KILL_WAIT_S` (stuck in the
+kernel) is logged at ERROR and left: its run ends as failed, and the agent can still stop.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05  # how often a group is checked while it ends
-KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the members to go
+KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the leader and the members to go
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -83,6 +84,20 @@ async def end_group(leader: asyncio.subprocess.Process, grace_s: float, name: st
         return
     log.warning("Engine %s ignored SIGTERM for %.0f s; killing its process group.", name, grace_s)
     signal_group(pgid, signal.SIGKILL)
-    await leader.wait()
-    if not await _wait_gone(pgid, time.monotonic() + KILL_WAIT_S):
+    deadline = time.monotonic() + KILL_WAIT_S
+    try:
+        async with asyncio.timeout(KILL_WAIT_S):
+            await leader.wait()
+    except TimeoutError:
+        # Stuck in the kernel (uninterruptible sleep: a hung GPU driver, a dead NFS mount): no
+        # signal ends it. Waiting for ever would leave the deployment unreported and the agent
+        # unable to stop.
+        log.error(
+            "Engine %s: process %d did not exit %g s after SIGKILL (stuck in the kernel?); leaving it.",
+            name,
+            pgid,
+            KILL_WAIT_S,
+        )
+        return
+    if not await _wait_gone(pgid, deadline):
         log.error("Engine %s: processes of group %d are left after SIGKILL.", name, pgid)
