@@ -5,7 +5,8 @@ telemetry frame; deployment status changes are sent as they happen; on each (re)
 sends `register` and every deployment's status. Frames from the control plane become host actions:
 `desired_deployments` -> converge, `command` -> restart / log tail, `probe` -> replay a workload
 against an engine and answer `probe_result` (gpu_agent/probe.py), `error` -> logged. When the
-agent stops, replays still running are cancelled (their streams closed) before the engines stop.
+agent stops, replays still running are cancelled (their streams closed) before the engines stop,
+and a probe that comes while they stop is answered as failed, not replayed.
 
 The link is supervised: should `AgentLink.run()` ever end or raise while the agent is up (it is
 built not to), the agent logs it at ERROR and starts it again after a backoff. It does not stop
@@ -220,7 +221,10 @@ class Agent:
         elif isinstance(frame, Command):
             self._spawn(self._command(frame))
         elif isinstance(frame, Probe):
-            self._probes.add(self._spawn(self._probe(frame)))
+            if self._stopping.is_set():  # the replays were cancelled; a new one would hold the exit
+                self._spawn(self._refuse_probe(frame))
+            else:
+                self._probes.add(self._spawn(self._probe(frame)))
         elif isinstance(frame, ErrorFrame):
             log.warning("Control plane reported an error: %s (%s)", frame.message, frame.code)
 
@@ -256,6 +260,11 @@ class Agent:
         if target is not None:
             log.info("%s", probe_summary(report))
         await self.link.send(report)
+
+    async def _refuse_probe(self, frame: Probe) -> None:
+        from gpu_agent.probe import failed
+
+        await self.link.send(failed(frame, f"the agent is stopping ({self.name})"))
 
     async def _command(self, cmd: Command) -> None:
         if cmd.action == "restart_deployment":

@@ -101,3 +101,47 @@ async def test_stopping_the_agent_ends_a_probe_it_is_replaying(engine: str, tmp_
         agent.stop()
         await asyncio.wait_for(run, 30)
         await server.stop()
+
+
+class SlowStoppingHost(ProbedHost):
+    """Its `stop()` (the engines stopping) lasts until the test releases it."""
+
+    def __init__(self, url: str, spec: DeploymentSpec) -> None:
+        super().__init__(url, spec)
+        self.stopping = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        await self.release.wait()
+        self.stopped = True
+
+
+@pytest.mark.asyncio
+async def test_a_probe_that_comes_while_the_engines_stop_is_answered_as_failed_not_replayed(
+    engine: str, tmp_path: Path
+) -> None:
+    # It used to start a replay that nobody cancelled: the agent's exit waited for its schedule.
+    server = ControlPlaneStub()
+    await server.start()
+    host = SlowStoppingHost(engine, fake.spec(tmp_path))
+    agent = Agent(host, server.url, "good-token", name="box", address="127.0.0.1", backoff=Backoff(0.05, 0.2))
+    run = asyncio.create_task(agent.run())
+    try:
+        await wait_for(lambda: server.of_type("register"))
+        agent.stop()
+        await asyncio.wait_for(host.stopping.wait(), 10)
+        requests = [ProbeRequestSpec(0.25 * k, 16, 4) for k in range(20)]
+        await server.push(dumps(Probe("late", "7", 4.0, requests, timeout_s=60.0, seed=1)))
+        await wait_for(lambda: server.of_type("probe_result"), timeout=10)
+        (report,) = server.of_type("probe_result")
+        assert (report["probe_id"], report["ok"]) == ("late", False)
+        assert "the agent is stopping (box)" in report["error"]
+        assert FakeEngine.bodies == []
+        host.release.set()
+        await asyncio.wait_for(asyncio.shield(run), 10)
+    finally:
+        host.release.set()
+        agent.stop()
+        await asyncio.wait_for(run, 30)
+        await server.stop()
