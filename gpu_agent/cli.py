@@ -104,13 +104,19 @@ def claim_state_dir(state_dir: str) -> IO[str]:
         raise ValueError(f"--state-dir {state_dir!r}: cannot open {path} ({exc.strerror})") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:  # EWOULDBLOCK: another open file holds the lock
         lock.seek(0)
         holder = lock.read().strip() or "unknown"
         lock.close()
         raise ValueError(
             f"--state-dir {state_dir!r} is in use by another agent (pid {holder}); two agents on one"
             " machine need different state dirs"
+        ) from None
+    except OSError as exc:  # no flock there (ENOLCK, EOPNOTSUPP on some network filesystems)
+        lock.close()
+        raise ValueError(
+            f"--state-dir {state_dir!r}: cannot lock {path} ({exc.strerror}); use a state dir on a local"
+            " filesystem"
         ) from None
     with contextlib.suppress(OSError):
         lock.truncate(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import sys
@@ -133,3 +134,19 @@ async def test_a_second_agent_on_the_same_state_dir_is_refused_and_the_first_kee
     assert first.returncode == 0
     # Its lock went with it: the state dir is free for the next agent.
     claim_state_dir(state).close()
+
+
+def test_a_state_dir_that_cannot_be_locked_is_not_said_to_be_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A filesystem without flock (ENOLCK): it used to say "in use by another agent (pid unknown)".
+    def no_locks(fd: object, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr("gpu_agent.cli.fcntl.flock", no_locks)
+    state = str(tmp_path)
+    with pytest.raises(ValueError) as err:
+        claim_state_dir(state)
+    lock = os.path.join(state, "agent.lock")
+    assert str(err.value).startswith(f"--state-dir {state!r}: cannot lock {lock}")
+    assert os.strerror(errno.ENOLCK) in str(err.value) and "in use" not in str(err.value)
