@@ -73,14 +73,19 @@ def slow_tokens() -> Iterator[None]:
     fake.TBT_S = saved
 
 
+async def started(host: Host) -> tuple[ControlPlaneStub, Agent, asyncio.Task[None]]:
+    """A control-plane stub, and an agent of `host` running against it (not yet registered)."""
+    server = ControlPlaneStub()
+    await server.start()
+    agent = Agent(host, server.url, "good-token", name="box", address="127.0.0.1", backoff=Backoff(0.05, 0.2))
+    return server, agent, asyncio.create_task(agent.run())
+
+
 @pytest.mark.asyncio
 @pytest.mark.usefixtures("slow_tokens")
 async def test_stopping_the_agent_ends_a_probe_it_is_replaying(engine: str, tmp_path: Path) -> None:
-    server = ControlPlaneStub()
-    await server.start()
     host = ProbedHost(engine, fake.spec(tmp_path))
-    agent = Agent(host, server.url, "good-token", name="box", address="127.0.0.1", backoff=Backoff(0.05, 0.2))
-    run = asyncio.create_task(agent.run())
+    server, agent, run = await started(host)
     try:
         await wait_for(lambda: server.of_type("register"))
         # 20 requests, one every 0.25 s, 100 tokens each: about 15 s of load if nobody stops it.
@@ -122,11 +127,8 @@ async def test_a_probe_that_comes_while_the_engines_stop_is_answered_as_failed_n
     engine: str, tmp_path: Path
 ) -> None:
     # It used to start a replay that nobody cancelled: the agent's exit waited for its schedule.
-    server = ControlPlaneStub()
-    await server.start()
     host = SlowStoppingHost(engine, fake.spec(tmp_path))
-    agent = Agent(host, server.url, "good-token", name="box", address="127.0.0.1", backoff=Backoff(0.05, 0.2))
-    run = asyncio.create_task(agent.run())
+    server, agent, run = await started(host)
     try:
         await wait_for(lambda: server.of_type("register"))
         agent.stop()
