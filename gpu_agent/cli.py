@@ -21,7 +21,7 @@ from gpu_agent.host import Host
 
 log = logging.getLogger("gpu_agent")
 STATE_LOCK = "agent.lock"  # in the state dir: held (flock) by the one agent that uses it
-_state_locks: list[IO[str]] = []  # kept open for the life of the process: closing one unlocks it
+_state_locks: list[IO[str]] = []  # kept open while their agent runs: closing one unlocks it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,11 +140,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    held = len(_state_locks)
     try:
         host = make_host(cfg)
     except ValueError as exc:
         print(f"python -m gpu_agent: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        _run_agent(cfg, host)
+    finally:  # the agent has stopped: its state dir is free (for another agent of this process too)
+        while len(_state_locks) > held:
+            _state_locks.pop().close()
+    return 0
+
+
+def _run_agent(cfg: AgentConfig, host: Host) -> None:
     agent = Agent(
         host,
         cfg.control_plane,
@@ -157,4 +167,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     what = f"simulated {cfg.simulate} host" if cfg.simulate else "host"
     log.info("Agent for %s %r (%s) connecting to %s.", what, cfg.name, cfg.address, agent.link.url)
     asyncio.run(_serve(agent))
-    return 0

@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -150,3 +152,29 @@ def test_a_state_dir_that_cannot_be_locked_is_not_said_to_be_in_use(
     lock = os.path.join(state, "agent.lock")
     assert str(err.value).startswith(f"--state-dir {state!r}: cannot lock {lock}")
     assert os.strerror(errno.ENOLCK) in str(err.value) and "in use" not in str(err.value)
+
+
+class ReturningAgent:
+    """Stands in for `Agent`: runs and stops at once, closing its host's inventory."""
+
+    def __init__(self, host: Any, *args: object, **kwargs: object) -> None:
+        self.host = host
+        self.link = SimpleNamespace(url="ws://cp/agent")
+
+    async def run(self) -> None:
+        self.host.inventory.close()
+
+    def stop(self) -> None:
+        return None
+
+
+def test_an_agent_that_stopped_leaves_its_state_dir_to_the_next_one_of_the_same_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Its lock was kept for the life of the process: a second main() there exited 2, "in use by
+    # another agent" with this process's own pid.
+    monkeypatch.setattr("gpu_agent.cli.Agent", ReturningAgent)
+    args = ["--control-plane", "http://cp", "--token", "t", "--state-dir", str(tmp_path / "state")]
+    assert main(args) == 0
+    assert main(args) == 0, capsys.readouterr().err
+    claim_state_dir(str(tmp_path / "state")).close()
