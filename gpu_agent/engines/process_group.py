@@ -9,6 +9,7 @@ for lack of it. So the group is ended as a whole, also when the leader has alrea
 Zombies do not count as members: a container whose init does not reap orphans would otherwise keep
 a group "alive" for ever. A leader that SIGKILL does not end within `KILL_WAIT_S` (stuck in the
 kernel) is logged at ERROR and left: its run ends as failed, and the agent can still stop.
+SIGTERM is followed by SIGCONT, so that a stopped member ends on SIGTERM too.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ async def end_group(leader: asyncio.subprocess.Process, grace_s: float, name: st
     if leader.returncode is not None and not group_alive(pgid):
         return
     signal_group(pgid, signal.SIGTERM)
+    # A stopped member (SIGSTOP, a debugger's Ctrl-Z: an engine failed as hung may be one) does not
+    # act on SIGTERM until it is continued; without this it was given the whole grace period and
+    # then SIGKILLed, never a clean exit.
+    signal_group(pgid, signal.SIGCONT)
     deadline = time.monotonic() + grace_s
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(grace_s):
