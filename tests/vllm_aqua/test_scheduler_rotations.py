@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from tests.vllm_aqua import bare_scheduler
 from tests.vllm_aqua.engines import AQUA_SCHEDULER
@@ -29,12 +30,9 @@ def test_every_step_that_rotates_admits_a_waiting_request() -> None:
                 _, prompt, output = pending.pop(0)
                 rid = f"{seed}-{len(pending)}"
                 s.add_request(bare_scheduler.make_request(rid, prompt, output, arrival_time=float(step)))
-            rotations = s.counters["rotations"]
-            out = bare_scheduler.step(s)
-            if s.counters["rotations"] > rotations:
-                rotating_steps += 1
-                admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
-                idle += admitted == 0
+            rotated, admitted, _ = _step(s)
+            rotating_steps += rotated
+            idle += rotated and not admitted
             step += 1
     assert rotating_steps > 100  # the workload does put the policy under pressure
     assert idle == 0, (idle, rotating_steps)
@@ -79,14 +77,19 @@ def test_with_prefix_caching_every_step_that_rotates_admits_a_waiting_request() 
                     block_hasher=hasher,
                 )
                 s.add_request(req)
-            rotations = s.counters["rotations"]
-            out = bare_scheduler.step(s)
+            rotated, admitted, out = _step(s)
             shared_hits += sum(nr.num_computed_tokens >= len(system_prompt) for nr in out.scheduled_new_reqs)
-            if s.counters["rotations"] > rotations:
-                rotating_steps += 1
-                admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
-                idle += admitted == 0
+            rotating_steps += rotated
+            idle += rotated and not admitted
             step += 1
     assert rotating_steps > 100  # the workload does put the policy under pressure
     assert shared_hits > 30  # and requests do share the system prompt's blocks
     assert idle == 0, (idle, rotating_steps)
+
+
+def _step(s: Any) -> tuple[bool, int, Any]:
+    """One scheduler step: whether it rotated requests out, how many it admitted, its output."""
+    rotations = s.counters["rotations"]
+    out = bare_scheduler.step(s)
+    admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
+    return s.counters["rotations"] > rotations, admitted, out
