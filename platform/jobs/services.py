@@ -45,9 +45,12 @@ def create_job(kind: str, params: dict[str, Any], user: Any | None) -> Job:
 
     ``params`` must already be validated by the kind's params serializer. The kind's ``admit``
     (if any) runs in the same transaction as the insert and may refuse the job (``JobRefused``;
-    nothing is written). The transaction is durable (never nested in a caller's), so it commits
-    when its block ends and the message goes out then, within this call: a worker never receives
-    a job whose row it cannot read yet, and a message the broker does not take withdraws the row.
+    nothing is written). The message goes out when the row commits, never before: a worker never
+    receives a job whose row it cannot read yet, and a message the broker does not take withdraws
+    the row. Called outside any transaction (the API and the dashboard: no ATOMIC_REQUESTS), that
+    is at the end of this call, and a refusal is raised here. Called inside a caller's transaction,
+    the message goes out when the caller's outermost block commits (nothing if it rolls back); a
+    refusal then still withdraws the row, but is only logged: this call has returned.
 
     Raises:
         OwnerGone: ``user`` was deleted meanwhile; nothing was written.
@@ -55,7 +58,7 @@ def create_job(kind: str, params: dict[str, Any], user: Any | None) -> Job:
     """
     job_kind = get_kind(kind)  # KeyError for an unknown kind: callers validate first
     unsent: list[Exception] = []
-    with transaction.atomic(durable=True):
+    with transaction.atomic():
         if user is not None:
             # A delete of the user (which locks the row first) then runs before or after the insert,
             # not between its cascade and its commit: the insert would fail there (IntegrityError).

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import transaction
 from jobs import services
 from jobs.models import Job, JobStatus
 from jobs.tasks import run_job
@@ -110,3 +111,28 @@ def test_the_broker_error_is_kept_as_the_cause(broker_refuses: list[int]) -> Non
     with pytest.raises(BrokerUnavailable) as raised:
         services.create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
     assert raised.value.__cause__ is REDIS_REFUSED
+
+
+def test_a_job_created_inside_a_callers_transaction_is_sent_when_that_commits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nesting is allowed (it raised "A durable atomic block cannot be nested"); the message waits
+    for the caller's commit, and a rolled-back caller sends nothing."""
+    sent: list[int] = []
+    monkeypatch.setattr(run_job, "apply_async", lambda args, task_id: sent.append(args[0]))
+    with transaction.atomic():
+        job = services.create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
+        assert sent == []
+    assert sent == [job.pk]
+    with transaction.atomic():
+        services.create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
+        transaction.set_rollback(True)
+    assert sent == [job.pk]
+    assert list(Job.objects.values_list("pk", flat=True)) == [job.pk]
+
+
+def test_a_refusal_at_the_callers_commit_still_withdraws_the_job(broker_refuses: list[int]) -> None:
+    with transaction.atomic():
+        job = services.create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
+    assert broker_refuses == [job.pk]
+    assert not Job.objects.exists()
