@@ -38,8 +38,8 @@ from serving.workload.factory import WORKLOAD_KINDS, make_workload
 from serving.workload.request import Request
 
 GIB = 1 << 30
-# Tensor parallelism splits each layer's attention heads over the GPUs: a degree above a model's
-# head count leaves GPUs without one (vLLM refuses it; 10**30 was taken and simulated).
+# Tensor parallelism splits each layer's attention heads evenly over the GPUs: vLLM refuses a degree
+# that does not divide the model's head count (10**30 and 3 were taken and simulated).
 MAX_TP = max(model.num_heads for model in MODEL_CONFIGS.values())
 
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tp",
         type=bounded_int(1, MAX_TP),
         default=1,
-        help="tensor-parallel degree (GPUs per engine), at most the model's attention heads",
+        help="tensor-parallel degree (GPUs per engine), a divisor of the model's attention heads",
     )
     p.add_argument("--policy", default="fcfs", choices=available_policies())
     p.add_argument("--workload", default="poisson", choices=WORKLOAD_KINDS)
@@ -94,6 +94,10 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     heads = get_model_config(a.model).num_heads
     if a.tp > heads:
         p.error(f"--tp {a.tp} is more than the {heads} attention heads of {a.model}: each GPU needs one")
+    if heads % a.tp:
+        p.error(
+            f"--tp {a.tp} does not divide the {heads} attention heads of {a.model}: each GPU gets as many"
+        )
     if a.workload == "trace" and a.trace is None:
         p.error("--workload trace needs --trace PATH")
     if a.workload != "trace" and a.rate is None:

@@ -73,6 +73,8 @@ def test_it_simulates_offload_to_lent_memory_with_a_reclaim(tmp_path: Path) -> N
         # Accepted and simulated (10**30 GPUs' worth of KV cache).
         (["--tp", str(10**30)], f"--tp: '{10**30}' must be in 1..64"),
         (["--tp", "40"], "--tp 40 is more than the 32 attention heads of llama-3-8b"),
+        (["--tp", "3"], "--tp 3 does not divide the 32 attention heads of llama-3-8b"),
+        (["--tp", "16", "--model", "llama-2-13b"], "--tp 16 does not divide the 40 attention heads"),
     ],
 )
 def test_it_rejects_bad_flags_naming_the_value(
