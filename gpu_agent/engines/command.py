@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -171,6 +172,14 @@ class VllmLauncher:
 
 
 def safe_name(deployment_id: str) -> str:
-    """A deployment id as a file name: letters, digits, '-', '_', '.' kept; others become '_'."""
+    """A deployment id as a file name: letters, digits, '-', '_', '.' kept; others become '_'.
+
+    An id that had to be changed gets a hash of itself appended, so that two ids that clean to
+    the same name ("a/b" and "a_b", ".x" and "x") do not share a log file or a stats folder.
+    """
     cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in deployment_id)
-    return cleaned.lstrip(".") or "_"
+    name = cleaned.lstrip(".")
+    if name and name == deployment_id:
+        return name
+    digest = hashlib.sha256(deployment_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{name or '_'}-{digest}"

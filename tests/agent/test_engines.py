@@ -18,7 +18,13 @@ import pytest
 import pytest_asyncio
 
 from gpu_agent.engines import EngineManager, LaunchSpec, VllmLauncher
-from gpu_agent.engines.command import AQUA_SCHEDULER, ENGINE_KEY_GUARD, OFFLOAD_STATS_FILE, REPO_ROOT
+from gpu_agent.engines.command import (
+    AQUA_SCHEDULER,
+    ENGINE_KEY_GUARD,
+    OFFLOAD_STATS_FILE,
+    REPO_ROOT,
+    safe_name,
+)
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.metrics import Histogram, histogram_quantile, parse_metrics, summarize
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, EngineSample, ModelSpec
@@ -236,6 +242,15 @@ async def test_it_keeps_a_log_file_per_engine_with_a_tail(env: Env) -> None:
     assert lines is not None and lines[-1] == "fake engine ready"
     assert env.manager.log_path("d1").endswith(os.path.join("logs", "d1.log"))
     assert env.manager.tail("unknown", 5) is None
+
+
+def test_deployment_ids_that_clean_to_one_file_name_get_different_files() -> None:
+    ids = ["a_b", "a/b", "a\\b", "a b", ".a_b", "..", ".", "", "/", "Ω_b", "a\udcffb"]
+    names = [safe_name(i) for i in ids]
+    assert len(set(names)) == len(ids), names  # "a/b" and "a_b" shared a log and a stats folder
+    assert safe_name("a_b") == "a_b" and safe_name("Ω_b") == "Ω_b"  # a clean id is kept as it is
+    for name in names:
+        assert name and not name.startswith(".") and "/" not in name and "\\" not in name, name
 
 
 # ---- command line, metrics, logs ---------------------------------------------------------------
