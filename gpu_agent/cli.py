@@ -77,6 +77,7 @@ def make_host(cfg: AgentConfig) -> Host:
         return SimulatedHost(
             cfg.simulate, model=cfg.sim_model, rate=cfg.sim_rate, seed=cfg.sim_seed, name=cfg.name
         )
+    from gpu_agent.engines.liveness import Liveness
     from gpu_agent.host import LocalHost
     from gpu_agent.inventory import detect_inventory
 
@@ -90,6 +91,7 @@ def make_host(cfg: AgentConfig) -> Host:
         cfg.state_dir,
         engine_bind=cfg.engine_bind or "127.0.0.1",
         health_timeout_s=cfg.health_timeout_s,
+        liveness=Liveness(cfg.liveness_interval_s, cfg.liveness_timeout_s, cfg.liveness_failures),
     )
 
 

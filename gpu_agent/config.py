@@ -39,6 +39,14 @@ MAX_SIM_RATE = 1000.0
 # link), a stuck start would keep its GPUs from every other deployment.
 MIN_HEALTH_TIMEOUT_S = 10.0
 MAX_HEALTH_TIMEOUT_S = 86_400.0
+# The bounds of the liveness probes of a running engine's /health (engines/liveness.py). vLLM answers
+# /health from the event loop that also serves requests, so a probe shorter than a second, or a
+# timeout shorter than one, would fail engines that are only busy; past an hour between probes, or
+# 100 failures in a row, a hung engine keeps its GPUs and its share of the traffic for most of a day.
+MIN_LIVENESS_S = 1.0
+MAX_LIVENESS_INTERVAL_S = 3600.0
+MAX_LIVENESS_TIMEOUT_S = 600.0
+MAX_LIVENESS_FAILURES = 100
 # The most --buffer-size: telemetry frames kept while disconnected, all sent on reconnecting. One
 # hour at the default interval (1 s); the control plane ingests about 1,000 frames/s from all its
 # hosts (benchmarks/results/telemetry_ingest.json), so a larger backlog (sys.maxsize was accepted,
@@ -144,6 +152,27 @@ class AgentConfig:
             f" {MIN_HEALTH_TIMEOUT_S:g}..{MAX_HEALTH_TIMEOUT_S:g}"
         },
     )
+    liveness_interval_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "seconds between /health probes of a running engine,"
+            f" {MIN_LIVENESS_S:g}..{MAX_LIVENESS_INTERVAL_S:g}"
+        },
+    )
+    liveness_timeout_s: float = field(
+        default=5.0,
+        metadata={
+            "help": "seconds a running engine may take to answer a /health probe,"
+            f" {MIN_LIVENESS_S:g}..{MAX_LIVENESS_TIMEOUT_S:g}"
+        },
+    )
+    liveness_failures: int = field(
+        default=3,
+        metadata={
+            "help": "failed /health probes in a row after which a running engine is ended as hung and"
+            f" restarted, 1..{MAX_LIVENESS_FAILURES}"
+        },
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
@@ -188,6 +217,20 @@ class AgentConfig:
             raise ValueError(
                 f"{self.health_timeout_s=} must be in [{MIN_HEALTH_TIMEOUT_S:g}, {MAX_HEALTH_TIMEOUT_S:g}]"
                 " seconds: no engine starts in less, and a longer limit lets a stuck start hold its GPUs"
+            )
+        for key, most in (
+            ("liveness_interval_s", MAX_LIVENESS_INTERVAL_S),
+            ("liveness_timeout_s", MAX_LIVENESS_TIMEOUT_S),
+        ):
+            if not MIN_LIVENESS_S <= getattr(self, key) <= most:  # also refuses nan
+                raise ValueError(
+                    f"{key}={getattr(self, key)!r} must be in [{MIN_LIVENESS_S:g}, {most:g}] seconds: a"
+                    " shorter one fails engines that are only busy, a longer one leaves a hung engine"
+                    " serving for hours"
+                )
+        if not 1 <= self.liveness_failures <= MAX_LIVENESS_FAILURES:
+            raise ValueError(
+                f"{self.liveness_failures=} must be in 1..{MAX_LIVENESS_FAILURES} failed /health probes"
             )
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ValueError(f"{self.log_level=} must be DEBUG, INFO, WARNING or ERROR")

@@ -12,6 +12,7 @@ from typing import Literal
 
 from gpu_agent.aqua import AquaHost
 from gpu_agent.engines import EngineManager, VllmLauncher
+from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.supervisor import Launcher
 from gpu_agent.inventory import Inventory
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, DeviceInfo, DeviceSample, EngineSample
@@ -75,6 +76,7 @@ class LocalHost(Host):
         launcher: Launcher | None = None,
         health_timeout_s: float = 600.0,
         grace_s: float = 10.0,
+        liveness: Liveness | None = None,
         with_aqua: bool = True,
     ) -> None:
         """
@@ -86,6 +88,7 @@ class LocalHost(Host):
             launcher: Builds each engine's command; default: vLLM's OpenAI server.
             health_timeout_s: How long an engine may take to answer /health.
             grace_s: SIGTERM-to-SIGKILL grace when stopping an engine.
+            liveness: How a running engine's /health is probed (default: engines/liveness.py's).
             with_aqua: Host the Aqua coordinator.
         """
         self.inventory = inventory
@@ -94,6 +97,7 @@ class LocalHost(Host):
         self._launcher = launcher
         self._health_timeout_s = health_timeout_s
         self._grace_s = grace_s
+        self._liveness = liveness
         self.aqua = AquaHost.for_state_dir(state_dir) if with_aqua else None
         self._devices = inventory.describe()
         self.engines: EngineManager | None = None
@@ -115,6 +119,7 @@ class LocalHost(Host):
             devices={d.index for d in self._devices},
             health_timeout_s=self._health_timeout_s,
             grace_s=self._grace_s,
+            liveness=self._liveness,
         )
 
     def _manager(self) -> EngineManager:

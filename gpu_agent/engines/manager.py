@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 from gpu_agent.engines.command import safe_name
+from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.ports import PortAllocator
 from gpu_agent.engines.supervisor import EngineSupervisor, Launcher
@@ -40,6 +41,7 @@ class EngineManager:
         health_timeout_s: float = 600.0,
         grace_s: float = 10.0,
         scrape_interval_s: float = 1.0,
+        liveness: Liveness | None = None,
         ports: PortAllocator | None = None,
     ) -> None:
         self._launcher = launcher
@@ -50,6 +52,7 @@ class EngineManager:
         self._health_timeout_s = health_timeout_s
         self._grace_s = grace_s
         self._scrape_s = scrape_interval_s
+        self._liveness = liveness
         self._engines: dict[str, EngineSupervisor] = {}  # deployment id -> supervisor
         self._rejected: dict[str, DeploymentStatus] = {}  # deployment id -> its failed status
         self._lock = asyncio.Lock()
@@ -112,6 +115,7 @@ class EngineManager:
             health_timeout_s=self._health_timeout_s,
             grace_s=self._grace_s,
             scrape_interval_s=self._scrape_s,
+            liveness=self._liveness,
             ports=self.ports,
         )
         self._engines[spec.id] = sup

@@ -3,6 +3,7 @@
 Life of a deployment:
     starting --/health 200--> running --process exits--> failed --backoff--> starting ...
     starting --exits or health timeout--> failed (error = the engine's last log lines) --backoff--> ...
+    running --/health unanswered (engines/liveness.py)--> failed (process ended) --backoff--> ...
     any --stop()--> stopped (SIGTERM to the process group, SIGKILL after `grace_s`)
 Every run ends with its whole process group: workers the engine left behind when it died are ended
 (engines/process_group.py) before the failure is reported and before a new engine starts, so that
@@ -11,7 +12,8 @@ status carries it only while the engine is starting or running.
 A `restart()` (operator command) terminates the process and starts it again at once, counted in
 `restarts` like a crash restart but without the backoff (one that comes while the process is being
 created ends that process as soon as it exists). Every state change is reported through
-`on_status`. While running, /metrics is scraped every `scrape_interval_s`.
+`on_status`. While running, /metrics is scraped every `scrape_interval_s`, and /health is probed
+(`liveness`): a hung engine's process does not exit, so the exit watch alone kept it `running`.
 
 Telemetry takes `take_sample()` once a tick: its latencies are those observed since the scrape the
 previous take reported up to, so every observation is reported exactly once however the scrapes
@@ -52,6 +54,7 @@ import httpx
 
 from gpu_agent.engines.command import EngineConfigError, LaunchSpec
 from gpu_agent.engines.exec_guard import guarded
+from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
 from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, Window, combine, parse_metrics, summarize
 from gpu_agent.engines.ports import PortAllocator
@@ -85,6 +88,7 @@ class EngineSupervisor:
         health_timeout_s: float = 600.0,
         grace_s: float = 10.0,
         scrape_interval_s: float = 1.0,
+        liveness: Liveness | None = None,
         stable_s: float = 60.0,
         simulated: bool = False,
         log_max_bytes: int = LOG_MAX_BYTES,
@@ -101,6 +105,8 @@ class EngineSupervisor:
             health_timeout_s: How long the engine may take to answer /health.
             grace_s: SIGTERM-to-SIGKILL grace.
             scrape_interval_s: Seconds between /metrics scrapes.
+            liveness: How a running engine's /health is probed; default every 10 s, failed after
+                3 probes in a row got no 200 within 5 s.
             stable_s: A run this long resets the backoff when it ends.
             simulated: Reported in statuses.
             log_max_bytes: At an engine start, a log file this big is rotated to `<log>.1`.
@@ -116,6 +122,7 @@ class EngineSupervisor:
         self._health_timeout_s = health_timeout_s
         self._grace_s = grace_s
         self._scrape_s = scrape_interval_s
+        self._liveness = liveness or Liveness()
         self._stable_s = stable_s
         self._simulated = simulated
         self._log_max_bytes = log_max_bytes
@@ -310,6 +317,7 @@ class EngineSupervisor:
             await self._terminate()
         self._set_state("starting", error=None)
         base_url = f"http://{_url_host(launch.probe_host)}:{port}"
+        hung: str | None = None
         async with httpx.AsyncClient(base_url=base_url, timeout=5.0) as http:
             healthy = await self._wait_healthy(proc, http)
             if healthy:
@@ -318,8 +326,11 @@ class EngineSupervisor:
                 log.info(
                     "Deployment %s running at %s (engine log %s).", self.spec.id, base_url, self.log_path
                 )
-                await self._scrape_until_exit(proc, http)
-        if proc.returncode is None:  # health timeout
+                hung = await self._watch_running(proc, http)
+        if hung is not None:  # its process lives on: end it before the failure is reported
+            await self._terminate()
+            what = hung
+        elif proc.returncode is None:  # health timeout
             await self._terminate()
             what = f"engine did not become healthy within {self._health_timeout_s:.0f} s"
         elif healthy:
@@ -345,6 +356,23 @@ class EngineSupervisor:
             return False
         finally:
             exited.cancel()
+
+    async def _watch_running(self, proc: asyncio.subprocess.Process, http: httpx.AsyncClient) -> str | None:
+        """Scrape /metrics until the process exits while probing /health; the liveness error if
+        the engine stopped answering first (its process still there), else None."""
+        scraping = asyncio.ensure_future(self._scrape_until_exit(proc, http))
+        probing = asyncio.ensure_future(self._liveness.watch(http))
+        try:
+            done, _ = await asyncio.wait((scraping, probing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (scraping, probing):
+                task.cancel()
+            await asyncio.gather(scraping, probing, return_exceptions=True)
+        if probing in done and proc.returncode is None:  # (an exit says more, should both come)
+            return probing.result()
+        if scraping in done:
+            scraping.result()  # an unexpected error is raised, as before the probes ran beside it
+        return None
 
     async def _scrape_until_exit(self, proc: asyncio.subprocess.Process, http: httpx.AsyncClient) -> None:
         exited = asyncio.ensure_future(proc.wait())

@@ -1,10 +1,13 @@
 """A tiny stand-in engine process for supervision tests: serves /health and vLLM-style /metrics.
 
     python fake_engine.py --port P [--fail-at-start MSG] [--ignore-sigterm] [--start-delay S]
+                          [--health-fail-file PATH]
 
 Every /metrics request adds observations (TTFT 0.05 s x2 and 0.3 s x1 per scrape; ITL 0.02 s x10),
-so each scrape window is non-empty. Writes its pid to $FAKE_ENGINE_PIDFILE when set, and (like the
-Aqua connector) {"bytes_offloaded": 4096 * scrapes} to $AQUA_STATS_DIR/offload-worker.json.
+so each scrape window is non-empty. While PATH (--health-fail-file) exists, the next /health is
+answered 503 and PATH removed: a test fails one liveness probe by creating it. Writes its pid to
+$FAKE_ENGINE_PIDFILE when set, and (like the Aqua connector) {"bytes_offloaded": 4096 * scrapes}
+to $AQUA_STATS_DIR/offload-worker.json.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ ITL_BOUNDS = ["0.01", "0.025", "0.05", "+Inf"]
 
 class State:
     scrapes = 0
+    health_fail_file: str | None = None
     lock = threading.Lock()
 
 
@@ -64,6 +68,10 @@ def metrics_text(n: int) -> str:
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
+            if State.health_fail_file is not None and os.path.exists(State.health_fail_file):
+                os.unlink(State.health_fail_file)
+                self.send_error(503)
+                return
             body = b""
         elif self.path == "/metrics":
             with State.lock:
@@ -113,9 +121,11 @@ def main() -> None:
     p.add_argument("--fail-at-start")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--start-delay", type=float, default=0.0)
+    p.add_argument("--health-fail-file", help="answer /health 503 once each time this file appears")
     p.add_argument("--aqua-lease", type=int, help="lease this many bytes as a producer")
     p.add_argument("--aqua-allocate", type=int, help="allocate this many bytes as a consumer")
     args = p.parse_args()
+    State.health_fail_file = args.health_fail_file
     clients = aqua(args.aqua_lease, args.aqua_allocate)  # kept open: the session owns the memory
     if os.environ.get("FAKE_ENGINE_PIDFILE"):
         with open(os.environ["FAKE_ENGINE_PIDFILE"], "a") as f:

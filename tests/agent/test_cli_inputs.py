@@ -20,10 +20,15 @@ from gpu_agent.cli import main, make_config, make_host
 from gpu_agent.config import (
     MAX_BUFFER_SIZE,
     MAX_HEALTH_TIMEOUT_S,
+    MAX_LIVENESS_FAILURES,
+    MAX_LIVENESS_INTERVAL_S,
+    MAX_LIVENESS_TIMEOUT_S,
     MAX_SIM_SEED,
     MIN_HEALTH_TIMEOUT_S,
+    MIN_LIVENESS_S,
     MIN_TELEMETRY_INTERVAL_S,
 )
+from gpu_agent.engines.liveness import Liveness
 from gpu_agent.host import Host, LocalHost
 from gpu_agent.protocol import MAX_HEARTBEAT_INTERVAL_S
 from tests.agent.test_aqua_socket_path import runtime  # noqa: F401
@@ -51,6 +56,14 @@ def never_started(*args: object, **kwargs: object) -> None:
         (["--health-timeout-s", "1e-300"], r"health_timeout_s=1e-300 must be in \[10, 86400\] seconds"),
         (["--health-timeout-s", "9.5"], r"health_timeout_s=9.5 must be in \[10, 86400\]"),
         (["--health-timeout-s", "1e300"], r"health_timeout_s=1e\+300 must be in \[10, 86400\]"),
+        (["--liveness-interval-s", "nan"], "liveness_interval_s=nan"),
+        # Probes that fail engines only busy, or leave a hung one serving for hours.
+        (["--liveness-interval-s", "0.5"], r"liveness_interval_s=0.5 must be in \[1, 3600\] seconds"),
+        (["--liveness-interval-s", "3601"], r"liveness_interval_s=3601.0 must be in \[1, 3600\]"),
+        (["--liveness-timeout-s", "0"], r"liveness_timeout_s=0.0 must be in \[1, 600\] seconds"),
+        (["--liveness-timeout-s", "inf"], r"liveness_timeout_s=inf must be in \[1, 600\]"),
+        (["--liveness-failures", "0"], r"liveness_failures=0 must be in 1..100 failed /health probes"),
+        (["--liveness-failures", "101"], r"liveness_failures=101 must be in 1..100"),
         (["--sim-seed", "-1"], "sim_seed=-1"),
         (["--buffer-size", str(1 << 63)], f"buffer_size={1 << 63}"),
         # Accepted: frames kept in memory while disconnected, then all sent to the control plane.
@@ -240,11 +253,26 @@ def test_the_bounds_themselves_are_accepted_and_the_agent_starts_with_them(
         ("health_timeout_s", MAX_HEALTH_TIMEOUT_S),
         ("buffer_size", 1),
         ("buffer_size", MAX_BUFFER_SIZE),
+        ("liveness_interval_s", MIN_LIVENESS_S),
+        ("liveness_interval_s", MAX_LIVENESS_INTERVAL_S),
+        ("liveness_timeout_s", MIN_LIVENESS_S),
+        ("liveness_timeout_s", MAX_LIVENESS_TIMEOUT_S),
+        ("liveness_failures", 1),
+        ("liveness_failures", MAX_LIVENESS_FAILURES),
     ],
 )
 def test_the_health_timeout_and_buffer_size_take_their_bounds(key: str, value: float) -> None:
     cfg = make_config([*BASE, f"--{key.replace('_', '-')}", str(value)])
     assert getattr(cfg, key) == value
+
+
+def test_the_host_probes_running_engines_as_configured(tmp_path: Path) -> None:
+    flags = ["--liveness-interval-s", "2", "--liveness-timeout-s", "1.5", "--liveness-failures", "4"]
+    cfg = make_config([*BASE, "--state-dir", str(tmp_path), *flags])
+    host = make_host(cfg)
+    cli._state_locks.pop().close()  # (make_host locked the state dir for this process)
+    assert isinstance(host, LocalHost)
+    assert host._liveness == Liveness(interval_s=2.0, timeout_s=1.5, failures=4)
 
 
 @pytest.mark.parametrize(
