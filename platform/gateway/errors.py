@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.unavailable import RETRY_AFTER_S, backing_service_unavailable
@@ -23,9 +23,12 @@ log = RequestLog(logging.getLogger(__name__))  # its lines name the request (req
 class GatewayError(Exception):
     """A request the gateway answers itself with an error body.
 
-    ``retry_after_s`` becomes a ``Retry-After`` header (429 and 503). ``retry`` False becomes
-    ``x-should-retry: false``, which OpenAI's SDKs obey over their own rule (they retry every 5xx,
-    twice by default): for an error that a retry of the same request would only repeat.
+    ``retry_after_s`` becomes a ``Retry-After`` header (429 and 503), and ``retry_after_ms`` a
+    ``retry-after-ms`` header, the same wait to the millisecond, which OpenAI's SDKs read before
+    Retry-After's whole seconds. ``retry`` False becomes ``x-should-retry: false``, which OpenAI's
+    SDKs obey over their own rule (they retry every 5xx, twice by default): for an error that a
+    retry of the same request would only repeat. ``extra_headers`` go out as they are: a refused
+    key's ``x-ratelimit-*`` (quota.RateLimits), as OpenAI sends them on its 429s.
     """
 
     status: int
@@ -35,6 +38,8 @@ class GatewayError(Exception):
     param: str | None = None
     retry_after_s: int | None = None
     retry: bool | None = None
+    retry_after_ms: int | None = None
+    extra_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
     def __str__(self) -> str:
         return f"{self.status} {self.message}"
@@ -49,9 +54,11 @@ class GatewayError(Exception):
             headers.append((b"www-authenticate", b'Bearer realm="gateway"'))
         if self.retry_after_s is not None:
             headers.append((b"retry-after", str(self.retry_after_s).encode()))
+        if self.retry_after_ms is not None:
+            headers.append((b"retry-after-ms", str(self.retry_after_ms).encode()))
         if self.retry is not None:
             headers.append((b"x-should-retry", b"true" if self.retry else b"false"))
-        return headers
+        return headers + self.extra_headers
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:
@@ -68,8 +75,21 @@ def model_not_found(model: str) -> GatewayError:
     )
 
 
-def rate_limited(message: str, retry_after_s: int, code: str) -> GatewayError:
-    return GatewayError(429, message, "rate_limit_error", code, None, max(1, retry_after_s))
+def rate_limited(
+    message: str, retry_after_ms: int, code: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> GatewayError:
+    """A 429 to retry in ``retry_after_ms``: Retry-After is that wait rounded up to whole seconds
+    (at least 1, as HTTP has no finer unit), retry-after-ms the wait itself."""
+    wait_ms = max(1, retry_after_ms)
+    return GatewayError(
+        429,
+        message,
+        "rate_limit_error",
+        code,
+        retry_after_s=-(-wait_ms // 1000),
+        retry_after_ms=wait_ms,
+        extra_headers=headers or [],
+    )
 
 
 def unavailable(message: str, retry_after_s: int, code: str = "no_healthy_replica") -> GatewayError:

@@ -38,6 +38,9 @@ An admitted request's response carries OpenAI's rate-limit headers (``RateLimits
 the key could send right now; remaining tokens are the quota less the day's usage and every
 reservation in flight, this request's included. Requests reset when the key's full burst is
 available again, tokens at the next UTC midnight. Resets are durations like ``59s`` or ``1m30s``.
+A 429 for either limit carries them too, as OpenAI's do, for the key as the refusal leaves it (a
+refused request holds nothing: no reservation, no place in the minute), with Retry-After and
+``retry-after-ms``: the same wait to the millisecond, which OpenAI's SDKs prefer.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from gateway.errors import GatewayError, bad_request, rate_limited
 from gateway.models import RateLimitState, TokenReservation, Usage
 
 NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
 # How far behind the time that set a key's TAT a request's time must be to count as the database
 # clock stepping back (`_advance`): larger than the time between taking `now` and the UPDATE under
 # load, when requests of one instant reach the UPDATE out of order.
@@ -162,6 +166,11 @@ def _until_tomorrow(now: datetime) -> float:
     return (day_start(now) + timedelta(days=1) - now).total_seconds()
 
 
+def _ms_past_midnight(now: datetime) -> int:
+    """Milliseconds from ``now`` to the first whole millisecond after the next UTC midnight."""
+    return (day_start(now) + timedelta(days=1) - now) // timedelta(milliseconds=1) + 1
+
+
 def refuse_over_quota(
     quota: int, used: int, reserved: int, estimate: int, now: datetime, limit_field: str = "max_tokens"
 ) -> None:
@@ -171,24 +180,24 @@ def refuse_over_quota(
         return
     numbers = f"{used} used and {reserved} reserved by requests in flight, of {quota} tokens today (UTC)"
     if used >= quota:
-        raise _quota_exceeded(f"Token quota exceeded: {numbers}.", int(_until_tomorrow(now)) + 1)
+        raise _quota_exceeded(f"Token quota exceeded: {numbers}.", _ms_past_midnight(now))
     if estimate > quota:
         raise request_too_large(estimate, quota, limit_field)
     # Booked usage only grows until midnight; reservations free up as their requests end.
-    wait = (
-        int(_until_tomorrow(now)) + 1
+    wait_ms = (
+        _ms_past_midnight(now)
         if used + estimate > quota
-        else settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S
+        else settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S * 1000
     )
     raise _quota_exceeded(
         f"Token quota exceeded: this request may use up to {estimate} tokens (its prompt and "
         f"n x {limit_field}); {numbers}.",
-        wait,
+        wait_ms,
     )
 
 
-def _quota_exceeded(message: str, retry_after_s: int) -> GatewayError:
-    return rate_limited(message, retry_after_s, "tokens_quota_exceeded")
+def _quota_exceeded(message: str, retry_after_ms: int) -> GatewayError:
+    return rate_limited(message, retry_after_ms, "tokens_quota_exceeded")
 
 
 def request_too_large(estimate: int, quota: int, limit_field: str) -> GatewayError:
@@ -202,32 +211,36 @@ def request_too_large(estimate: int, quota: int, limit_field: str) -> GatewayErr
 
 
 def rate_limits(
-    key: ApiKey, now: datetime, tokens_held: int, requests_remaining: int, requests_reset_s: float
+    key: ApiKey,
+    now: datetime,
+    tokens_held: int,
+    requests_remaining: int,
+    requests_reset_s: float,
+    tokens_per_day: int | None = None,
 ) -> RateLimits:
-    """The headers' figures; ``tokens_held``: the day's used and reserved tokens together."""
+    """The headers' figures; ``tokens_held``: the day's used and reserved tokens together;
+    ``tokens_per_day``: the quota if not the key's (one just read under the key's lock)."""
+    quota = key.tokens_per_day if tokens_per_day is None else tokens_per_day
     return RateLimits(
         requests_limit=key.requests_per_minute,
         requests_remaining=requests_remaining,
         requests_reset_s=requests_reset_s,
-        tokens_limit=key.tokens_per_day,
-        tokens_remaining=max(0, key.tokens_per_day - tokens_held),
+        tokens_limit=quota,
+        tokens_remaining=max(0, quota - tokens_held),
         tokens_reset_s=_until_tomorrow(now),
     )
 
 
-def take_request(key: ApiKey, now: datetime) -> tuple[int, float]:
+def take_request(key: ApiKey, now: datetime, tokens_held: int = 0) -> tuple[int, float]:
     """Admit and count one request of the key, or raise 429 if it is over the per-minute limit.
 
     ``now`` is the database's clock (`database_now`) for every request of the key, or a test's.
+    ``tokens_held``: the day's used and reserved tokens without this request's, for the refusal's
+    x-ratelimit-* headers (a refused request releases its reservation).
     Returns how many more requests the key could send right now, and the seconds until its full
     burst is available again.
     """
-    if now.tzinfo is None:
-        raise ValueError(f"{now=} must be timezone-aware")
-    limit = key.requests_per_minute
-    interval = 60 * NS_PER_S // limit
-    tolerance = (limit - 1) * interval
-    at = (now - EPOCH) // timedelta(microseconds=1) * 1000
+    limit, interval, tolerance, at = _gcra(key, now)
     state = RateLimitState.objects.filter(key=key)
     admitted = _advance(state, at, interval, tolerance)
     if not admitted and not state.exists():  # the key's first request
@@ -239,13 +252,34 @@ def take_request(key: ApiKey, now: datetime) -> tuple[int, float]:
             admitted = _advance(state, at, interval, tolerance)
     tat = state.values_list("tat_ns", flat=True).get()
     if not admitted:
+        limits = rate_limits(key, now, tokens_held, 0, (tat - at) / NS_PER_S)
         raise rate_limited(
             f"Rate limit exceeded: {limit} requests per minute.",
-            math.ceil((tat - tolerance - at) / NS_PER_S),
+            -(-(tat - tolerance - at) // NS_PER_MS),  # when the TAT admits it, rounded up
             "rate_limit_exceeded",
+            limits.headers(),
         )
     remaining = max(0, (at + tolerance - tat) // interval + 1)
     return remaining, max(0, tat - at) / NS_PER_S
+
+
+def requests_left(key: ApiKey, now: datetime) -> tuple[int, float]:
+    """What `take_request` would return had it not taken a request: how many the key could send
+    right now, and the seconds until its full burst is back. Reads the TAT, changes nothing."""
+    _, interval, tolerance, at = _gcra(key, now)
+    tat = RateLimitState.objects.filter(key=key).values_list("tat_ns", flat=True).first() or at
+    if not at <= tat <= at + tolerance + interval + CLOCK_STEP_MARGIN_NS:  # rested, or restarts
+        tat = at  # (`_advance`)
+    return max(0, (at + tolerance - tat) // interval + 1), (tat - at) / NS_PER_S
+
+
+def _gcra(key: ApiKey, now: datetime) -> tuple[int, int, int, int]:
+    """The key's limit, its emission interval T and tolerance (ns), and ``now`` in ns."""
+    if now.tzinfo is None:
+        raise ValueError(f"{now=} must be timezone-aware")
+    limit = key.requests_per_minute
+    interval = 60 * NS_PER_S // limit
+    return limit, interval, (limit - 1) * interval, (now - EPOCH) // timedelta(microseconds=1) * 1000
 
 
 def _advance(state: QuerySet[RateLimitState], at: int, interval: int, tolerance: int) -> bool:

@@ -24,10 +24,16 @@ from accounts.models import ApiKey
 from django.conf import settings
 from django.db import transaction
 
-from gateway.errors import unauthorized
+from gateway.errors import GatewayError, unauthorized
 from gateway.estimate import TokenEstimate
 from gateway.models import TokenReservation
-from gateway.quota import database_now, refuse_over_quota, tokens_held_today
+from gateway.quota import (
+    database_now,
+    rate_limits,
+    refuse_over_quota,
+    requests_left,
+    tokens_held_today,
+)
 
 
 def reserve_tokens(key: ApiKey, now: datetime, estimate: TokenEstimate) -> tuple[int, int]:
@@ -39,8 +45,8 @@ def reserve_tokens(key: ApiKey, now: datetime, estimate: TokenEstimate) -> tuple
     Returns:
         (the reservation's id, the day's used and reserved tokens with this reservation).
     Raises:
-        GatewayError: 429 over the quota, 400 an estimate over the whole quota (`refuse_over_quota`),
-            401 a key deleted since it was authenticated.
+        GatewayError: 429 over the quota (with the key's x-ratelimit-* headers), 400 an estimate
+            over the whole quota (`refuse_over_quota`), 401 a key deleted since it was authenticated.
     """
     with transaction.atomic():
         quota = (
@@ -52,7 +58,13 @@ def reserve_tokens(key: ApiKey, now: datetime, estimate: TokenEstimate) -> tuple
         if quota is None:
             raise unauthorized("Invalid or revoked API key.")
         used, reserved = tokens_held_today(key.pk, now)  # read after the lock: a fresh snapshot
-        refuse_over_quota(quota, used, reserved, estimate.total, now, estimate.limit_field)
+        try:
+            refuse_over_quota(quota, used, reserved, estimate.total, now, estimate.limit_field)
+        except GatewayError as refused:
+            if refused.status == 429:  # the key's limits as it stands, this request not counted
+                limits = rate_limits(key, now, used + reserved, *requests_left(key, now), quota)
+                refused.extra_headers = limits.headers()
+            raise
         ttl = timedelta(seconds=settings.GATEWAY_RESERVATION_TTL_S)
         reservation = TokenReservation.objects.create(
             key_id=key.pk, tokens=estimate.total, created_at=now, expires_at=now + ttl

@@ -147,9 +147,8 @@ def admit(
     model = _served().filter(name=model_name).first()
     if model is None:
         raise model_not_found(model_name)
-    reservation_id, tokens_held = reserve_tokens(
-        key, now, estimate_tokens(body or {}, model.max_context_length)
-    )
+    estimate = estimate_tokens(body or {}, model.max_context_length)
+    reservation_id, tokens_held = reserve_tokens(key, now, estimate)
     try:
         targets = healthy_targets(model)
         if not targets:
@@ -157,7 +156,7 @@ def admit(
                 f"No healthy replica of model '{model_name}' is available; retry later.",
                 settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S,
             )
-        remaining, reset_s = take_request(key, now)
+        remaining, reset_s = take_request(key, now, tokens_held - estimate.total)
     except BaseException:
         release_reservation(reservation_id)
         raise

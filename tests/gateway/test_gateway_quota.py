@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from accounts.models import ApiKey
 from accounts.services import create_api_key
+from django.conf import settings as django_settings
 from django.db import connection
 from django.utils import timezone
 from gateway.errors import GatewayError
@@ -309,6 +310,60 @@ def test_an_admission_carries_the_keys_limits_as_headers(gateway_data: dict[str,
     assert headers[b"x-ratelimit-limit-tokens"] == b"100"
     assert headers[b"x-ratelimit-remaining-tokens"] == b"50"  # 40 used, 10 reserved by this request
     assert headers[b"x-ratelimit-reset-tokens"] == b"13h39m15s"  # to midnight UTC from 10:20:45
+
+
+def refused_headers(key: ApiKey, at: datetime, max_tokens: int, code: str) -> dict[bytes, bytes]:
+    """The headers of the 429 ``code`` that admitting a request of 2 + ``max_tokens`` tokens gets."""
+    body = {"model": "tiny", "prompt": "12345678", "max_tokens": max_tokens}
+    with pytest.raises(GatewayError) as caught:
+        admit(key, "tiny", at, body=body)
+    assert (caught.value.status, caught.value.code) == (429, code)
+    return dict(caught.value.headers())
+
+
+def test_a_rate_limit_refusal_carries_the_keys_limits_and_its_wait_in_ms(
+    gateway_data: dict[str, Any],
+) -> None:
+    issued = create_api_key(gateway_data["user"], "h429", requests_per_minute=3, tokens_per_day=100)
+    record_usage(issued.record.pk, gateway_data["model"].pk, 30, 10, NOW)
+    body = {"model": "tiny", "prompt": "12345678", "max_tokens": 8}  # may cost 2 + 8 tokens
+    for _ in range(3):  # the burst, one per 20 s: the key's TAT a minute ahead; 30 tokens reserved
+        admit(issued.record, "tiny", NOW, body=body)
+    at = NOW + timedelta(seconds=5, milliseconds=250, microseconds=400)
+    headers = refused_headers(issued.record, at, 8, "rate_limit_exceeded")
+    # The next fits at 10:21:05: in 14.7496 s, to the millisecond up; Retry-After in whole seconds.
+    assert (headers[b"retry-after"], headers[b"retry-after-ms"]) == (b"15", b"14750")
+    assert headers[b"x-ratelimit-limit-requests"] == b"3"
+    assert headers[b"x-ratelimit-remaining-requests"] == b"0"
+    assert headers[b"x-ratelimit-reset-requests"] == b"55s"  # the full burst at 10:21:45
+    assert headers[b"x-ratelimit-limit-tokens"] == b"100"
+    assert headers[b"x-ratelimit-remaining-tokens"] == b"30"  # 40 used, 30 reserved; its own released
+    assert headers[b"x-ratelimit-reset-tokens"] == b"13h39m10s"
+
+
+def test_a_token_quota_refusal_carries_the_keys_limits_and_its_wait_in_ms(
+    gateway_data: dict[str, Any],
+) -> None:
+    soon = django_settings.GATEWAY_UNAVAILABLE_RETRY_AFTER_S
+    issued = create_api_key(gateway_data["user"], "t429", requests_per_minute=5, tokens_per_day=100)
+    record_usage(issued.record.pk, gateway_data["model"].pk, 30, 10, NOW)
+    admit(issued.record, "tiny", NOW, body={"model": "tiny", "prompt": "12345678", "max_tokens": 8})
+    # 52 more tokens would fit beside the 40 used but not beside the 10 in flight as well: soon.
+    in_flight = refused_headers(issued.record, NOW + timedelta(seconds=3), 50, "tokens_quota_exceeded")
+    assert (in_flight[b"retry-after"], in_flight[b"retry-after-ms"]) == (b"%d" % soon, b"%d000" % soon)
+    assert in_flight[b"x-ratelimit-limit-requests"] == b"5"
+    assert in_flight[b"x-ratelimit-remaining-requests"] == b"4", "a refused request is not counted"
+    assert in_flight[b"x-ratelimit-reset-requests"] == b"9s"  # the first's 12 s, 3 s on
+    assert in_flight[b"x-ratelimit-limit-tokens"] == b"100"
+    assert in_flight[b"x-ratelimit-remaining-tokens"] == b"50"  # 40 used, 10 reserved
+    assert in_flight[b"x-ratelimit-reset-tokens"] == b"13h39m12s"
+    # 72 tokens do not fit beside the day's usage: not before midnight, 49151.75 s away.
+    at = NOW + timedelta(seconds=3, milliseconds=250)
+    tomorrow = refused_headers(issued.record, at, 70, "tokens_quota_exceeded")
+    assert (tomorrow[b"retry-after"], tomorrow[b"retry-after-ms"]) == (b"49152", b"49151751")
+    assert tomorrow[b"x-ratelimit-remaining-requests"] == b"4"
+    assert tomorrow[b"x-ratelimit-remaining-tokens"] == b"50"
+    assert tomorrow[b"x-ratelimit-reset-tokens"] == b"13h39m12s"
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="concurrent writers: the PostgreSQL path")
