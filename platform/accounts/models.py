@@ -93,7 +93,7 @@ class ApiKey(models.Model):
     """An end user's key for the OpenAI-compatible chat gateway, with quotas."""
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=100, validators=[no_control_characters])
     prefix = models.CharField(max_length=16)
     digest = models.CharField(max_length=64, unique=True)
     requests_per_minute = models.PositiveIntegerField(validators=[MinValueValidator(1)])

@@ -94,6 +94,21 @@ def test_the_playgrounds_key_name_is_reserved(viewer_client: APIClient, admin_cl
     assert kept.status_code == 200
 
 
+def test_it_refuses_a_key_name_with_a_control_character(viewer_client: APIClient) -> None:
+    """The rule of ApiKey.name, as of ApiToken.name: a newline forged lines where keys are listed
+    or logged, an escape sequence drove the terminal."""
+    message = "Control characters (newline, tab, escape, ...) are not allowed: {} at index 2."
+    refused = viewer_client.post(URL, {"name": "ci\x1b[2Jbot"}, format="json")
+    assert refused.status_code == 400
+    assert refused.json() == {"name": [message.format("'\\x1b'")]}
+    assert ApiKey.objects.count() == 0
+    key_id = viewer_client.post(URL, {"name": "ci bot ü"}, format="json").data["id"]  # spaces, letters: fine
+    renamed = viewer_client.patch(f"{URL}{key_id}/", {"name": "ci\nbot"}, format="json")
+    assert renamed.status_code == 400
+    assert renamed.json() == {"name": [message.format("'\\n'")]}
+    assert ApiKey.objects.get(pk=key_id).name == "ci bot ü"
+
+
 def test_it_rejects_unknown_and_read_only_fields(viewer_client: APIClient) -> None:
     response = viewer_client.post(URL, {"name": "x", "revoked": True, "scope": "all"}, format="json")
     assert response.status_code == 400

@@ -123,6 +123,7 @@ def test_an_admin_sets_quotas_on_a_new_key(admin_client: Client, admin_user: Use
         (Role.VIEWER, {"name": "   "}),
         (Role.VIEWER, {"name": "x" * 101}),
         (Role.VIEWER, {"name": "playground"}),
+        (Role.VIEWER, {"name": "ci\x1b[2Jbot"}),  # a control character: the model field's rule
         (Role.VIEWER, {"name": "mine", "requests_per_minute": "5"}),  # quotas: admins only
         (Role.ADMIN, {"name": "mine", "requests_per_minute": "0", "tokens_per_day": "lots"}),
         (Role.ADMIN, {"name": "", "tokens_per_day": str(2**63)}),
