@@ -12,6 +12,12 @@ def test_the_schema_covers_every_view_and_validates(tmp_path: Path) -> None:
     # --fail-on-warn also fails on "unable to guess serializer": a view the document would leave out.
     out = tmp_path / "schema.yaml"
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(out))
-    paths = yaml.safe_load(out.read_text())["paths"]
+    schema = yaml.safe_load(out.read_text())
+    paths = schema["paths"]
     assert "/api/v1/gateway/usage/" in paths
     assert "/api/v1/gateway/latency/{name}/" in paths
+    # A job the broker does not take is a 503 with Retry-After and a detail (BrokerUnavailable).
+    refused = paths["/api/v1/jobs/"]["post"]["responses"]["503"]
+    assert refused["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+    body = refused["content"]["application/json"]["schema"]["$ref"].removeprefix("#/components/schemas/")
+    assert schema["components"]["schemas"][body]["properties"] == {"detail": {"type": "string"}}

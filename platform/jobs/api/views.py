@@ -3,8 +3,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import mixins, status, viewsets
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -47,6 +47,29 @@ class JobViewSet(
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().list(request, *args, **kwargs)
+
+    @extend_schema(
+        responses={
+            201: JobSerializer,
+            # core.api.errors answers BrokerUnavailable (jobs.services.create_job) so.
+            503: OpenApiResponse(
+                inline_serializer("BrokerUnavailable", {"detail": serializers.CharField()}),
+                "The job broker did not take the job: no job was stored; send it again after "
+                "Retry-After seconds.",
+            ),
+        },
+        parameters=[
+            OpenApiParameter(
+                "Retry-After",
+                int,
+                OpenApiParameter.HEADER,
+                description="Seconds to wait before sending the job again.",
+                response=[503],
+            )
+        ],
+    )
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().create(request, *args, **kwargs)
 
     def perform_create(self, serializer: Any) -> None:
         data = serializer.validated_data
