@@ -212,9 +212,32 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 6 * 3600, minimum=1)
+# A publish (a new job's message, a revoke) gives up within seconds when the broker cannot take
+# it, so that starting a job answers 503 (jobs.services.create_job: BrokerUnavailable) instead of
+# holding the request. Celery's defaults bound only a broker that refuses: against a Redis that
+# accepts connections but never answers (a partition, a blackholing firewall) kombu's sockets had
+# no timeout and the publish waited for ever. Now each connect and each read waits at most
+# BROKER_TIMEOUT_S (Redis's transport options below), connecting gives up after one such wait
+# (broker_connection_timeout), and a failed publish is retried once, at once (a pooled connection
+# that Redis closed on restart is stale: the retry reconnects). Measured against such a Redis: a
+# fresh connection fails in BROKER_TIMEOUT_S, a pooled one in three times that.
+BROKER_TIMEOUT_S = 3.0
+CELERY_BROKER_CONNECTION_TIMEOUT = BROKER_TIMEOUT_S
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_RESULT_BACKEND: str | None = REDIS_URL
+    # The worker's waits for messages are BRPOPs read by its event loop when a reply arrives, not
+    # blocking reads: these timeouts do not cut them short (kombu checks a silent BRPOP itself).
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
+        "socket_timeout": BROKER_TIMEOUT_S,
+        "socket_connect_timeout": BROKER_TIMEOUT_S,
+    }
     # The layer waits for messages with a blocking pop, 5 s at a time (channels_redis'
     # brpop_timeout). redis-py 8's default 5 s socket timeout cut those waits short: every idle
     # websocket closed with 1011 every 5-6 s. So no socket timeout at all, rather than a longer one:

@@ -8,7 +8,12 @@ transaction of an ordinary test never does.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,7 @@ from rest_framework.test import APIClient
 from core.unavailable import BrokerUnavailable
 
 URL = "/api/v1/jobs/"
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
 # What publishing raises with REDIS_URL pointing at a Redis that refuses connections.
 REDIS_REFUSED = KombuOperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
@@ -136,3 +142,64 @@ def test_a_refusal_at_the_callers_commit_still_withdraws_the_job(broker_refuses:
         job = services.create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
     assert broker_refuses == [job.pk]
     assert not Job.objects.exists()
+
+
+# Run in a process of its own, whose settings see REDIS_URL: a job POSTed through the API.
+POST_A_JOB = """
+import json, time
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from accounts.models import Role, User
+from accounts.services import issue_api_token
+from config.celery import app
+from jobs.models import Job
+from rest_framework.test import APIClient
+alice = User.objects.create_user(username="alice", password="alice-pw-9f2k", role=Role.ADMIN)
+client = APIClient()
+client.credentials(HTTP_AUTHORIZATION="Token " + issue_api_token(alice, "test").plaintext)
+started = time.monotonic()
+response = client.post("/api/v1/jobs/", {"kind": "noop"}, format="json")
+print(json.dumps({
+    "took_s": time.monotonic() - started,
+    "status": response.status_code,
+    "retry_after": response.get("Retry-After"),
+    "jobs": Job.objects.count(),
+    "transport": app.conf.broker_transport_options,
+    "connect_s": app.conf.broker_connection_timeout,
+    "retries": app.conf.task_publish_retry_policy["max_retries"],
+}))
+"""
+
+
+def test_a_redis_that_accepts_but_never_answers_is_a_503_within_seconds(tmp_path: Path) -> None:
+    """A blackholed broker (a partition, a firewall dropping packets) used to hold the job's POST
+    for ever: kombu's Redis sockets had no timeout. Here Redis is a socket that completes the TCP
+    handshake (the kernel's backlog) and never reads nor answers."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(16)
+        port = hole.getsockname()[1]
+        unset = ("DATABASE_URL", "REDIS_URL", "CACHE_URL", "SECRET_KEY", "DEBUG")
+        env = {
+            **{k: v for k, v in os.environ.items() if k not in unset},
+            "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "VAR_DIR": str(tmp_path),
+            "ALLOWED_HOSTS": "testserver",
+            "REDIS_URL": f"redis://127.0.0.1:{port}/0",
+        }
+        try:
+            command = [sys.executable, "-c", POST_A_JOB]
+            out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the job's POST had no answer within a minute (the process was killed)")
+    assert out.returncode == 0, out.stderr
+    posted = json.loads(out.stdout.strip().splitlines()[-1])
+    # Each connect and read waits at most 3 s; connecting gives up after one such wait, and a
+    # failed publish is retried once: a fresh connection fails in about 3 s, a pooled one in 9.
+    assert posted["transport"] == {"socket_timeout": 3.0, "socket_connect_timeout": 3.0}
+    assert (posted["connect_s"], posted["retries"]) == (3.0, 1)
+    assert (posted["status"], posted["retry_after"], posted["jobs"]) == (503, "5", 0)
+    assert posted["took_s"] < 20, posted
