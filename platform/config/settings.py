@@ -74,6 +74,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "core.middleware.ServiceUnavailableMiddleware",  # pages' 503 when the database or Redis is down
 ]
 
 ROOT_URLCONF = "config.urls"
