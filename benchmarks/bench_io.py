@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from serving.argtypes import bounded_int, non_negative_int, positive_float, positive_int
+from serving.atomic_file import temporary_path
 
 __all__ = [
     "bounded_int",
@@ -45,9 +46,21 @@ def out_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}") from None
     if not existing.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not writable")
+    _probe_write(text, existing / temporary_path(path).name)
     return path
+
+
+def _probe_write(text: str, probe: Path) -> None:
+    """Create and remove ``probe``, the temporary file the result is first written to. os.access()
+    said yes to root for /proc and /sys, which refuse new files, and knew nothing of the temporary
+    name's length: both failed only after the run, its result lost."""
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: cannot create a file in {probe.parent}: {exc.strerror or exc}"
+        ) from None
+    probe.unlink()
 
 
 def out_dir(text: str) -> Path:

@@ -14,12 +14,18 @@ from pathlib import Path
 from typing import Any
 
 
+def temporary_path(path: Path) -> Path:
+    """The temporary file beside ``path`` that ``write_text_atomic`` writes first; its name is
+    longer than ``path``'s, so a name near NAME_MAX fits as a target but not as this."""
+    # pid and thread: concurrent writers of one path never share a temporary file.
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path``, creating its directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # pid and thread: concurrent writers of one path never share a temporary file.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = temporary_path(path)
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)

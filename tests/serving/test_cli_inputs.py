@@ -331,6 +331,23 @@ def test_the_benchmark_out_type_refuses_paths_it_could_not_write(tmp_path: Path,
     assert repr(text) in str(err.value)
 
 
+@pytest.mark.parametrize("where", ["/proc/x", "/sys/x.json", "{tmp}/" + "x" * 240])
+def test_the_benchmark_out_type_refuses_a_file_it_could_not_create(tmp_path: Path, where: str) -> None:
+    # As root, os.access() allowed /proc and /sys, which refuse new files; a name that fits NAME_MAX
+    # did not leave room for the temporary file's. The write failed at the end, the run's result lost.
+    text = where.format(tmp=tmp_path)
+    with pytest.raises(argparse.ArgumentTypeError) as err:
+        out_file(text)
+    assert f"{text!r}: cannot create a file in" in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_benchmark_out_type_leaves_nothing_behind_where_it_can_write(tmp_path: Path) -> None:
+    assert out_file(str(tmp_path / "new" / "r.json")) == tmp_path / "new" / "r.json"
+    assert out_file(str(tmp_path / "r.json")) == tmp_path / "r.json"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("url", "named"),
     [
