@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.aqua_copy import copy_bandwidth  # noqa: E402
-from benchmarks.bench_io import bounded_int, out_file  # noqa: E402
+from benchmarks.bench_io import bounded_int, chart_file, out_file  # noqa: E402
 from serving.aqua.offload.stats import read_json  # noqa: E402
 from serving.atomic_file import write_json_atomic, write_text_atomic  # noqa: E402
 from serving.vllm_ext.cpu_binding import RESERVED_CPUS_ENV  # noqa: E402
@@ -377,6 +377,7 @@ def main() -> None:
         help=f"measured rounds, at most {MAX_ROUNDS} (default {FULL_ROUNDS}; 1 with --quick)",
     )
     args = ap.parse_args()
+    args.html = chart_file(ap, args.out, args.html)
     rounds = args.rounds or (1 if args.quick else FULL_ROUNDS)
     cfg = burst_config(args.quick)
     t0 = time.perf_counter()
@@ -425,7 +426,7 @@ def main() -> None:
         "wall_s": time.perf_counter() - t0,
     }
     write_json_atomic(args.out, result, sort_keys=True)
-    html = args.html or args.out.with_suffix(".html")
+    html = args.html
     _chart(result, html)
     for key, target in TARGETS.items():
         print(f"{key}: {result[key]:.3f} (target >= {target}) {'OK' if result[key] >= target else 'SHORT'}")

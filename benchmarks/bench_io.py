@@ -16,6 +16,7 @@ from serving.atomic_file import temporary_path
 
 __all__ = [
     "bounded_int",
+    "chart_file",
     "non_negative_int",
     "open_files_count",
     "out_dir",
@@ -61,6 +62,23 @@ def _probe_write(text: str, probe: Path) -> None:
             f"{text!r}: cannot create a file in {probe.parent}: {exc.strerror or exc}"
         ) from None
     probe.unlink()
+
+
+def chart_file(parser: argparse.ArgumentParser, out: Path, html: Path | None) -> Path:
+    """The path of a benchmark's chart: ``--html``, else ``--out`` with ``.html``. Called right after
+    parsing, so that a default the parser never saw is checked like ``--out``, and a chart that
+    would be written over the JSON result (``--out r.html``, or ``--html`` the same file as
+    ``--out``) is refused before the run rather than replacing its result at the end."""
+    flag = "--html" if html is not None else "--html (default: --out with .html)"
+    path = html if html is not None else out.with_suffix(".html")
+    if html is None:
+        try:
+            out_file(str(path))
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"argument {flag}: {exc}")
+    if path.resolve() == out.resolve():
+        parser.error(f"argument {flag}: {str(path)!r} is the --out file: the chart would replace the result")
+    return path
 
 
 def out_dir(text: str) -> Path:

@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_io import out_file
+from benchmarks.bench_io import chart_file, out_file
 from benchmarks.distserve_fidelity import paper_calibrated
 from serving.atomic_file import write_json_atomic, write_text_atomic
 from serving.distserve import (
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=out_file, default=Path("benchmarks/results/distserve.json"))
     ap.add_argument("--html", type=out_file, default=None, help="plot path (default: --out with .html)")
     args = ap.parse_args(argv)
+    args.html = chart_file(ap, args.out, args.html)
     t0 = time.perf_counter()
     e2e_seconds = 30.0 if args.quick else 90.0
     rel_tol = 0.03 if args.quick else 0.01
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_end": list(os.getloadavg()),
     }
     write_json_atomic(args.out, out)
-    html = args.html or args.out.with_suffix(".html")
+    html = args.html
     write_html(html, curves)
     print(f"colocated vLLM v0 per-GPU goodput by tp: { {k: round(v, 2) for k, v in colocated.items()} }")
     print(

@@ -53,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_io import non_negative_int, out_file, positive_float
+from benchmarks.bench_io import chart_file, non_negative_int, out_file, positive_float
 from serving.atomic_file import write_json_atomic, write_text_atomic
 from serving.costmodel import get_preset, kv_capacity_tokens
 from serving.costmodel.presets import get_model_config
@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixed-rate", type=rate_arg, default=5.0, help=f"requests/s, at most {MAX_RATE:g}")
     ap.add_argument("--overload-rate", type=rate_arg, default=7.0, help=f"requests/s, at most {MAX_RATE:g}")
     args = ap.parse_args(argv)
+    args.html = chart_file(ap, args.out, args.html)
     t0 = time.perf_counter()
     predictor = train_predictor(n=2000 if args.quick else 4000)
     held_out = make_corpus(1000, seed=args.seed + 777)
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": time.perf_counter() - t0,
     }
     write_json_atomic(args.out, out)
-    html = args.html or args.out.with_suffix(".html")
+    html = args.html
     write_html(html, bench.curves, goodputs)
     for k in goodputs:
         print(f"{k:>40}: goodput {goodputs[k]:.2f} req/s, attainment {fixed[k]:.3f} / {over[k]:.3f}")

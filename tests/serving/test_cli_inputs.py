@@ -292,6 +292,29 @@ def test_every_benchmark_checks_out_before_running(tmp_path: Path, name: str) ->
     assert_clean_error(out, f"{blocker} is not a directory")
 
 
+@pytest.mark.parametrize("name", ["aqua_burst", "distserve", "ecoserve"])
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        # The chart's default, --out with .html, was --out itself: written over the JSON at the end.
+        (["--out", "{tmp}/r.html"], "--html (default: --out with .html): '{tmp}/r.html' is the --out file"),
+        (["--out", "{tmp}/r.json", "--html", "{tmp}/r.json"], "--html: '{tmp}/r.json' is the --out file"),
+        # The default was not checked at all: a traceback after the run.
+        (["--out", "{tmp}/a-dir.json"], "'{tmp}/a-dir.html' is a directory"),
+    ],
+)
+def test_benchmarks_with_a_chart_check_its_path_before_running(
+    tmp_path: Path, name: str, argv: list[str], named: str
+) -> None:
+    (tmp_path / "a-dir.html").mkdir()
+    for kept in ("r.html", "r.json"):
+        (tmp_path / kept).write_text('{"kept": true}\n')
+    out = run_cli(f"benchmarks/{name}.py", "--quick", *(a.format(tmp=tmp_path) for a in argv))
+    assert_clean_error(out, named.format(tmp=tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir.html", "r.html", "r.json"]
+    assert (tmp_path / "r.html").read_text() == (tmp_path / "r.json").read_text() == '{"kept": true}\n'
+
+
 @pytest.mark.parametrize(
     ("name", "flag", "value"),
     [
