@@ -34,6 +34,10 @@ def out_file(text: str) -> Path:
     path = Path(text)
     if not text.strip() or not path.name:
         raise argparse.ArgumentTypeError(f"{text!r} is not a file path")
+    # Path() drops a final "/" or "/.": "results/new/" was written as the file results/new, and
+    # "x/.." was a rename over a directory that failed after the run.
+    if os.path.basename(text) in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder path, not a file path")
     try:  # Path.exists() raises for a name over NAME_MAX ("File name too long")
         if path.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file path")

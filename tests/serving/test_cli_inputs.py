@@ -345,7 +345,12 @@ def test_benchmarks_reject_bad_numbers_naming_them(tmp_path: Path, name: str, fl
     assert not (tmp_path / "r.json").exists()
 
 
-@pytest.mark.parametrize("value", ["", ".", "{tmp}", "{tmp}/a-file/result.json", "/dev/null"])
+@pytest.mark.parametrize(
+    "value",
+    # A final "/", "/." or "/.." names a folder, even one not made yet: the first two were written
+    # as a file of the folder's name, the last failed (renamed over a directory) after the run.
+    ["", ".", "{tmp}", "{tmp}/a-file/result.json", "/dev/null", "{tmp}/new/", "{tmp}/new/.", "{tmp}/new/.."],
+)
 def test_the_benchmark_out_type_refuses_paths_it_could_not_write(tmp_path: Path, value: str) -> None:
     (tmp_path / "a-file").write_text("")
     text = value.format(tmp=tmp_path)
