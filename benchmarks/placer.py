@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_io import out_file, positive_float
+from benchmarks.bench_io import non_negative_int, out_file, positive_float
 from serving.atomic_file import write_json_atomic
 from serving.placement import (
     ModelProfile,
@@ -120,7 +120,8 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="8 servers x 8 GPUs, 64 models")
     parser.add_argument("--out", type=out_file, default=Path("benchmarks/results/placer.json"))
-    parser.add_argument("--seed", type=int, default=0)
+    # random.Random(-n) is random.Random(n): a negative seed ran (and was reported as) another's instance.
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--time-limit", type=positive_float, default=1.5, help="CP-SAT wall-clock limit (s)")
     args = parser.parse_args()
     servers, models = (8, 64) if args.quick else (32, 256)
