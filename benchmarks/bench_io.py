@@ -56,9 +56,9 @@ def out_file(text: str) -> Path:
 
 
 def _probe_write(text: str, probe: Path) -> None:
-    """Create and remove ``probe``, the temporary file the result is first written to. os.access()
-    said yes to root for /proc and /sys, which refuse new files, and knew nothing of the temporary
-    name's length: both failed only after the run, its result lost."""
+    """Create and remove the file ``probe``, or name ``text`` as a path nothing can be written to.
+    os.access() said yes to root for /proc and /sys, which refuse new files, and knew nothing of a
+    name's length: both failed only after the run."""
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
@@ -94,8 +94,14 @@ def out_dir(text: str) -> Path:
     try:
         if path.exists() and not path.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+        existing = next(d for d in (path, *path.parents) if d.exists())
     except OSError as exc:  # a name over NAME_MAX ("File name too long")
         raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}") from None
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {existing} is not a directory")
+    # The folder itself if it exists, else where it will be made: a folder nobody may write in
+    # (--traces /proc/self, or / as a user) was taken, and the engines failed on their first trace.
+    _probe_write(text, existing / f".{path.name or 'folder'}.{os.getpid()}.probe")
     return path
 
 

@@ -405,6 +405,18 @@ def test_the_benchmark_folder_type_refuses_a_blank_path_or_a_file(tmp_path: Path
     assert out_dir(str(tmp_path / "new" / "traces")) == tmp_path / "new" / "traces"
 
 
+@pytest.mark.parametrize("where", ["/proc/self", "/proc/self/traces", "{tmp}/a-file/traces"])
+def test_the_benchmark_folder_type_refuses_a_folder_it_could_not_write_in(tmp_path: Path, where: str) -> None:
+    # /proc/self exists and is a folder: it was taken, and the engines failed on their first trace.
+    (tmp_path / "a-file").write_text("")
+    text = where.format(tmp=tmp_path)
+    with pytest.raises(argparse.ArgumentTypeError) as err:
+        out_dir(text)
+    assert repr(text) in str(err.value)
+    assert out_dir(str(tmp_path)) == tmp_path
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+
+
 def test_aqua_steptrace_refuses_a_blank_traces_folder(tmp_path: Path) -> None:
     out = run_cli(
         "benchmarks/aqua_steptrace.py", "--quick", "--traces", "", "--out", str(tmp_path / "r.json")
