@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.aqua_copy import copy_bandwidth  # noqa: E402
-from benchmarks.bench_io import bounded_int, chart_file, out_file  # noqa: E402
+from benchmarks.bench_io import bounded_int, chart_file, default_out, out_file  # noqa: E402
 from serving.aqua.offload.stats import read_json  # noqa: E402
 from serving.atomic_file import write_json_atomic, write_text_atomic  # noqa: E402
 from serving.vllm_ext.cpu_binding import RESERVED_CPUS_ENV  # noqa: E402
@@ -368,7 +368,7 @@ def burst_config(quick: bool) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="a short run (under 3 minutes)")
-    ap.add_argument("--out", type=out_file, default=REPO / "benchmarks" / "results" / "aqua_burst.json")
+    ap.add_argument("--out", type=out_file, default=default_out("aqua_burst"))
     ap.add_argument("--html", type=out_file, default=None, help="plotly chart (default: beside --out)")
     ap.add_argument(
         "--rounds",

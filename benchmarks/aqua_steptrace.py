@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import aqua_burst as ab  # noqa: E402
-from benchmarks.bench_io import bounded_int, out_dir, out_file  # noqa: E402
+from benchmarks.bench_io import bounded_int, default_out, out_dir, out_file  # noqa: E402
 from serving.atomic_file import write_json_atomic  # noqa: E402
 
 ENGINES = ("default", "ours")
@@ -156,7 +156,7 @@ async def _run(cfg: dict[str, Any], rounds: int, tmp: Path) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="one measured round (about 2 minutes)")
-    ap.add_argument("--out", type=out_file, default=REPO / "benchmarks" / "results" / "aqua_steptrace.json")
+    ap.add_argument("--out", type=out_file, default=default_out("aqua_steptrace"))
     ap.add_argument(
         "--rounds",
         type=bounded_int(1, ab.MAX_ROUNDS),

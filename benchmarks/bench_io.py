@@ -17,6 +17,7 @@ from serving.atomic_file import temporary_path
 __all__ = [
     "bounded_int",
     "chart_file",
+    "default_out",
     "non_negative_int",
     "open_files_count",
     "out_dir",
@@ -25,8 +26,19 @@ __all__ = [
     "positive_int",
 ]
 
+# The committed results: benchmarks/results/<name>.json.
+RESULTS = Path(__file__).resolve().parent / "results"
+
 # Open files a server process keeps for itself (listening socket, database, logs, pipes).
 SPARE_FILES = 64
+
+
+def default_out(name: str) -> str:
+    """The default `--out` of benchmark ``name``: its file in benchmarks/results. Anchored at this
+    folder, not the working directory (run from elsewhere, a relative default made a stray
+    benchmarks/results/ there), and a string, because argparse passes only a string default through
+    ``type``: a Path default skipped out_file, and a bad one was found after the run."""
+    return str(RESULTS / f"{name}.json")
 
 
 def out_file(text: str) -> Path:

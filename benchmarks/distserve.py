@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_io import chart_file, out_file
+from benchmarks.bench_io import chart_file, default_out, out_file
 from benchmarks.distserve_fidelity import paper_calibrated
 from serving.atomic_file import write_json_atomic, write_text_atomic
 from serving.distserve import (
@@ -84,7 +84,7 @@ def fixed_workload(rate: float, seconds: float, min_requests: int, seed: int = 0
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter end-to-end runs")
-    ap.add_argument("--out", type=out_file, default=Path("benchmarks/results/distserve.json"))
+    ap.add_argument("--out", type=out_file, default=default_out("distserve"))
     ap.add_argument("--html", type=out_file, default=None, help="plot path (default: --out with .html)")
     args = ap.parse_args(argv)
     args.html = chart_file(ap, args.out, args.html)

@@ -53,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_io import chart_file, non_negative_int, out_file, positive_float
+from benchmarks.bench_io import chart_file, default_out, non_negative_int, out_file, positive_float
 from serving.atomic_file import write_json_atomic, write_text_atomic
 from serving.costmodel import get_preset, kv_capacity_tokens
 from serving.costmodel.presets import get_model_config
@@ -267,7 +267,7 @@ def write_html(path: Path, curves: dict[str, dict[float, float]], goodputs: dict
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="60 s workloads, coarser goodput search")
-    ap.add_argument("--out", type=out_file, default=Path("benchmarks/results/ecoserve.json"))
+    ap.add_argument("--out", type=out_file, default=default_out("ecoserve"))
     ap.add_argument("--html", type=out_file, default=None, help="plot path (default: --out with .html)")
     ap.add_argument("--seed", type=non_negative_int, default=0)
     ap.add_argument("--fixed-rate", type=rate_arg, default=5.0, help=f"requests/s, at most {MAX_RATE:g}")

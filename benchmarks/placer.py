@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_io import non_negative_int, out_file, positive_float
+from benchmarks.bench_io import default_out, non_negative_int, out_file, positive_float
 from serving.atomic_file import write_json_atomic
 from serving.placement import (
     ModelProfile,
@@ -119,7 +119,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="8 servers x 8 GPUs, 64 models")
-    parser.add_argument("--out", type=out_file, default=Path("benchmarks/results/placer.json"))
+    parser.add_argument("--out", type=out_file, default=default_out("placer"))
     # random.Random(-n) is random.Random(n): a negative seed ran (and was reported as) another's instance.
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--time-limit", type=positive_float, default=1.5, help="CP-SAT wall-clock limit (s)")

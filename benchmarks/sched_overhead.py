@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_io import out_file  # noqa: E402
+from benchmarks.bench_io import default_out, out_file  # noqa: E402
 from serving.atomic_file import write_json_atomic  # noqa: E402
 from tests.vllm_aqua import bare_scheduler  # noqa: E402
 from tests.vllm_aqua.engines import BLOCK_SIZE  # noqa: E402  (the engine tests' and aqua_burst's)
@@ -93,7 +93,7 @@ def measure(running: int, steps: int, reps: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="a short run (seconds)")
-    ap.add_argument("--out", type=out_file, default=REPO / "benchmarks" / "results" / "sched_overhead.json")
+    ap.add_argument("--out", type=out_file, default=default_out("sched_overhead"))
     args = ap.parse_args()
     steps, reps = (100, 2) if args.quick else (400, 7)
     t0 = time.perf_counter()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as `python benchmarks/...`
 
-from benchmarks.bench_io import non_negative_int, out_file
+from benchmarks.bench_io import default_out, non_negative_int, out_file
 from serving.atomic_file import write_json_atomic
 from serving.costmodel.presets import get_preset, kv_capacity_tokens
 from serving.metrics.summary import summarize
@@ -72,7 +72,7 @@ def timed_run(cluster: ClusterSim, requests: list) -> tuple[ClusterResult, float
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="5 simulated minutes instead of 60")
-    ap.add_argument("--out", type=out_file, default=Path("benchmarks/results/sim_speed.json"))
+    ap.add_argument("--out", type=out_file, default=default_out("sim_speed"))
     ap.add_argument("--seed", type=non_negative_int, default=0)
     args = ap.parse_args()
     duration = 300.0 if args.quick else 3600.0
