@@ -1,6 +1,7 @@
-"""What the benchmark scripts share on their command line: `out_file`, and the number types of
-serving/argtypes.py (re-exported). A benchmark runs for minutes before it writes its result, so a
-bad `--out` is refused while the arguments are parsed; results are written whole
+"""What the benchmark scripts share on their command line: `out_file`, `out_dir`, `chart_file`
+and `default_out` for where results go, and the number types of serving/argtypes.py (re-exported).
+A benchmark runs for minutes before it writes its result, so a bad `--out` (or chart, or trace
+folder) is refused while the arguments are parsed; results are written whole
 (serving/atomic_file.py)."""
 
 from __future__ import annotations
