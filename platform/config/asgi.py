@@ -21,7 +21,7 @@ django_asgi_app = get_asgi_application()
 
 from agents import sweeper  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from gateway.proxy import GatewayApp  # noqa: E402
 
@@ -29,6 +29,7 @@ from config.routing import (  # noqa: E402
     AGENT_PATH_PREFIX,
     agent_websocket_urlpatterns,
     browser_websocket_urlpatterns,
+    routed,
 )
 
 
@@ -45,10 +46,10 @@ def _name_every_status() -> None:
 
 
 _name_every_status()
-_agent_app = URLRouter(agent_websocket_urlpatterns)
+_agent_app = routed(agent_websocket_urlpatterns)
 # The OpenAI-compatible chat gateway is a plain ASGI app (see gateway/proxy.py for why).
 _gateway_app = GatewayApp()
-_browser_app = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(browser_websocket_urlpatterns)))
+_browser_app = AllowedHostsOriginValidator(AuthMiddlewareStack(routed(browser_websocket_urlpatterns)))
 
 
 async def websocket_app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -36,3 +36,19 @@ def test_daphne_names_every_status_the_platform_sends() -> None:
         assert http.RESPONSES[status] != b"Unknown Status"
     assert http.RESPONSES[429] == b"Too Many Requests"
     assert http.RESPONSES[200] == b"OK"
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("close_worker_thread_connections")
+@pytest.mark.parametrize(
+    "path", ["/ws/agent/nope/", "/ws/agent", "/ws/nope/", "/ws/dashboard/jobs/abc/", "/ws/dashboard/"]
+)
+async def test_it_refuses_sockets_on_paths_no_route_serves(path: str) -> None:
+    # Before: URLRouter raised ValueError, which daphne answers with HTTP 500 and a traceback.
+    communicator = WebsocketCommunicator(
+        application, path, headers=[(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
+    )
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected is False
+    await communicator.wait(timeout=5)  # the application has ended, without raising
