@@ -20,8 +20,9 @@ One live connection per host: `register` makes a connection the host's current o
 joins the host's group (``agent.<host_id>``), which carries desired-list changes and commands. An
 older connection of the host is closed with 4409, and a connection whose token is revoked (a new
 token was issued) with 4401; both at once through the group within this process, and within
-``AGENTS_DESIRED_POLL_S`` for changes made elsewhere (each connection re-checks its session, see
-`services.session_end`). Only the current connection marks the link disconnected when it ends.
+``AGENTS_DESIRED_POLL_S`` for changes made elsewhere (each connection re-checks its session from
+its handshake on, registered or not, see `services.session_end`). Only the current connection
+marks the link disconnected when it ends.
 
 After `register`, the consumer sends `desired_deployments` (the full list) and re-sends it whenever
 it changes: at once when a deployment change in this process signals the host's group, and within
@@ -90,7 +91,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     host: Host | None = None
     linked: services.LinkedHost | None = None
     _token_id: int | None = None  # the AgentToken this connection authenticated with
-    _watch: asyncio.Task[None] | None = None  # _watch_session, from `register` on
+    _watch: asyncio.Task[None] | None = None  # _watch_session, from accept() on
     _probes: asyncio.Task[None] | None = None  # planning.relay: probes for this host's agent
     _in_group = False
     _released = False
@@ -120,6 +121,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.host, self._token_id = record.host, record.pk
         await self.accept()
+        # From the handshake on, not from `register`: a connection that never registers must close
+        # too once its token is revoked, not stay open sending frames that are logged and counted.
+        self._watch = asyncio.create_task(self._watch_session(), name=f"agent-watch:{self.host.pk}")
 
     async def disconnect(self, code: int) -> None:
         if self.host is not None:
@@ -244,8 +248,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
             "Agent %s of %s registered %d device(s).", frame.agent_version, host.name, len(frame.devices)
         )
         await self.push_desired(force=True)
-        if self._watch is None:
-            self._watch = asyncio.create_task(self._watch_session(), name=f"agent-watch:{host.pk}")
         if self._probes is None:
             self._probes = asyncio.create_task(relay_probes(host.pk, self._send_json_frame))
 
@@ -361,10 +363,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         """Every ``AGENTS_DESIRED_POLL_S``: close the connection if its token was revoked or a newer
         connection of the host registered, else re-send the desired list if it changed. This is
         how changes made in other processes (a Celery worker, `manage.py register_host`, another
-        ASGI process) reach the connection."""
-        assert self._token_id is not None, "only accepted connections register"
+        ASGI process) reach the connection, and how a connection that has not registered (so is
+        in no group) learns of a revocation at all."""
+        assert self._token_id is not None, "started once the connection is accepted"
         while True:
             await asyncio.sleep(settings.AGENTS_DESIRED_POLL_S)
+            if self._closing:
+                return  # a refused or postponed `register` is closing it already
             try:
                 code = await database_sync_to_async(services.session_end)(self._token_id, self.linked)
                 if code is not None:

@@ -129,6 +129,19 @@ async def test_a_token_revoked_before_register_cannot_register(agent_host: Agent
         assert not await database_sync_to_async(Device.objects.exists)()
 
 
+async def test_a_connection_that_never_registered_is_closed_once_its_token_is_revoked(
+    agent_host: AgentHost,
+) -> None:
+    with FAST_POLL:
+        comm = communicator(agent_host.token)
+        assert (await comm.connect())[0]
+        # Revoked elsewhere (a leaked token rotated): the connection must not stay open for ever,
+        # still sending frames that are logged and counted.
+        await database_sync_to_async(AgentToken.objects.filter(host=agent_host.host).update)(revoked=True)
+        assert await closed_with(comm, "unauthorized") == 4401
+        await comm.disconnect()
+
+
 # ---- clean-up however the connection ends --------------------------------------------------------
 
 
