@@ -18,6 +18,9 @@ Access is checked at the handshake (a platform role, from the session) and again
 the user: a socket whose session is gone (signed out, expired, flushed) or whose user lost access
 (deactivated, role removed, password changed) leaves its groups, sends nothing more and is closed
 with 4401 (``CLOSE_ACCESS_REVOKED``). One check per socket per period, not one per pushed message.
+A log socket whose deployment is deleted while it is open is closed the same way with 4404
+(``CLOSE_GONE``) instead of asking the host's agent for the tail of a deployment it no longer has,
+every second for as long as the page stays open.
 
 The sockets only push: whatever a browser sends is ignored. A socket's polling task and groups are
 released however it ends, including when a handler raises (daphne then closes it with 1011 and
@@ -60,6 +63,9 @@ SUMMARY_WINDOWS = 60
 # Close code of a socket whose user lost access while it was open: 401's, as the agent socket's for a
 # revoked token (gpu_agent.protocol.CLOSE_TOKEN_REFUSED).
 CLOSE_ACCESS_REVOKED = 4401
+# Close code of a socket whose subject was deleted while it was open: 404's. The page, reconnecting,
+# is refused at the handshake and learns from its own URL that the subject is gone (live.js).
+CLOSE_GONE = 4404
 
 
 def stream_group(stream: str) -> str:
@@ -71,7 +77,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     stream = ""
     _loop: asyncio.Task[None] | None = None  # _run, from accept() on
-    _revoked = False  # a re-check found the user without access: nothing more is sent
+    _ended = False  # this side closed the socket (access lost, subject gone): nothing more is sent
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Channels' consumer loop, then `_release()` whatever ended it: a handler that raises ends
@@ -99,6 +105,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if self.stream:
             await self.join(stream_group(self.stream))
         await self.start()
+        if self._ended:  # start() found the subject gone
+            return
         self._loop = asyncio.create_task(self._run(), name=f"dashboard:{type(self).__name__}")
 
     async def disconnect(self, code: int) -> None:
@@ -107,7 +115,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def send_json(self, content: Any, close: bool = False) -> None:
         """Send, unless the user lost access: a group message (a log tail) may still arrive between
         the close and the end of the socket. Every push of these sockets goes through here."""
-        if not self._revoked:
+        if not self._ended:
             await super().send_json(content, close)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -152,7 +160,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def _run(self) -> None:
         interval = self._throttle.interval_s
         last = time.monotonic()
-        while True:
+        while not self._ended:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await self._wake.wait()
@@ -202,15 +210,20 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         return user is not None and user.pk == self._user_pk and role_of(user) is not None
 
     async def _revoke(self) -> None:
-        """The user lost access: leave the groups, send nothing more, close with 4401."""
+        """The user lost access: close with 4401."""
+        await self.end(CLOSE_ACCESS_REVOKED, "access revoked")
+
+    async def end(self, code: int, why: str) -> None:
+        """Close the socket from this side: leave the groups, stop ticking, send nothing more."""
         log.info(
-            "Closing dashboard stream %s of user %s: access revoked.",
+            "Closing dashboard stream %s of user %s: %s.",
             self.stream or type(self).__name__,
             self._user_pk,
+            why,
         )
-        self._revoked = True
+        self._ended = True
         await self._leave_groups()
-        await self.close(code=CLOSE_ACCESS_REVOKED)
+        await self.close(code=code)
 
     async def dashboard_changed(self, event: dict[str, Any]) -> None:
         """Group message: something changed; push at the next allowed moment."""
@@ -340,7 +353,11 @@ class LogConsumer(LiveConsumer):
         await self.tick()
 
     async def tick(self) -> None:
-        command = Command(uuid.uuid4().hex, "tail_log", str(self.deployment.pk), lines=self.LINES)
+        pk = self.deployment.pk
+        if not await database_sync_to_async(Deployment.objects.filter(pk=pk).exists)():
+            await self.end(CLOSE_GONE, f"deployment {pk} was deleted")
+            return
+        command = Command(uuid.uuid4().hex, "tail_log", str(pk), lines=self.LINES)
         await self.channel_layer.group_send(
             agent_group(self.deployment.host_id), {"type": "agent.command", "frame": command.to_dict()}
         )

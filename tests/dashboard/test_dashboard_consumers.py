@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import time
@@ -17,7 +18,14 @@ from channels.layers import get_channel_layer
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from dashboard import snapshots
-from dashboard.consumers import JobsConsumer, LogConsumer, ModelConsumer, OverviewConsumer, stream_group
+from dashboard.consumers import (
+    CLOSE_GONE,
+    JobsConsumer,
+    LogConsumer,
+    ModelConsumer,
+    OverviewConsumer,
+    stream_group,
+)
 from dashboard.routing import websocket_urlpatterns
 from deployments.models import Deployment
 from django.test import Client
@@ -198,4 +206,26 @@ async def test_a_job_page_streams_its_job_even_when_newer_jobs_fill_the_list(
     await get_channel_layer().group_send(stream_group("jobs"), {"type": "dashboard.changed"})
     delta = await communicator.receive_json_from(timeout=5)
     assert delta["set"][f"job:{old.pk}"]["status"] == "succeeded"  # the page reloads on this
+    await communicator.disconnect()
+
+
+async def test_a_log_socket_closes_and_stops_asking_the_agent_once_its_deployment_is_deleted(
+    viewer_user: User, deployment: Deployment
+) -> None:
+    layer = get_channel_layer()
+    agent = await layer.new_channel()
+    await layer.group_add(agent_group(deployment.host_id), agent)
+    communicator = socket(LogConsumer, "/ws/dashboard/deployments/x/logs/", viewer_user, pk=deployment.pk)
+    assert (await communicator.connect())[0]
+    assert (await asyncio.wait_for(layer.receive(agent), timeout=5))["frame"]["action"] == "tail_log"
+
+    await database_sync_to_async(Deployment.objects.filter(pk=deployment.pk).delete)()
+    closing = await communicator.receive_output(timeout=5)
+    assert closing == {"type": "websocket.close", "code": CLOSE_GONE}
+    # Before: a tail_log for the deleted deployment every second, each answered by the agent with
+    # an `unknown_deployment` error, for as long as the page stayed open.
+    with contextlib.suppress(TimeoutError):  # one sent as the deployment went
+        await asyncio.wait_for(layer.receive(agent), timeout=0.5)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(layer.receive(agent), timeout=2.5)
     await communicator.disconnect()
