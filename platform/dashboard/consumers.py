@@ -18,9 +18,10 @@ Access is checked at the handshake (a platform role, from the session) and again
 the user: a socket whose session is gone (signed out, expired, flushed) or whose user lost access
 (deactivated, role removed, password changed) leaves its groups, sends nothing more and is closed
 with 4401 (``CLOSE_ACCESS_REVOKED``). One check per socket per period, not one per pushed message.
-A log socket whose deployment is deleted while it is open is closed the same way with 4404
-(``CLOSE_GONE``) instead of asking the host's agent for the tail of a deployment it no longer has,
-every second for as long as the page stays open.
+A log socket whose deployment, or a model socket whose model, is deleted while it is open is
+closed the same way with 4404 (``CLOSE_GONE``): the log socket would otherwise ask the host's agent
+for the tail of a deployment it no longer has every second, and the model page would stay "live" on
+a model that is gone, for as long as the page stays open.
 
 The sockets only push: whatever a browser sends is ignored. A socket's polling task and groups are
 released however it ends, including when a handler raises (daphne then closes it with 1011 and
@@ -305,8 +306,12 @@ class ModelConsumer(LiveConsumer):
         self._summary: dict[str, Any] = {}
         await self.tick()
 
-    def _read_new(self) -> dict[int, list[dict[str, Any]]]:
+    def _read_new(self) -> dict[int, list[dict[str, Any]]] | None:
+        """deployment pk -> its new points; None once the model is deleted."""
         deps = list(Deployment.objects.filter(model=self.model).order_by("pk").values_list("pk", flat=True))
+        # Deployments protect their model: only a model without any can have been deleted.
+        if not deps and not ServedModel.objects.filter(pk=self.model.pk).exists():
+            return None
         # First read: only the recent past (the page drew the history from the same samples).
         start = timezone.now() - snapshots.HISTORY_WINDOW
         after = {pk: self._after.get(pk, start) for pk in deps}
@@ -320,6 +325,9 @@ class ModelConsumer(LiveConsumer):
 
     async def tick(self) -> None:
         new = await database_sync_to_async(self._read_new)()
+        if new is None:
+            await self.end(CLOSE_GONE, f"model {self.model.pk} was deleted")
+            return
         for pk, points in new.items():
             if not points:
                 continue

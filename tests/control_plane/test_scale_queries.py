@@ -195,7 +195,9 @@ def test_the_model_socket_reads_new_points_without_a_query_per_deployment(alice:
     socket.model, socket._after = model, {}
 
     def read() -> dict[int, list[dict[str, Any]]]:
-        return socket._read_new()
+        new = socket._read_new()
+        assert new is not None
+        return new
 
     small, large = counts_small_and_large(fleet, alice, read)
     assert large == small, f"{small} queries for 2 hosts, {large} for 20"

@@ -32,6 +32,7 @@ from django.test import Client
 from django.utils import timezone
 from inventory.models import Device, Host
 from jobs.models import Job, JobStatus
+from registry.models import ServedModel
 
 from config.asgi import application
 from tests.dashboard.helpers import GIB, add_device_sample, add_engine_sample
@@ -228,4 +229,19 @@ async def test_a_log_socket_closes_and_stops_asking_the_agent_once_its_deploymen
         await asyncio.wait_for(layer.receive(agent), timeout=0.5)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(layer.receive(agent), timeout=2.5)
+    await communicator.disconnect()
+
+
+async def test_a_model_socket_closes_once_its_model_is_deleted(
+    viewer_user: User, served_model: ServedModel
+) -> None:
+    communicator = socket(ModelConsumer, "/ws/dashboard/models/x/", viewer_user, pk=served_model.pk)
+    assert (await communicator.connect())[0]
+    assert (await communicator.receive_json_from(timeout=5))["type"] == "summary"
+
+    await database_sync_to_async(served_model.delete)()
+    # Before: the socket read the (empty) deployments of the deleted model every second, and its
+    # page stayed "live" for as long as it was open.
+    closing = await communicator.receive_output(timeout=5)
+    assert closing == {"type": "websocket.close", "code": CLOSE_GONE}
     await communicator.disconnect()
