@@ -287,14 +287,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_log_tail(self, linked: services.LinkedHost, frame: LogTail) -> None:
         """Relay to whoever asked: dashboard sockets in group ``agents.logs.<deployment id>``. Only
-        for the host's own deployments: an agent must not write into another host's log view."""
+        for the host's own deployments: an agent must not write into another host's log view.
+
+        The group is named after the deployment's key, not the wire id as written: an id with
+        leading zeros names the same deployment (`services.wire_pk`), and as a group name it would
+        reach no socket, or raise past channels' 100 characters and end the link."""
         dep = frame.deployment_id
         if not await database_sync_to_async(services.is_host_deployment)(linked, dep):
             reason = f"deployment {dep!r} is not on host {linked.name}"
             await self.reject("deployment_id", reason, "unknown_deployment")
             return
+        pk = services.wire_pk(dep)
         await self.channel_layer.group_send(
-            f"agents.logs.{dep}", {"type": "log.tail", "deployment_id": dep, "lines": frame.lines}
+            f"agents.logs.{pk}", {"type": "log.tail", "deployment_id": str(pk), "lines": frame.lines}
         )
 
     async def on_probe_result(self, linked: services.LinkedHost, frame: ProbeReport) -> None:

@@ -283,6 +283,29 @@ async def test_it_relays_log_tails_only_for_the_agents_own_deployments(
         await comm.disconnect()
 
 
+async def test_it_relays_a_log_tail_whose_id_has_leading_zeros_to_the_deployments_viewers(
+    agent_host: AgentHost, served_model: ServedModel
+) -> None:
+    with NO_SWEEP:
+        comm = await registered(agent_host.token)
+        own = await database_sync_to_async(_deployment_on)("gpu-a", served_model)
+        await comm.receive_json_from(timeout=5)  # the desired list with it
+        layer = get_channel_layer()
+        viewer = await layer.new_channel()
+        await layer.group_add(f"agents.logs.{own.pk}", viewer)
+        # The id names the deployment (its digits, as every other frame reads them), but made a
+        # group name as written it was one no socket joins, or past channels' 100 characters one
+        # that raised TypeError: the handler crashed and took the agent's link with it.
+        for wire_id in ("0" + str(own.pk), "0" * 120 + str(own.pk)):
+            tail = {"v": 1, "type": "log_tail", "deployment_id": wire_id, "lines": [wire_id]}
+            await comm.send_json_to(tail)
+            relayed = await asyncio.wait_for(layer.receive(viewer), 5)
+            assert relayed["lines"] == [wire_id]
+        await comm.send_json_to({"v": 1, "type": "heartbeat", "ts": 1.0})
+        assert await comm.receive_nothing(timeout=0.3)  # the link is up: no error, no close
+        await comm.disconnect()
+
+
 @pytest.mark.parametrize("deployment_id", ["1" * 30, "9" * 5000])  # beyond int64; beyond int()
 async def test_it_answers_deployment_ids_no_database_key_can_hold(
     agent_host: AgentHost, deployment_id: str
