@@ -70,6 +70,25 @@ def test_it_raises_the_coordinators_typed_errors(server: CoordinatorServer, sock
         prod.ping()  # the connection survives every refusal
 
 
+def test_it_refuses_sizes_beyond_64_bits_that_would_end_every_stats_callers_session(
+    server: CoordinatorServer, sock_path: str
+) -> None:
+    # JSON carries ints of up to 4300 digits; two such leases summed in stats are an int Python
+    # refuses to print, and every client that asked for stats had its connection dropped.
+    with AquaClient(sock_path) as prod, AquaClient(sock_path) as watcher:
+        for nbytes in (9 * 10**4299, 1 << 63):
+            with pytest.raises(InvalidArgument, match="nbytes"):
+                prod.lease("p1", "cpu0", nbytes, SHM)
+        r = prod.lease("p1", "cpu0", (1 << 63) - 1, SHM)
+        prod.lease("p1", "cpu0", (1 << 63) - 1, SHM)
+        with pytest.raises(InvalidArgument, match="nbytes"):
+            prod.resize(r, 9 * 10**4299)
+        with pytest.raises(InvalidArgument, match="nbytes"):
+            watcher.allocate("c1", 1 << 63)
+        assert watcher.stats()["devices"]["cpu0"]["leased_bytes"] == 2 * ((1 << 63) - 1)
+        assert watcher.connected()
+
+
 def test_it_rejects_malformed_frames_without_dropping_the_connection(
     server: CoordinatorServer, sock_path: str
 ) -> None:

@@ -44,6 +44,10 @@ from serving.aqua.coordinator.records import Allocation, ReclaimStatus
 # host copies and CUDA copies (cudaMalloc itself aligns to 256 bytes).
 ALIGNMENT = 256
 LOCAL_SESSION = "local"
+# Sizes travel as signed 64-bit integers (off_t, torch sizes). An unbounded one is worse than
+# absurd: JSON carries ints of up to 4300 digits, and a sum of two such leases in `stats` is one
+# Python refuses to print, so every client asking for stats would lose its session.
+MAX_NBYTES = (1 << 63) - 1
 
 
 @dataclass
@@ -105,8 +109,8 @@ def _align(n: int) -> int:
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgument(f"{name}={value!r} must be a positive integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_NBYTES:
+        raise InvalidArgument(f"{name}={value!r} must be a positive integer of at most {MAX_NBYTES}")
     return value
 
 
