@@ -89,6 +89,27 @@ def test_it_refuses_sizes_beyond_64_bits_that_would_end_every_stats_callers_sess
         assert watcher.connected()
 
 
+def test_it_refuses_handles_it_could_not_send_back_to_their_consumers(
+    server: CoordinatorServer, sock_path: str
+) -> None:
+    # Each allocation's reply carries its region's handle: a 495-deep one overflowed the
+    # recursion limit, three copies of a 400 kB one the frame limit, and the consumer asking for
+    # them had its connection dropped (its allocations freed) instead of an answer.
+    nested: list[object] = []
+    for _ in range(495):
+        nested = [nested]
+    with AquaClient(sock_path) as prod, AquaClient(sock_path) as cons:
+        for handle in ({"kind": "shm", "x": nested}, {"kind": "shm", "blob": "x" * 400_000}):
+            with pytest.raises(InvalidArgument, match="handle"):
+                prod.lease("p1", "cpu0", 1 << 20, handle)
+        r = prod.lease("p1", "cpu0", 1 << 20, {"kind": "shm", "ipc": {"a": [[1], [2]]}})
+        for _ in range(3):
+            assert cons.allocate("c1", 4096) is not None
+        prod.request_reclaim(r)
+        assert len(cons.pending_reclaims("c1")) == 3
+        assert cons.connected()
+
+
 def test_it_rejects_malformed_frames_without_dropping_the_connection(
     server: CoordinatorServer, sock_path: str
 ) -> None:

@@ -48,6 +48,11 @@ LOCAL_SESSION = "local"
 # absurd: JSON carries ints of up to 4300 digits, and a sum of two such leases in `stats` is one
 # Python refuses to print, so every client asking for stats would lose its session.
 MAX_NBYTES = (1 << 63) - 1
+# A handle is sent back in every allocation of its region (allocate, allocation, pending_reclaims):
+# one that cannot be sent back (too deep to encode, or making the reply exceed the frame limit)
+# would end the session of each consumer placed on it. Real ones are flat and a few hundred bytes.
+MAX_HANDLE_BYTES = 4096
+MAX_HANDLE_DEPTH = 8  # levels of dicts and lists, the handle's own included
 
 
 @dataclass
@@ -122,6 +127,34 @@ def _within_memory(nbytes: int, handle: dict[str, Any]) -> None:
         raise InvalidArgument(f"{nbytes=} exceeds the {size} bytes of memory behind the handle")
 
 
+def _handle_copy(handle: object) -> dict[str, Any]:
+    """A private, JSON-able copy of a lease's handle, refused if it could not be sent back."""
+    # Types only in the messages: the repr of a deeply nested value would itself recurse too far.
+    if not isinstance(handle, dict):
+        raise InvalidArgument(f"handle must be a dict with a string 'kind', not a {type(handle).__name__}")
+    if not isinstance(handle.get("kind"), str):
+        raise InvalidArgument(f"handle's 'kind' must be a string, not a {type(handle.get('kind')).__name__}")
+    if not _nested_within(handle, MAX_HANDLE_DEPTH):  # checked first: json.dumps would recurse
+        raise InvalidArgument(f"handle nests dicts and lists more than {MAX_HANDLE_DEPTH} deep")
+    try:
+        data = json.dumps(handle)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"handle must be JSON-serialisable: {exc}") from None
+    if len(data.encode()) > MAX_HANDLE_BYTES:
+        raise InvalidArgument(f"handle of {len(data.encode())} bytes exceeds {MAX_HANDLE_BYTES}")
+    copy: dict[str, Any] = json.loads(data)
+    return copy
+
+
+def _nested_within(value: object, depth: int) -> bool:
+    # Recurses at most `depth` + 1 levels, however deep `value` is.
+    if isinstance(value, dict):
+        return depth > 0 and all(_nested_within(v, depth - 1) for v in value.values())
+    if isinstance(value, list | tuple):
+        return depth > 0 and all(_nested_within(v, depth - 1) for v in value)
+    return True
+
+
 def _region_ids(name: str, value: object) -> frozenset[str]:
     if value is None:
         return frozenset()
@@ -157,16 +190,15 @@ class Coordinator:
         *,
         session: str = LOCAL_SESSION,
     ) -> str:
-        """Offer `nbytes` of `device` memory, attachable through `handle`; returns the region id."""
+        """Offer `nbytes` of `device` memory, attachable through `handle`; returns the region id.
+
+        `handle` is a JSON-able dict with a string "kind", at most `MAX_HANDLE_BYTES` as JSON and
+        `MAX_HANDLE_DEPTH` levels deep: every allocation of the region is sent with it.
+        """
         _name("producer_id", producer_id)
         _name("device", device)
         _positive_int("nbytes", nbytes)
-        if not isinstance(handle, dict) or not isinstance(handle.get("kind"), str):
-            raise InvalidArgument(f"handle={handle!r} must be a dict with a string 'kind'")
-        try:
-            handle = json.loads(json.dumps(handle))  # a private, JSON-able copy
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(f"handle must be JSON-serialisable: {exc}") from None
+        handle = _handle_copy(handle)
         _within_memory(nbytes, handle)
         region_id = f"r{self._next_region}"
         self._regions[region_id] = _Region(
