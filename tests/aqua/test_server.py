@@ -110,6 +110,30 @@ def test_it_refuses_handles_it_could_not_send_back_to_their_consumers(
         assert cons.connected()
 
 
+def test_it_answers_a_reply_too_large_to_send_with_an_error_and_keeps_the_session(
+    server: CoordinatorServer, sock_path: str
+) -> None:
+    # The stats of 3000 regions exceed the frame limit: the server's handler raised, and the
+    # client that asked (any watcher) lost its session and its allocations.
+    with AquaClient(sock_path) as prod, AquaClient(sock_path) as cons:
+        prod.lease("p1", "cpu0", 4096, SHM)
+        a = cons.allocate("c1", 100)
+        assert a is not None
+        server.call(lambda c: [c.lease("p" * 200, "cpu0", 4096, SHM) for _ in range(3000)])
+        with pytest.raises(ProtocolError, match="could not be sent"):
+            cons.stats()
+        assert cons.allocation(a.alloc_id) == a
+    raw = socket.socket(socket.AF_UNIX)
+    raw.connect(sock_path)
+    f = raw.makefile("rb")
+    raw.sendall(encode({"id": "x" * (MAX_FRAME - 100), "op": "stats"}))  # even its error is too large
+    reply = decode(f.readline())
+    assert reply["id"] is None and reply["error"]["code"] == "ProtocolError"
+    raw.sendall(encode({"id": 2, "op": "ping"}))
+    assert decode(f.readline()) == {"id": 2, "ok": True, "result": "pong"}
+    raw.close()
+
+
 def test_it_rejects_malformed_frames_without_dropping_the_connection(
     server: CoordinatorServer, sock_path: str
 ) -> None:

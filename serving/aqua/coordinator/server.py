@@ -172,7 +172,7 @@ class CoordinatorServer:
                     break
                 if not line:
                     break
-                writer.write(encode(self._dispatch(session, line)))
+                writer.write(self._reply(session, line))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -183,6 +183,24 @@ class CoordinatorServer:
             writer.close()
             if task is not None:
                 self._handlers.discard(task)
+
+    def _reply(self, session: str, line: bytes) -> bytes:
+        """The encoded reply to one request line.
+
+        A reply that cannot be sent (over `MAX_FRAME`: stats of thousands of regions, a request id
+        near the frame limit) is answered by a ProtocolError: raising here would end the session,
+        freeing its allocations, over an answer to one request.
+        """
+        reply = self._dispatch(session, line)
+        try:
+            return encode(reply)
+        except _UNSENDABLE as exc:
+            error = ProtocolError(f"the reply could not be sent: {exc}")
+        log.warning("aqua coordinator: session %s: %s", session, error)
+        try:
+            return encode(_error_reply(reply.get("id"), error))
+        except _UNSENDABLE:  # the request's id itself is what cannot be sent back
+            return encode(_error_reply(None, error))
 
     def _dispatch(self, session: str, line: bytes) -> dict[str, Any]:
         req_id = None
@@ -230,6 +248,11 @@ class CoordinatorServer:
         if op == "stats":
             return {**c.stats(), "sessions": len(self.sessions)}
         raise InvalidArgument(f"unknown operation {op!r}")  # unreachable: OPS is checked first
+
+
+# What encoding a reply raises when it cannot be sent: over MAX_FRAME (ProtocolError), an int of
+# more than 4300 digits (ValueError), nested deeper than the recursion limit (RecursionError).
+_UNSENDABLE = (ProtocolError, ValueError, RecursionError)
 
 
 def _error_reply(req_id: object, exc: CoordinatorError) -> dict[str, Any]:
