@@ -134,6 +134,30 @@ def test_it_answers_a_reply_too_large_to_send_with_an_error_and_keeps_the_sessio
     raw.close()
 
 
+def test_it_refuses_names_too_long_to_send_back_in_every_allocation(
+    server: CoordinatorServer, sock_path: str
+) -> None:
+    # Every allocation carries its producer id: with a 300 kB one, four allocations made a
+    # pending_reclaims reply over the frame limit, and their consumer could never learn what to
+    # give back (its session lost, before replies too large were answered with an error).
+    long, longest = "x" * 300_000, 1024  # the coordinator's MAX_NAME
+    with AquaClient(sock_path) as prod, AquaClient(sock_path) as cons:
+        with pytest.raises(InvalidArgument, match="producer_id"):
+            prod.lease(long, "cpu0", 4096, SHM)
+        with pytest.raises(InvalidArgument, match="device"):
+            prod.lease("p1", long, 4096, SHM)
+        with pytest.raises(InvalidArgument, match="consumer_id"):
+            cons.allocate(long, 100)
+        with pytest.raises(InvalidArgument, match="device_hint"):
+            cons.allocate("c1", 100, long)
+        assert cons.stats()["regions"] == []
+        r = prod.lease("p" * longest, "d" * longest, 1 << 20, SHM)
+        for _ in range(4):
+            assert cons.allocate("c" * longest, 4096) is not None
+        prod.request_reclaim(r)
+        assert len(cons.pending_reclaims("c" * longest)) == 4
+
+
 def test_it_rejects_malformed_frames_without_dropping_the_connection(
     server: CoordinatorServer, sock_path: str
 ) -> None:

@@ -53,6 +53,8 @@ MAX_NBYTES = (1 << 63) - 1
 # would end the session of each consumer placed on it. Real ones are flat and a few hundred bytes.
 MAX_HANDLE_BYTES = 4096
 MAX_HANDLE_DEPTH = 8  # levels of dicts and lists, the handle's own included
+# Ids and device names travel in every allocation too; real ones are a few dozen characters.
+MAX_NAME = 1024
 
 
 @dataclass
@@ -166,6 +168,8 @@ def _region_ids(name: str, value: object) -> frozenset[str]:
 def _name(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidArgument(f"{name}={value!r} must be a non-empty string")
+    if len(value) > MAX_NAME:
+        raise InvalidArgument(f"{name} of {len(value)} characters exceeds {MAX_NAME}")
     return value
 
 
