@@ -314,6 +314,33 @@ def test_it_refuses_oversized_frames(server: CoordinatorServer, sock_path: str) 
     raw.close()
 
 
+def test_it_stops_promptly_though_a_client_never_reads_its_replies(sock_path: str) -> None:
+    # Closing a connection flushes its unsent replies first: one whose peer never read them held
+    # stop() for the 5 s the server waits on its handlers, past the host agent's 2 s stop timeout
+    # (which then reported the coordinator stuck and hung up on every client from outside).
+    srv = CoordinatorServer(sock_path)
+    srv.start()
+    with AquaClient(sock_path) as reader:
+        hog = socket.socket(socket.AF_UNIX)
+        hog.connect(sock_path)
+        hog.setblocking(False)
+        request = encode({"id": 1, "op": "x" * 4000})  # each is answered with its op echoed
+        blocked_since = None
+        while blocked_since is None or time.monotonic() - blocked_since < 0.5:
+            try:
+                hog.send(request)
+                blocked_since = None
+            except BlockingIOError:
+                blocked_since = blocked_since or time.monotonic()
+                time.sleep(0.01)
+        reader.ping()  # the server is blocked on the hog's replies only
+        t0 = time.monotonic()
+        assert srv.stop(timeout=2.0)
+        assert time.monotonic() - t0 < 2.0
+        assert not reader.connected()
+        hog.close()
+
+
 def test_it_runs_functions_on_the_servers_loop_for_an_in_process_host(
     server: CoordinatorServer, sock_path: str
 ) -> None:

@@ -31,6 +31,9 @@ from serving.aqua.coordinator.protocol import MAX_FRAME, OPS, decode, encode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# At stop, how long connections may take to flush their last replies before they are cut (well
+# under the host agent's 2 s stop timeout).
+FLUSH_GRACE_S = 0.5
 
 
 class CoordinatorServer:
@@ -72,7 +75,11 @@ class CoordinatorServer:
                 for writer in list(self._writers):
                     writer.close()  # each handler sees EOF and runs its session's disconnect
                 if self._handlers:
-                    await asyncio.wait(set(self._handlers), timeout=5.0)
+                    _, pending = await asyncio.wait(set(self._handlers), timeout=FLUSH_GRACE_S)
+                    if pending:  # closing waits to flush: a peer that never reads would hold it
+                        for writer in list(self._writers):
+                            writer.transport.abort()
+                        await asyncio.wait(pending, timeout=5.0)
         finally:
             server.close()
             self._unlink_socket_file()
