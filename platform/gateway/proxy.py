@@ -26,7 +26,8 @@ An engine that fails after it started to answer is not retried (it may have gene
 the client gets a 502 (504 on a read timeout) if nothing was sent yet, else a final SSE error event
 in place of ``[DONE]``; either way the request is recorded as failed. So is one whose answer (or
 one SSE event of it) passes GATEWAY_MAX_ENGINE_BODY_BYTES (GATEWAY_MAX_ENGINE_EVENT_BYTES): it is
-read only that far, then the engine's connection is closed.
+read only that far, then the engine's connection is closed. An engine that keeps its stream open
+after ``[DONE]`` is closed ``AFTER_DONE_S`` later: the client's stream ends then, served in full.
 
 Every response carries an ``x-request-id`` (``req_`` and 32 hex digits, as OpenAI's: the SDK
 shows it as a response's ``_request_id`` and an error's ``request_id``). The engine gets it as
@@ -80,6 +81,13 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+
+# How long an engine may keep its stream open after its [DONE]. vLLM ends the stream right after
+# it, and reading that end lets the connection serve the next request; the client's stream ends
+# only then (the async OpenAI SDK, like curl, reads an HTTP/1.1 answer to its end after [DONE]).
+# An engine that stays open is not waited for: the client would wait for its read timeout.
+AFTER_DONE_S = 1.0
 
 
 class ClientGone(Exception):
@@ -352,16 +360,26 @@ class GatewayApp:
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         try:
-            async for data in response.aiter_raw():
-                events = meter.feed(data)
-                if events:
-                    await send({"type": "http.response.body", "body": b"".join(events), "more_body": True})
-                if meter.done:
-                    # The client has the whole response: one that hangs up now, before the
-                    # engine closes its end, was served in full (or told of the engine's error).
-                    state["outcome"] = "failed" if meter.failed else "completed"
-                if meter.too_large:  # the relay closes the engine's connection: vLLM aborts
-                    break
+            try:
+                async with asyncio.timeout(None) as after_done:
+                    async for data in response.aiter_raw():
+                        events = meter.feed(data)
+                        if events:
+                            body = b"".join(events)
+                            await send({"type": "http.response.body", "body": body, "more_body": True})
+                        if meter.done and after_done.when() is None:
+                            # The client has the whole response: one that hangs up now, before the
+                            # engine closes its end, was served in full (or told of the engine's error).
+                            state["outcome"] = "failed" if meter.failed else "completed"
+                            after_done.reschedule(asyncio.get_running_loop().time() + AFTER_DONE_S)
+                        if meter.too_large:  # the relay closes the engine's connection: vLLM aborts
+                            break
+            except TimeoutError:
+                if not after_done.expired():
+                    raise
+                # The engine kept its stream open after [DONE]: the client's ends now (the relay
+                # then closes the engine's connection).
+                log.warning("gateway: replica %s kept a stream open after [DONE]", target.replica_id)
             events = meter.close()
             if meter.too_large:
                 error = _too_large(target, "SSE event", settings.GATEWAY_MAX_ENGINE_EVENT_BYTES)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from accounts.services import revoke_api_key
+from gateway import proxy
 from gateway.models import RequestSample, Usage
 from inventory.models import HostStatus
 from registry.models import ServedModel
@@ -295,6 +297,35 @@ def test_a_client_that_leaves_after_done_was_served_in_full(gateway_data: dict[s
     result = asyncio.run(call(app, "/v1/chat/completions", body, secret, disconnect=leave_after_done))
     assert result.events()[-1] == "[DONE]"
     assert state["closed"], "the upstream stream was closed"
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "completed" and sample.completion_tokens == 2
+    assert Usage.objects.get().completion_tokens == 2
+
+
+def test_an_engine_that_keeps_its_stream_open_after_done_does_not_hold_the_client(
+    gateway_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Once the client's stream ended only when the engine closed its end: up to the read timeout
+    # (600 s) for one that did not, while the async OpenAI SDK (and curl) wait for that end.
+    monkeypatch.setattr(proxy, "AFTER_DONE_S", 0.05)
+    state = {"closed": False}
+
+    async def done_then_linger() -> AsyncIterator[bytes]:
+        try:
+            yield sse(chunk("a", 5, 1), chunk("b", 5, 2), final_usage(5, 2))
+            await asyncio.Event().wait()  # the engine never closes its end
+        finally:
+            state["closed"] = True
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=done_then_linger(), headers={"content-type": "text/event-stream"})
+
+    body = {**CHAT, "stream": True}
+    started = time.monotonic()
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
+    assert time.monotonic() - started < 5, "the client's stream waited for the engine"
+    assert result.events()[-1] == "[DONE]" and result.chunks[-1] == b"", "the client's stream ended"
+    assert state["closed"], "the engine's stream was closed"
     sample = RequestSample.objects.get()
     assert sample.outcome == "completed" and sample.completion_tokens == 2
     assert Usage.objects.get().completion_tokens == 2
