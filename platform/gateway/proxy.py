@@ -362,7 +362,9 @@ class GatewayApp:
         try:
             try:
                 async with asyncio.timeout(None) as after_done:
-                    async for data in response.aiter_raw():
+                    # Decoded as the answer's content-encoding says: the engine was offered gzip
+                    # and deflate (httpx's default), which a proxy in front of it may use.
+                    async for data in response.aiter_bytes():
                         events = meter.feed(data)
                         if events:
                             body = b"".join(events)

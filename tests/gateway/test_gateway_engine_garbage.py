@@ -4,6 +4,7 @@ misbehaving engine sent, and what the client gets and the gateway books since.""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
 from collections.abc import AsyncIterator
@@ -110,6 +111,30 @@ def test_crlf_line_endings_split_anywhere_are_events_too(gateway_data: dict[str,
     raw = sse(chunk("a", 7, 1), final_usage(7, 2)).replace(b"\n", b"\r\n")
     pieces = [raw[i : i + 3] for i in range(0, len(raw), 3)]  # a CR and its LF in two pieces
     result = asyncio.run(call(stream_of(*pieces), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    assert json.loads(result.events()[0])["choices"][0]["delta"]["content"] == "a"
+    assert result.events()[-1] == "[DONE]" and booked() == ("completed", 7, 2)
+
+
+def test_a_compressed_stream_is_read_as_the_gateway_asked_for_it(gateway_data: dict[str, Any]) -> None:
+    """The gateway's requests accept gzip and deflate (httpx's default), and an engine behind a
+    compressing proxy uses them; the stream was read raw, compressed, as if it were SSE: the client
+    got an "ended early" error in place of the answer, and nothing was booked."""
+    raw = sse(chunk("a", 7, 1), final_usage(7, 2))
+    compressed = gzip.compress(raw)
+    pieces = [compressed[i : i + 5] for i in range(0, len(compressed), 5)]
+    asked: list[str] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        asked.append(request.headers["accept-encoding"])
+        headers = {"content-type": "text/event-stream", "content-encoding": "gzip"}
+        return httpx.Response(200, content=body(), headers=headers)
+
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    assert "gzip" in asked[0]
     assert json.loads(result.events()[0])["choices"][0]["delta"]["content"] == "a"
     assert result.events()[-1] == "[DONE]" and booked() == ("completed", 7, 2)
 
