@@ -189,9 +189,12 @@ class GatewayApp:
             max_event_bytes=settings.GATEWAY_MAX_ENGINE_EVENT_BYTES,
         )
         state: dict[str, Any] = {"target": None, "outcome": "failed"}
+        answered: list[bool] = []  # whether the answer's last body message went out
         refused: GatewayError | None = None  # the relay's error from before the first byte
         cancelled: asyncio.CancelledError | None = None
-        relay = asyncio.ensure_future(self._relay(request, admission, meter, state, send))
+        relay = asyncio.ensure_future(
+            self._relay(request, admission, meter, state, _noting_end(send, answered))
+        )
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
             await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -202,7 +205,10 @@ class GatewayApp:
         finally:
             if not relay.done():  # the client left (or we are cancelled): stop the upstream request
                 relay.cancel()
-                if state["outcome"] != "completed":  # not a client that left after [DONE]
+                # Not a client that left after [DONE], nor after the whole answer: daphne reports
+                # http.disconnect as soon as it went out, while the relay may still be closing
+                # the engine's connection (an error it answered stays "failed").
+                if state["outcome"] != "completed" and not answered:
                     state["outcome"] = "disconnected"
             watcher.cancel()
             # A cancellation of this task while the two end (the relay closes the engine's stream:
@@ -495,6 +501,18 @@ def _noting_start(send: Send, started: list[bool]) -> Send:
     async def sending(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             started.append(True)
+        await send(message)
+
+    return sending
+
+
+def _noting_end(send: Send, answered: list[bool]) -> Send:
+    """``send`` that appends to ``answered`` as the answer's last body message is sent (before:
+    daphne queues http.disconnect while it sends it)."""
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            answered.append(True)
         await send(message)
 
     return sending

@@ -21,6 +21,7 @@ class Call:
         self.headers: dict[bytes, bytes] = {}
         self.chunks: list[bytes] = []
         self.sent_body = asyncio.Event()
+        self.ended = asyncio.Event()  # the answer's last body message was sent
 
     @property
     def body(self) -> bytes:
@@ -69,6 +70,8 @@ async def call(
         else:
             result.chunks.append(message.get("body", b""))
             result.sent_body.set()
+            if not message.get("more_body", False):
+                result.ended.set()
 
     await asyncio.wait_for(app(scope, receive, send), 10)
     return result

@@ -241,3 +241,36 @@ def test_a_relay_cancelled_again_while_it_closes_the_engines_stream_releases_the
 
     asyncio.run(scenario())
     assert outstanding(app, gateway_data) == [0, 0]
+
+
+class ClosingSocket(DyingStream):
+    """A broken-off body whose close suspends, as closing a real socket does (anyio's ``aclose``)."""
+
+    async def aclose(self) -> None:
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_failure_answered_in_full_stays_failed_when_daphne_reports_the_disconnect_at_once(
+    gateway_data: dict[str, Any], stream: bool
+) -> None:
+    # Daphne queues http.disconnect as the answer's last body message goes out. The relay was
+    # still closing the engine's broken connection: the request was recorded as "disconnected",
+    # the client's doing, and one without usage waited for a prompt count it did not need.
+    sent = sse(chunk("a", 7, 1)).removesuffix(b"data: [DONE]\n\n") if stream else b'{"id": "c1"'
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        assert request.url.path != "/tokenize", "a failed request's prompt was counted"
+        return httpx.Response(200, stream=ClosingSocket([sent], httpx.ReadError("reset")))
+
+    async def as_daphne(result: Any) -> None:
+        await result.ended.wait()
+
+    body = {**CHAT, "stream": stream}
+    app, secret = app_with(upstream), gateway_data["secret"]
+    result = asyncio.run(call(app, "/v1/chat/completions", body, secret, disconnect=as_daphne))
+    error = json.loads(result.events()[-1])["error"] if stream else result.json()["error"]
+    assert error["code"] == "upstream_failed"
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "failed" and sample.completion_tokens == (1 if stream else 0)
+    assert Usage.objects.get().requests == 1
