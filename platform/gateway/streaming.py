@@ -75,25 +75,26 @@ class StreamMeter:
     too_large: bool = False
     _buffer: bytearray = field(default_factory=bytearray)
     _scanned: int = 0  # how much of _buffer is known to hold no event end
-    _held_cr: bool = False  # the last piece ended in CR: its LF may start the next
+    _after_cr: bool = False  # the last piece ended in CR: an LF starting the next ends that line
     _choices: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (prompt, completion)
 
     def feed(self, data: bytes) -> list[bytes]:
         """Bytes from the engine -> complete SSE events to send to the client, rewritten.
 
         Nothing after ``[DONE]`` is passed on. Lines may end in CRLF or CR as SSE allows (a CR
-        that ends one piece is held until the next shows whether an LF follows). Only the new
-        bytes are normalised and searched: an engine's huge line arriving in many pieces costs
-        linear time, not a rescan of all it buffered per piece (a 50 MB line in 64 KB pieces
-        took 43 s of the event loop). An event passing ``max_event_bytes`` sets ``too_large``:
+        that ends one piece ends its line at once, so that its event is not held until the engine
+        sends more; an LF that starts the next piece is then that CR's). Only the new bytes are
+        normalised and searched: an engine's huge line arriving in many pieces costs linear time,
+        not a rescan of all it buffered per piece (a 50 MB line in 64 KB pieces took 43 s of the
+        event loop). An event passing ``max_event_bytes`` sets ``too_large``:
         the events before it are returned, nothing more is taken."""
         if self.done or self.too_large:
             return []
-        if self._held_cr:
-            data, self._held_cr = b"\r" + data, False
+        if data:  # (an empty piece tells nothing of the CR before it)
+            crlf = self._after_cr and data.startswith(b"\n")
+            self._after_cr = data.endswith(b"\r")
+            data = data[1:] if crlf else data
         if b"\r" in data:
-            if data.endswith(b"\r"):
-                data, self._held_cr = data[:-1], True
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         self._buffer += data
         out: list[bytes] = []
@@ -116,7 +117,7 @@ class StreamMeter:
     def close(self) -> list[bytes]:
         """The engine's stream ended: an event left without its blank line, taken as one."""
         rest = bytes(self._buffer).strip(b"\n")
-        self._buffer, self._scanned, self._held_cr = bytearray(), 0, False
+        self._buffer, self._scanned, self._after_cr = bytearray(), 0, False
         if self.done or self.too_large or not rest:
             return []
         rewritten = self._event(rest)
@@ -127,7 +128,7 @@ class StreamMeter:
         if self.max_event_bytes is None or size <= self.max_event_bytes:
             return False
         self.too_large = True
-        self._buffer, self._scanned, self._held_cr = bytearray(), 0, False
+        self._buffer, self._scanned, self._after_cr = bytearray(), 0, False
         return True
 
     def _event(self, event: bytes) -> bytes | None:

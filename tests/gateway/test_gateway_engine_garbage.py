@@ -139,6 +139,20 @@ def test_a_compressed_stream_is_read_as_the_gateway_asked_for_it(gateway_data: d
     assert result.events()[-1] == "[DONE]" and booked() == ("completed", 7, 2)
 
 
+@pytest.mark.parametrize("newline", [b"\r", b"\r\n"])
+def test_an_event_whose_piece_ends_in_a_cr_is_passed_on_without_waiting_for_the_next(newline: bytes) -> None:
+    """Once a CR that ended a piece was held until the next piece showed whether an LF followed:
+    an engine with CR line endings had every event (its token) held until it sent the next one, and
+    one with CRLF had an event held whose piece broke between its last CR and LF."""
+    meter = StreamMeter(started=0.0)
+    first, second = (b"data: " + json.dumps(chunk(text, 7, n)).encode() for text, n in (("a", 1), ("b", 2)))
+    events = meter.feed(first + newline + b"\r")  # the engine now generates the next token
+    assert [json.loads(e.removeprefix(b"data: "))["choices"][0]["delta"]["content"] for e in events] == ["a"]
+    rest = newline.removeprefix(b"\r")  # the LF of a CRLF comes with the next piece: no blank line
+    events = meter.feed(rest + second + newline * 2 + b"data: [DONE]" + newline * 2)
+    assert len(events) == 2 and events[-1] == b"data: [DONE]\n\n" and meter.completion_tokens == 2
+
+
 def test_a_stream_that_ends_without_done_ends_with_an_error_event_and_failed(
     gateway_data: dict[str, Any],
 ) -> None:
