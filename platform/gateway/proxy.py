@@ -76,6 +76,7 @@ ClientFactory = Callable[[], httpx.AsyncClient]
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 MODEL_PREFIX = "/v1/models/"  # + a model's name: models.retrieve
+IDENTITY = {"accept-encoding": "identity"}
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -255,7 +256,9 @@ class GatewayApp:
                 "POST",
                 target.base_url + path,
                 content=encoded,
-                headers={**target.headers(), "x-request-id": request.request_id},
+                # No compression (httpx offers gzip and deflate): one compressed piece may decode
+                # to a thousand times its size, past what the answer's size limits mean to bound.
+                headers={**target.headers(), "x-request-id": request.request_id, **IDENTITY},
                 extensions={"trace": _when_sent(state, target)},
             )
             self.router.acquire(target)
@@ -368,8 +371,8 @@ class GatewayApp:
         try:
             try:
                 async with asyncio.timeout(None) as after_done:
-                    # Decoded as the answer's content-encoding says: the engine was offered gzip
-                    # and deflate (httpx's default), which a proxy in front of it may use.
+                    # Decoded as the answer's content-encoding says, should the engine (or a proxy
+                    # in front of it) compress although it was asked not to.
                     async for data in response.aiter_bytes():
                         events = meter.feed(data)
                         if events:
