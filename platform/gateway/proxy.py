@@ -92,7 +92,8 @@ AFTER_DONE_S = 1.0
 
 
 class ClientGone(Exception):
-    """The client disconnected while the request body was being read."""
+    """The client disconnected: while the request body was being read, or (the server's send()
+    raised OSError) while it was being answered."""
 
 
 def default_client() -> httpx.AsyncClient:
@@ -191,11 +192,13 @@ class GatewayApp:
         )
         state: dict[str, Any] = {"target": None, "outcome": "failed"}
         answered: list[bool] = []  # whether the answer's last body message went out
-        refused: GatewayError | None = None  # the relay's error from before the first byte
+        # The relay's error, raised once the request is booked: a GatewayError from before the
+        # first byte (answered then), ClientGone (the server's send() found the client gone), or
+        # a failure of the gateway itself.
+        error: BaseException | None = None
         cancelled: asyncio.CancelledError | None = None
-        relay = asyncio.ensure_future(
-            self._relay(request, admission, meter, state, _noting_end(send, answered))
-        )
+        relay_send = _noting_end(_raising_gone(send), answered)
+        relay = asyncio.ensure_future(self._relay(request, admission, meter, state, relay_send))
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
             await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -220,10 +223,8 @@ class GatewayApp:
             if failed is not None:  # receive() itself failed: raised, as before
                 raise failed
             error = None if relay.cancelled() else relay.exception()
-            if isinstance(error, GatewayError):  # answered once the request is recorded
-                refused = error
-            elif error is not None:
-                raise error
+            if isinstance(error, ClientGone) and state["outcome"] != "completed" and not answered:
+                state["outcome"] = "disconnected"  # as when receive() tells of it first
         target: Target | None = state["target"]
         if target is not None:  # an engine took the request: what it served counts
             booking = book(
@@ -232,8 +233,8 @@ class GatewayApp:
             await to_the_end(booking)
         if cancelled is not None:
             raise cancelled
-        if refused is not None:
-            raise refused
+        if error is not None:
+            raise error
 
     async def _open(
         self, request: CompletionRequest, admission: services.Admission, state: dict[str, Any]
@@ -505,6 +506,20 @@ def _noting_start(send: Send, started: list[bool]) -> Send:
         if message["type"] == "http.response.start":
             started.append(True)
         await send(message)
+
+    return sending
+
+
+def _raising_gone(send: Send) -> Send:
+    """``send`` that raises ClientGone where the server's raises OSError: the ASGI spec's word for
+    a send() to a client that closed its connection (daphne and uvicorn drop it instead, and tell
+    of the departure through receive())."""
+
+    async def sending(message: dict[str, Any]) -> None:
+        try:
+            await send(message)
+        except OSError as exc:
+            raise ClientGone from exc
 
     return sending
 

@@ -329,3 +329,44 @@ def test_an_engine_that_keeps_its_stream_open_after_done_does_not_hold_the_clien
     sample = RequestSample.objects.get()
     assert sample.outcome == "completed" and sample.completion_tokens == 2
     assert Usage.objects.get().completion_tokens == 2
+
+
+def test_a_client_gone_when_the_server_sends_is_booked_as_a_disconnect(gateway_data: dict[str, Any]) -> None:
+    # The ASGI spec has a server's send() to a closed connection raise OSError (daphne and uvicorn
+    # drop the message instead). That error left the relay before the booking: the engine's tokens
+    # were neither booked nor sampled, and it went on as the ASGI app's crash.
+    state = {"closed": False}
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            for n in range(1, 100):
+                yield b"data: " + json.dumps(chunk("x", 5, n)).encode() + b"\n\n"
+                await asyncio.sleep(0.01)
+        finally:
+            state["closed"] = True
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=endless(), headers={"content-type": "text/event-stream"})
+
+    messages = [{"type": "http.request", "body": json.dumps({**CHAT, "stream": True}).encode()}]
+    bodies: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message.get("body"):
+            if len(bodies) == 2:
+                raise ConnectionResetError("the client closed its connection")
+            bodies.append(message["body"])
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # the server does not tell of the departure here
+        raise AssertionError("unreachable")
+
+    headers = [(b"authorization", f"Bearer {gateway_data['secret']}".encode())]
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+    asyncio.run(asyncio.wait_for(app_with(upstream)(scope, receive, send), 10))  # raises nothing
+    assert state["closed"], "the upstream stream was closed"
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "disconnected" and (sample.prompt_tokens, sample.completion_tokens) == (5, 3)
+    assert Usage.objects.get().completion_tokens == 3
