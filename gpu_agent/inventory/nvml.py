@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from gpu_agent.inventory.base import Inventory
 from gpu_agent.protocol import DeviceInfo, DeviceSample
+from gpu_agent.schema import INT64_MAX
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class NvmlInventory(Inventory):
                 uuid=_text(nvml.nvmlDeviceGetUUID(h)),
                 name=_text(nvml.nvmlDeviceGetName(h)),
                 kind="gpu",
-                memory_total_bytes=int(nvml.nvmlDeviceGetMemoryInfo(h).total),
+                memory_total_bytes=_bytes(nvml.nvmlDeviceGetMemoryInfo(h).total),
             )
         except nvml.NVMLError as exc:
             log.error("GPU %d cannot be read (%s); it is left out until the agent restarts.", i, exc)
@@ -159,8 +160,8 @@ class NvmlInventory(Inventory):
         milliwatts = _maybe(nvml, nvml.nvmlDeviceGetPowerUsage, h)
         return DeviceSample(
             index=i,
-            memory_used_bytes=int(mem.used),
-            memory_free_bytes=int(mem.free),
+            memory_used_bytes=_bytes(mem.used),
+            memory_free_bytes=_bytes(mem.free),
             utilization_pct=None if util is None else float(min(100, util.gpu)),
             temperature_c=None if temp is None else float(temp),
             power_w=None if milliwatts is None else milliwatts / 1000.0,
@@ -171,6 +172,19 @@ class NvmlInventory(Inventory):
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError as exc:
             log.debug("nvmlShutdown failed: %s", exc)
+
+
+def _bytes(value: int) -> int:
+    """A byte count NVML reported, or 0 where it cannot be one.
+
+    NVML's counts are unsigned 64-bit. An inconsistent reading (used beyond total, or a total of
+    0) makes a count that was subtracted past zero wrap to nearly 2**64: no real count, and past
+    the signed 64-bit range the control plane stores, which refuses the whole telemetry frame over
+    it (every device and engine of the host, every tick). Such a count means "none"; the device's
+    other readings, and the other devices, are reported as usual.
+    """
+    value = int(value)
+    return value if 0 <= value <= INT64_MAX else 0
 
 
 def _text(value: str | bytes) -> str:

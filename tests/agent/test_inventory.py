@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
+from typing import Any
 
 import psutil
 import pytest
@@ -10,6 +12,7 @@ import pytest
 import gpu_agent.inventory as inventory_pkg
 from gpu_agent.inventory import CpuInventory, NvmlInventory, detect_inventory
 from gpu_agent.inventory.nvml import normalize_bus_id
+from gpu_agent.protocol import Telemetry, dumps, loads
 from tests.agent.fake_nvml import FakeGpu, FakeNvml
 
 GPU, SWITCH = 0, 2
@@ -100,3 +103,25 @@ def test_it_reports_the_cpu_with_host_memory() -> None:
     assert s.memory_used_bytes + s.memory_free_bytes == dev.memory_total_bytes
     assert s.utilization_pct is not None and 0 <= s.utilization_pct <= 100
     assert inv.describe()[0].uuid == dev.uuid  # stable
+
+
+class InconsistentMemoryNvml(FakeNvml):
+    """FakeNvml whose memory counts are NVML's unsigned 64-bit ones: a GPU with more memory used
+    than it has gets a free count that wrapped past zero (a negative number read as unsigned)."""
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
+        return SimpleNamespace(total=h.total, used=h.used, free=(h.total - h.used) % 2**64)
+
+
+def test_it_reports_a_wrapped_memory_count_as_none_so_the_frame_stays_valid() -> None:
+    gpus = [
+        FakeGpu("00000000:17:00.0", total=80 * 2**30, used=81 * 2**30, temp=61),  # used > total
+        FakeGpu("00000000:2A:00.0"),
+    ]
+    inv = NvmlInventory(InconsistentMemoryNvml(gpus))
+    bad, good = inv.sample()
+    assert (bad.memory_used_bytes, bad.memory_free_bytes, bad.temperature_c) == (81 * 2**30, 0, 61.0)
+    assert (good.memory_used_bytes, good.memory_free_bytes) == (2**30, 79 * 2**30)
+    # The control plane takes the frame: no count past the signed 64-bit range it stores.
+    frame = loads(dumps(Telemetry(ts=1_700_000_000.0, devices=[bad, good])), sender="agent")
+    assert isinstance(frame, Telemetry) and frame.devices == [bad, good]
