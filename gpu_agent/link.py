@@ -351,11 +351,26 @@ class AgentLink:
     async def _flush(self, ws: ClientConnection) -> None:
         while True:
             while self._buffer:
-                text = self._encode(self._buffer[0], dropped=self.stats.dropped)
-                if text is not None:
+                # Popped before the send: a frame submitted to a full buffer while this one is on
+                # its way must push out the oldest frame still waiting, not this one (and then
+                # popping after the send would take that waiting frame, never sent nor counted).
+                frame = self._buffer.popleft()
+                text = self._encode(frame, dropped=self.stats.dropped)
+                if text is None:
+                    continue
+                try:
                     await ws.send(text)
-                    self.stats.telemetry_sent += 1
-                # Popped after the send: a connection lost mid-send keeps the frame for the next.
-                self._buffer.popleft()
+                except BaseException:  # the connection went, or the flush was cancelled, mid-send
+                    self._requeue(frame)
+                    raise
+                self.stats.telemetry_sent += 1
             self._wake.clear()
             await self._wake.wait()
+
+    def _requeue(self, frame: Telemetry) -> None:
+        """Put a frame whose send did not finish back first, for the next connection; when the
+        buffer filled up meanwhile it is the oldest frame, so it is the one dropped."""
+        if len(self._buffer) == self._buffer.maxlen:
+            self.stats.dropped += 1
+        else:
+            self._buffer.appendleft(frame)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -208,3 +209,62 @@ async def test_it_sends_frames_raised_during_the_handshake_after_register(
         assert link.connected
     assert sent[0].result() is True
     assert [f["type"] for _, f in server.frames][:2] == ["register", "deployment_status"]
+
+
+async def ignore(frame: Frame) -> None:
+    pass
+
+
+class SlowSocket:
+    """A connection whose sends finish only when `release` is set (a slow or congested link)."""
+
+    def __init__(self) -> None:
+        self.sent: list[float] = []  # telemetry ts, in the order the sends finished
+        self.sending = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def send(self, text: str) -> None:
+        self.sending.set()
+        await self.release.wait()
+        self.sent.append(json.loads(text)["ts"])
+
+
+@pytest.mark.asyncio
+async def test_it_drops_the_oldest_waiting_frame_when_the_buffer_fills_during_a_send() -> None:
+    link = AgentLink("ws://127.0.0.1:9", "t", hello=list, on_frame=ignore, buffer_size=3)
+    for ts in (1, 2, 3):
+        link.submit_telemetry(telemetry(ts))
+    ws = SlowSocket()
+    flush = asyncio.create_task(link._flush(ws))  # type: ignore[arg-type]
+    await asyncio.wait_for(ws.sending.wait(), 5)  # frame 1 is on its way, 2 and 3 wait
+    link.submit_telemetry(telemetry(4))  # the buffer holds 3: room, frame 1 is no longer in it
+    link.submit_telemetry(telemetry(5))  # full: the oldest waiting frame (2) is dropped
+    ws.release.set()
+    await wait_for(lambda: len(ws.sent) == 4)
+    flush.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await flush
+    assert ws.sent == [1, 3, 4, 5]  # in order; only the dropped frame is missing
+    assert link.stats.dropped == 1 and link.stats.telemetry_sent == 4
+
+
+@pytest.mark.asyncio
+async def test_it_keeps_a_frame_whose_send_was_cut_off_for_the_next_connection() -> None:
+    link = AgentLink("ws://127.0.0.1:9", "t", hello=list, on_frame=ignore, buffer_size=3)
+    for ts in (1, 2):
+        link.submit_telemetry(telemetry(ts))
+    ws = SlowSocket()
+    flush = asyncio.create_task(link._flush(ws))  # type: ignore[arg-type]
+    await asyncio.wait_for(ws.sending.wait(), 5)
+    flush.cancel()  # the connection went while frame 1 was on its way
+    with contextlib.suppress(asyncio.CancelledError):
+        await flush
+    assert link.buffered == 2
+    ws = SlowSocket()
+    ws.release.set()
+    flush = asyncio.create_task(link._flush(ws))  # type: ignore[arg-type]
+    await wait_for(lambda: len(ws.sent) == 2)
+    flush.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await flush
+    assert ws.sent == [1, 2] and link.stats.dropped == 0
