@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -37,10 +38,14 @@ def detect_inventory(nvml: Any = None, *, agent_name: str | None = None) -> Inve
     except (OSError, nvml.NVMLError) as exc:
         reason = f"NVML could not start: {exc}"
     else:
-        if nvml.nvmlDeviceGetCount() > 0:
-            return NvmlInventory(nvml)
-        nvml.nvmlShutdown()
-        reason = "the NVIDIA driver reports no GPUs"
+        try:
+            if nvml.nvmlDeviceGetCount() > 0:
+                return NvmlInventory(nvml)
+            reason = "the NVIDIA driver reports no GPUs"
+        except nvml.NVMLError as exc:  # a driver that starts but cannot list its GPUs
+            reason = f"NVML could not list the GPUs: {exc}"
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
     if not _warned_no_driver:
         log.warning("No NVIDIA driver on this host (%s); reporting the CPU as its one device.", reason)
         _warned_no_driver = True

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import psutil
+import pynvml
 import pytest
 
 import gpu_agent.inventory as inventory_pkg
@@ -125,3 +126,25 @@ def test_it_reports_a_wrapped_memory_count_as_none_so_the_frame_stays_valid() ->
     # The control plane takes the frame: no count past the signed 64-bit range it stores.
     frame = loads(dumps(Telemetry(ts=1_700_000_000.0, devices=[bad, good])), sender="agent")
     assert isinstance(frame, Telemetry) and frame.devices == [bad, good]
+
+
+class UncountableNvml(FakeNvml):
+    """A driver that starts (nvmlInit) but fails to list its GPUs, with pynvml's own errors."""
+
+    NVMLError = pynvml.NVMLError
+
+    def nvmlDeviceGetCount(self) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+
+def test_it_falls_back_and_says_why_when_nvml_cannot_list_the_gpus(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(inventory_pkg, "_warned_no_driver", False)
+    nvml = UncountableNvml([FakeGpu("00000000:17:00.0")])
+    with caplog.at_level(logging.WARNING, logger="gpu_agent.inventory"):
+        inv = detect_inventory(nvml)
+    assert isinstance(inv, CpuInventory)
+    assert nvml.shutdowns == 1  # the nvmlInit that succeeded is undone
+    (warning,) = [r.getMessage() for r in caplog.records if "No NVIDIA driver" in r.getMessage()]
+    assert "NVML could not list the GPUs" in warning
