@@ -25,6 +25,7 @@ from typing import Any
 
 from agents.models import AgentLink
 from deployments.models import Deployment, DesiredState, ObservedState
+from django.conf import settings
 from django.utils import timezone
 from registry.models import ServedModel
 
@@ -106,6 +107,7 @@ class AgentEngineProbe(EngineProbe):
         should_cancel: Callable[[], bool] | None = None,
         timeout_s: float = 600.0,
         poll_s: float = 0.2,
+        disconnect_grace_s: float | None = None,
     ) -> None:
         """
         Args:
@@ -115,6 +117,10 @@ class AgentEngineProbe(EngineProbe):
             should_cancel: Polled while waiting for an answer.
             timeout_s: The longest one replay may take on the agent.
             poll_s: Seconds between reads of the ProbeRequest row.
+            disconnect_grace_s: How long the host's agent may stay disconnected while a probe
+                waits for its answer (default: HOST_OFFLINE_AFTER_S, when its host counts as
+                offline). An agent sends a `probe_result` only over a live connection: one that
+                comes back in time may still answer, one that does not never will.
         """
         self.deployment = deployment
         self.workload = workload
@@ -122,6 +128,9 @@ class AgentEngineProbe(EngineProbe):
         self.should_cancel = should_cancel or (lambda: False)
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+        self.disconnect_grace_s = (
+            float(settings.HOST_OFFLINE_AFTER_S) if disconnect_grace_s is None else disconnect_grace_s
+        )
         self._kv_bytes_per_token = 0
 
     @classmethod
@@ -205,6 +214,7 @@ class AgentEngineProbe(EngineProbe):
             probe_id=frame.probe_id, host=self.deployment.host, job_id=self.job_id, frame=frame.to_dict()
         )
         deadline = time.monotonic() + self.timeout_s + RELAY_MARGIN_S
+        away_since: float | None = None  # when this worker first saw the agent disconnected
         while True:
             row.refresh_from_db(fields=["status", "result", "error"])
             if row.status == ProbeStatus.DONE and row.result is not None:
@@ -214,6 +224,15 @@ class AgentEngineProbe(EngineProbe):
             if self.should_cancel():
                 self._close(row, ProbeStatus.CANCELLED, "the profile job was cancelled")
                 raise ProfilingCancelled(f"cancelled while probing {self._where()}")
+            away_since = self._agent_away_since(away_since)
+            if away_since is not None and time.monotonic() - away_since > self.disconnect_grace_s:
+                self._close(row, ProbeStatus.FAILED, "its agent disconnected")
+                raise ProfilingError(
+                    f"the agent of host {self.deployment.host.name!r} disconnected while probing "
+                    f"{self._where()} at {rate:.4g} req/s and did not come back within "
+                    f"{self.disconnect_grace_s:g} s; its answer is lost: run the profile job again "
+                    "once the agent is connected"
+                )
             if time.monotonic() > deadline:
                 self._close(row, ProbeStatus.FAILED, "no answer in time")
                 raise ProfilingError(
@@ -224,6 +243,15 @@ class AgentEngineProbe(EngineProbe):
         report: dict[str, Any] = row.result
         self._kv_bytes_per_token = int(report.get("kv_bytes_per_token") or self._kv_bytes_per_token)
         return report
+
+    def _agent_away_since(self, since: float | None) -> float | None:
+        """None while the host's agent is connected; else when it was first seen away (``since``,
+        or now). Timed by this worker's clock, not the link's ``disconnected_at``, which another
+        machine's clock wrote."""
+        link = AgentLink.objects.filter(host=self.deployment.host).values_list("connected", flat=True)
+        if link.first():
+            return None
+        return time.monotonic() if since is None else since
 
     @staticmethod
     def _close(row: ProbeRequest, status: ProbeStatus, error: str) -> None:

@@ -1,0 +1,86 @@
+"""A probe whose host's agent disconnects while it waits for the answer fails once the agent has
+stayed away for its grace period, naming the host: the agent sends a `probe_result` only over a
+live connection, so the answer is lost, and the profile job would otherwise wait out the whole probe
+timeout (10 minutes by default) before saying anything."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+from planning.engine_probe import AgentEngineProbe
+from planning.models import ProbeRequest, ProbeStatus
+
+from serving.profiler import ProfilingError
+from tests.planning.test_probe_relay import (
+    SETTINGS,
+    WORKLOAD,
+    Measure,
+    connect,
+    next_probe,
+    running_deployment,
+    setup_host,
+)
+
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("close_worker_thread_connections"),
+]
+
+
+async def test_it_fails_the_probe_when_the_agent_disconnects_and_stays_away() -> None:
+    with SETTINGS:
+        host, token = await setup_host()
+        comm = await connect(token)
+        deployment = await running_deployment(host)
+        # A timeout far beyond Measure.wait's 30 s: only the disconnect can end the wait in time.
+        probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=300, disconnect_grace_s=0.5)
+        measuring = Measure(lambda: probe.measure(1.0))
+        measuring.start()
+        frame = await next_probe(comm)  # sent; the agent goes away before it answers
+        await comm.disconnect()
+        await measuring.wait()
+        assert isinstance(measuring.error, ProfilingError), measuring.error
+        message = str(measuring.error)
+        assert "disconnected" in message and "'gpu-a'" in message and "run the profile job again" in message
+        row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
+        assert row.status == ProbeStatus.FAILED and "disconnected" in row.error
+
+
+async def test_it_keeps_waiting_for_an_agent_that_comes_back_within_the_grace() -> None:
+    with SETTINGS:
+        host, token = await setup_host()
+        comm = await connect(token)
+        deployment = await running_deployment(host)
+        probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=300, disconnect_grace_s=5.0)
+        measuring = Measure(lambda: probe.measure(1.0))
+        measuring.start()
+        frame = await next_probe(comm)
+        await comm.disconnect()
+        await asyncio.sleep(1.0)  # away for 20 polls of the worker, within the grace
+        comm = await connect(token)  # back: its replay's answer comes over the new link
+        report = {
+            "v": 1,
+            "type": "probe_result",
+            "probe_id": frame["probe_id"],
+            "deployment_id": frame["deployment_id"],
+            "ok": True,
+            "rate": 1.0,
+            "num_requests": 12,
+            "finished": 12,
+            "ttft_p99_s": 0.1,
+            "tbt_p99_s": 0.01,
+            "ttft_p50_s": 0.05,
+            "tbt_p50_s": 0.005,
+            "kv_capacity_bytes": 1 << 30,
+            "peak_kv_used_bytes": 1 << 20,
+            "peak_kv_demand_bytes": 1 << 20,
+            "kv_bytes_per_token": 1024,
+        }
+        await comm.send_json_to(report)
+        await measuring.wait()
+        assert measuring.error is None, measuring.error
+        assert measuring.result.finished == 12
+        await comm.disconnect()
