@@ -16,7 +16,9 @@ applied once: applying it again changes nothing, even when the deployments were 
 to what it was computed on (its fingerprint matches again); a new place job plans against them. A
 plan computed against deployments that have changed since (another apply, an operator's edit) is
 refused as stale, and so is one whose hosts, GPUs or models are gone, one that starts or moves a
-model to a host that is offline now (its agent is gone: the model would not run there), or one of
+model to a host whose GPUs changed since (their number, the smallest one's memory or NVLink: the
+plan sized its models for the GPUs it saw), one that starts or moves a model to a host that is
+offline now (its agent is gone: the model would not run there), or one of
 whose model names now belongs to another model than the one it was computed for. Applies take
 every host's row lock first (the lock deployment writes take, in host order), so two applies run
 one after the other and the second sees the first's deployments; either every change is made or
@@ -38,8 +40,8 @@ from jobs.models import Job, JobStatus
 from registry.models import ServedModel
 
 from planning.models import PlacementPlan
-from planning.placing import current_placement, fingerprint, running_deployments
-from serving.placement import Plan, diff
+from planning.placing import current_placement, fingerprint, gpus_by_host, host_spec, running_deployments
+from serving.placement import Plan, ServerSpec, diff
 
 
 class PlanNotApplicable(Exception):
@@ -155,7 +157,7 @@ def _check(row: PlacementPlan, plan: Plan) -> _Checked | None:
             "The deployments changed since this plan was computed (another plan was applied or a "
             "deployment was edited); run a new place job."
         )
-    return moves, extras, _targets(moves)
+    return moves, extras, _targets(moves, {s.name: s for s in plan.servers})
 
 
 def _check_same_models(row: PlacementPlan) -> None:
@@ -201,12 +203,13 @@ class _Target:
     devices: list[Device]
 
 
-def _targets(moves: list[Any]) -> dict[str, _Target]:
-    """model name -> its target, for every move that starts or re-places a model.
+def _targets(moves: list[Any], servers: dict[str, ServerSpec]) -> dict[str, _Target]:
+    """model name -> its target, for every move that starts or re-places a model; ``servers`` are
+    the plan's hosts as it saw them (server name -> spec of the whole host).
 
     Raises:
-        PlanConflict: a model, host or GPU of the plan no longer exists, or a host it starts or
-            moves a model to is offline.
+        PlanConflict: a model, host or GPU of the plan no longer exists, the GPUs of a host it
+            starts or moves a model to changed, or such a host is offline.
     """
     names = {m.model for m in moves if m.kind != "stop"}
     models = {m.name: m for m in ServedModel.objects.filter(name__in=names)}
@@ -216,6 +219,7 @@ def _targets(moves: list[Any]) -> dict[str, _Target]:
     out: dict[str, _Target] = {}
     gone: list[str] = []
     offline: list[str] = []
+    changed: dict[str, str] = _changed_hosts(set(hosts), servers)  # host name -> how
     for m in moves:
         if m.kind == "stop":
             continue
@@ -226,9 +230,6 @@ def _targets(moves: list[Any]) -> dict[str, _Target]:
         if host is None:
             gone.append(f"host {m.to_server!r}")
             continue
-        if host.status == HostStatus.OFFLINE:
-            offline.append(host.name)
-            continue
         devices = list(
             Device.objects.filter(host=host, kind=DeviceKind.GPU, index__in=m.to_gpus).order_by("index")
         )
@@ -236,10 +237,21 @@ def _targets(moves: list[Any]) -> dict[str, _Target]:
         if missing:
             gone.append(f"GPU {', '.join(map(str, missing))} of host {host.name!r}")
             continue
+        if host.name in changed:
+            continue
+        if host.status == HostStatus.OFFLINE:
+            offline.append(host.name)
+            continue
         out[m.model] = _Target(model, host, devices)
     if gone:
         raise PlanConflict(
             f"The plan refers to what no longer exists: {'; '.join(sorted(set(gone)))}; run a new place job."
+        )
+    if changed:
+        how = "; ".join(f"host {name!r}: {text}" for name, text in sorted(changed.items()))
+        raise PlanConflict(
+            f"The GPUs of the hosts the plan places models on changed since it was computed ({how}); "
+            "run a new place job."
         )
     if offline:
         down = ", ".join(repr(name) for name in sorted(set(offline)))
@@ -248,6 +260,26 @@ def _targets(moves: list[Any]) -> dict[str, _Target]:
             "bring the host back online or run a new place job."
         )
     return out
+
+
+def _changed_hosts(names: set[str], servers: dict[str, ServerSpec]) -> dict[str, str]:
+    """host name -> how its GPUs differ now from the plan's spec of it, for the hosts in ``names``
+    the plan lists (a plan stored without a host's spec is not checked)."""
+    now = gpus_by_host()
+    out: dict[str, str] = {}
+    for name in sorted(names & set(servers)):
+        was, gpus = servers[name], now.get(name)
+        spec = host_spec(name, gpus) if gpus else None
+        if spec != was:
+            out[name] = f"was {_describe(was)}, now {_describe(spec)}"
+    return out
+
+
+def _describe(spec: ServerSpec | None) -> str:
+    if spec is None:
+        return "no GPUs"
+    link = "NVLink" if spec.nvlink else "no NVLink"
+    return f"{spec.num_gpus} GPU(s), the smallest of {spec.gpu_memory_bytes / 2**30:.4g} GiB, {link}"
 
 
 def _execute(moves: list[Any], extras: list[Deployment], targets: dict[str, _Target]) -> None:

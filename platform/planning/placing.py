@@ -81,6 +81,13 @@ def _spec(name: str, gpus: list[Device], num_gpus: int | None = None) -> ServerS
     return ServerSpec(name, num_gpus or len(gpus), min(d.memory_total_bytes for d in gpus), nvlink)
 
 
+def host_spec(name: str, gpus: list[Device]) -> ServerSpec:
+    """A host as a stored plan lists it: whole, its GPUs numbered by device index (`gpus`, all of
+    them, by index), so num_gpus covers the highest. Applying a plan compares it with the host's
+    now (planning/applying.py)."""
+    return _spec(name, gpus, gpus[-1].index + 1)
+
+
 def held_gpus(planned: set[str]) -> dict[str, set[int]]:
     """host name -> indices of the devices that running deployments of models outside `planned`
     use (a plan of `planned` must leave them alone)."""
@@ -225,7 +232,7 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     # host -> device index of the placer's GPU 0, 1, ...; and each host whole (for the stored plan,
     # whose GPU numbers are device indices: num_gpus covers the highest)
     indices = {name: [d.index for d in gpus] for name, gpus in free.items()}
-    whole = {name: _spec(name, gpus, gpus[-1].index + 1) for name, gpus in gpus_by_host().items()}
+    whole = {name: host_spec(name, gpus) for name, gpus in gpus_by_host().items()}
     config = PlacerConfig(time_limit_s=float(params.get("time_limit_s", 10.0)))
     ctx.progress(0.05)
     before = fingerprint()
