@@ -27,6 +27,7 @@ from agents.models import AgentLink
 from deployments.models import Deployment, DesiredState, ObservedState
 from django.conf import settings
 from django.utils import timezone
+from inventory.models import Host, HostStatus
 from registry.models import ServedModel
 
 from gpu_agent.protocol import Probe, ProbeRequestSpec
@@ -247,9 +248,12 @@ class AgentEngineProbe(EngineProbe):
     def _agent_away_since(self, since: float | None) -> float | None:
         """None while the host's agent is connected; else when it was first seen away (``since``,
         or now). Timed by this worker's clock, not the link's ``disconnected_at``, which another
-        machine's clock wrote."""
-        link = AgentLink.objects.filter(host=self.deployment.host).values_list("connected", flat=True)
-        if link.first():
+        machine's clock wrote. An offline host's agent counts as away even if its link still says
+        connected: the ASGI process that held the link died without marking it, and the liveness
+        sweep found the host silent for HOST_OFFLINE_AFTER_S."""
+        seen = Host.objects.filter(pk=self.deployment.host_id).values_list("status", "agent_link__connected")
+        status, connected = seen.first() or (HostStatus.OFFLINE, False)
+        if connected and status != HostStatus.OFFLINE:
             return None
         return time.monotonic() if since is None else since
 

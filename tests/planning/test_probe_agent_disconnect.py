@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 from channels.db import database_sync_to_async
+from inventory.models import Host, HostStatus
 from planning.engine_probe import AgentEngineProbe
 from planning.models import ProbeRequest, ProbeStatus
 
@@ -83,4 +84,29 @@ async def test_it_keeps_waiting_for_an_agent_that_comes_back_within_the_grace() 
         await measuring.wait()
         assert measuring.error is None, measuring.error
         assert measuring.result.finished == 12
+        await comm.disconnect()
+
+
+@database_sync_to_async
+def mark_offline(host: Host) -> None:
+    Host.objects.filter(pk=host.pk).update(status=HostStatus.OFFLINE)
+
+
+async def test_it_fails_the_probe_when_the_host_went_offline_though_its_link_says_connected() -> None:
+    # The ASGI process that held the agent's link died without marking it disconnected; the
+    # liveness sweep then finds the host silent and marks it offline.
+    with SETTINGS:
+        host, token = await setup_host()
+        comm = await connect(token)
+        deployment = await running_deployment(host)
+        probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=300, disconnect_grace_s=0.5)
+        measuring = Measure(lambda: probe.measure(1.0))
+        measuring.start()
+        frame = await next_probe(comm)
+        await mark_offline(host)
+        await measuring.wait()
+        assert isinstance(measuring.error, ProfilingError), measuring.error
+        assert "'gpu-a'" in str(measuring.error)
+        row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
+        assert row.status == ProbeStatus.FAILED
         await comm.disconnect()
