@@ -59,9 +59,19 @@ class ApplyOutcome:
     detail: str = ""
 
 
-def _plan_of(job: Job) -> tuple[PlacementPlan, Plan]:
+def _not_a_succeeded_place_job(job: Job) -> str | None:
+    """Why ``job``'s plan is not applicable for the job's own sake (None: a succeeded place job).
+    A place job's plan is stored just before the job is marked succeeded: a cancel in between, or
+    a worker killed there (failed as lost later), leaves a plan row behind a job that is not."""
     if job.kind != "place" or job.status != JobStatus.SUCCEEDED:
-        raise PlanNotApplicable(f"job {job.pk} is a {job.status} {job.kind} job, not a succeeded place job")
+        return f"job {job.pk} is a {job.status} {job.kind} job, not a succeeded place job"
+    return None
+
+
+def _plan_of(job: Job) -> tuple[PlacementPlan, Plan]:
+    why = _not_a_succeeded_place_job(job)
+    if why is not None:
+        raise PlanNotApplicable(why)
     row = PlacementPlan.objects.select_for_update().filter(job=job).first()
     if row is None:
         raise PlanNotApplicable(f"job {job.pk} has no stored plan")
@@ -112,12 +122,16 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
 
 
 def refusal(row: PlacementPlan) -> str | None:
-    """Why `apply_plan` would refuse ``row``'s plan as of now (its `PlanConflict` message), or
-    ``None``: it would apply it, find it already in effect, or (applied before) change nothing.
+    """Why `apply_plan` would refuse ``row``'s plan as of now (its `PlanConflict` message, or why
+    it is `PlanNotApplicable`: its job did not succeed, the plan cannot be read), or ``None``: it
+    would apply it, find it already in effect, or (applied before) change nothing.
     Read without locks, for a page that offers Apply: an apply decides again under its locks, and
     the deployments may still refuse a change then."""
     if row.applied_at is not None:
         return None
+    why = _not_a_succeeded_place_job(row.job)
+    if why is not None:
+        return f"{why[:1].upper()}{why[1:]}; run a new place job."
     try:
         plan = Plan.from_dict(row.plan)
     except ValueError as exc:  # stored by an older version in another shape

@@ -11,7 +11,7 @@ import pytest
 from deployments.models import Deployment, DesiredState
 from django.test import Client
 from inventory.models import Host, HostStatus
-from jobs.models import Job
+from jobs.models import Job, JobStatus
 from planning.models import PlacementPlan
 from registry.models import ServedModel
 from rest_framework.test import APIClient
@@ -98,3 +98,26 @@ def test_a_plan_stored_in_an_unreadable_shape_offers_no_apply_and_the_api_says_w
     refused = api.post(f"/api/v1/plans/{place_job.pk}/apply/")
     assert refused.status_code == 404 and "stored plan cannot be read" in refused.json()["detail"]
     assert deployment_rows() == before
+
+
+@pytest.mark.parametrize("status", [JobStatus.CANCELLED, JobStatus.FAILED])
+def test_a_plan_whose_job_did_not_succeed_offers_no_apply_and_the_api_says_why(
+    admin_client: Client,
+    place_job: Job,  # noqa: F811
+    status: JobStatus,
+) -> None:
+    # Its plan was stored, then the job was cancelled (or its worker killed, and the job failed as
+    # lost) before it was marked succeeded.
+    Job.objects.filter(pk=place_job.pk).update(status=status)
+    before = deployment_rows()
+
+    text = admin_client.get(f"/jobs/{place_job.pk}/").content.decode()
+    assert 'id="apply-plan"' not in text
+    assert f"{STALE}Job {place_job.pk} is a {status} place job, not a succeeded place job" in text
+
+    api = APIClient()
+    api.force_authenticate(place_job.created_by)
+    refused = api.post(f"/api/v1/plans/{place_job.pk}/apply/")
+    assert refused.status_code == 404 and f"is a {status} place job" in refused.json()["detail"]
+    assert deployment_rows() == before
+    assert PlacementPlan.objects.get(job=place_job).applied_at is None
