@@ -9,10 +9,11 @@ ASGI processes exactly one sends each) and sends each frame through its host's c
 poll per process, not one per connection: N connected agents cost one query per interval.
 `store_probe_result` records an answer.
 
-A probe cancelled after it was sent (its job was cancelled, or no longer runs) is still being
-replayed by the agent: the poller then sends its frame again with `cancel` set, once (marked by
+A probe cancelled after it was sent (its job was cancelled, or no longer runs), or given up by its
+worker (no answer in time, or its agent stayed away: failed with no result), may still be replayed
+by the agent: the poller then sends its frame again with `cancel` set, once (marked by
 ``result = {"stop_sent": true}`` on the row), so that the agent stops loading the engine for an
-answer nobody waits for.
+answer nobody waits for. A probe the agent answered has a result, and is not stopped.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def claim_pending(host_ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
     orphaned.update(status=ProbeStatus.CANCELLED, error="its job no longer runs", finished_at=timezone.now())
     stoppable = ProbeRequest.objects.filter(
         host_id__in=hosts,
-        status=ProbeStatus.CANCELLED,
+        status__in=[ProbeStatus.CANCELLED, ProbeStatus.FAILED],
         sent_at__isnull=False,
         result__isnull=True,
         # No replay outlives its timeout (at most MAX_PROBE_TIMEOUT_S): older rows need no stop.

@@ -23,6 +23,7 @@ from tests.planning.test_probe_relay import (
     running_deployment,
     setup_host,
 )
+from tests.planning.test_probe_stop_on_cancel import no_more_probes
 
 pytestmark = [
     pytest.mark.asyncio,
@@ -109,4 +110,27 @@ async def test_it_fails_the_probe_when_the_host_went_offline_though_its_link_say
         assert "'gpu-a'" in str(measuring.error)
         row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
         assert row.status == ProbeStatus.FAILED
+        await comm.disconnect()
+
+
+async def test_a_probe_given_up_on_is_stopped_on_the_agent_when_it_comes_back() -> None:
+    # The agent's link dropped while it replayed the probe; the worker gave up after the grace. The
+    # agent, back later, may still be replaying it against its engine: it is told to stop, once.
+    with SETTINGS:
+        host, token = await setup_host()
+        comm = await connect(token)
+        deployment = await running_deployment(host)
+        probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=300, disconnect_grace_s=0.3)
+        measuring = Measure(lambda: probe.measure(1.0))
+        measuring.start()
+        frame = await next_probe(comm)
+        await comm.disconnect()
+        await measuring.wait()
+        assert isinstance(measuring.error, ProfilingError), measuring.error
+        comm = await connect(token)
+        stop = await next_probe(comm)
+        assert stop["cancel"] is True and stop["probe_id"] == frame["probe_id"]
+        await no_more_probes(comm)  # once, not at every poll
+        row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
+        assert row.status == ProbeStatus.FAILED and "disconnected" in row.error
         await comm.disconnect()
