@@ -6,6 +6,7 @@ timeout (10 minutes by default) before saying anything."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
@@ -32,34 +33,39 @@ pytestmark = [
 ]
 
 
+async def probe_sent(grace_s: float) -> tuple[Host, str, Any, Measure, dict[str, Any]]:
+    """A measurement on a running deployment of a connected agent, whose probe the agent has
+    received: (host, its token, the agent's socket, the measurement, the probe frame). Its timeout
+    is far beyond Measure.wait's 30 s: only the agent's absence can end the wait in time."""
+    host, token = await setup_host()
+    comm = await connect(token)
+    deployment = await running_deployment(host)
+    probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=300, disconnect_grace_s=grace_s)
+    measuring = Measure(lambda: probe.measure(1.0))
+    measuring.start()
+    return host, token, comm, measuring, await next_probe(comm)
+
+
+@database_sync_to_async
+def stored(frame: dict[str, Any]) -> ProbeRequest:
+    return ProbeRequest.objects.get(probe_id=frame["probe_id"])
+
+
 async def test_it_fails_the_probe_when_the_agent_disconnects_and_stays_away() -> None:
     with SETTINGS:
-        host, token = await setup_host()
-        comm = await connect(token)
-        deployment = await running_deployment(host)
-        # A timeout far beyond Measure.wait's 30 s: only the disconnect can end the wait in time.
-        probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=300, disconnect_grace_s=0.5)
-        measuring = Measure(lambda: probe.measure(1.0))
-        measuring.start()
-        frame = await next_probe(comm)  # sent; the agent goes away before it answers
+        _host, _token, comm, measuring, frame = await probe_sent(grace_s=0.5)
         await comm.disconnect()
         await measuring.wait()
         assert isinstance(measuring.error, ProfilingError), measuring.error
         message = str(measuring.error)
         assert "disconnected" in message and "'gpu-a'" in message and "run the profile job again" in message
-        row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
+        row = await stored(frame)
         assert row.status == ProbeStatus.FAILED and "disconnected" in row.error
 
 
 async def test_it_keeps_waiting_for_an_agent_that_comes_back_within_the_grace() -> None:
     with SETTINGS:
-        host, token = await setup_host()
-        comm = await connect(token)
-        deployment = await running_deployment(host)
-        probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=300, disconnect_grace_s=5.0)
-        measuring = Measure(lambda: probe.measure(1.0))
-        measuring.start()
-        frame = await next_probe(comm)
+        _host, token, comm, measuring, frame = await probe_sent(grace_s=5.0)
         await comm.disconnect()
         await asyncio.sleep(1.0)  # away for 20 polls of the worker, within the grace
         comm = await connect(token)  # back: its replay's answer comes over the new link
@@ -97,18 +103,12 @@ async def test_it_fails_the_probe_when_the_host_went_offline_though_its_link_say
     # The ASGI process that held the agent's link died without marking it disconnected; the
     # liveness sweep then finds the host silent and marks it offline.
     with SETTINGS:
-        host, token = await setup_host()
-        comm = await connect(token)
-        deployment = await running_deployment(host)
-        probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=300, disconnect_grace_s=0.5)
-        measuring = Measure(lambda: probe.measure(1.0))
-        measuring.start()
-        frame = await next_probe(comm)
+        host, _token, comm, measuring, frame = await probe_sent(grace_s=0.5)
         await mark_offline(host)
         await measuring.wait()
         assert isinstance(measuring.error, ProfilingError), measuring.error
         assert "'gpu-a'" in str(measuring.error)
-        row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
+        row = await stored(frame)
         assert row.status == ProbeStatus.FAILED
         await comm.disconnect()
 
@@ -117,13 +117,7 @@ async def test_a_probe_given_up_on_is_stopped_on_the_agent_when_it_comes_back() 
     # The agent's link dropped while it replayed the probe; the worker gave up after the grace. The
     # agent, back later, may still be replaying it against its engine: it is told to stop, once.
     with SETTINGS:
-        host, token = await setup_host()
-        comm = await connect(token)
-        deployment = await running_deployment(host)
-        probe = AgentEngineProbe(deployment, WORKLOAD, poll_s=0.05, timeout_s=300, disconnect_grace_s=0.3)
-        measuring = Measure(lambda: probe.measure(1.0))
-        measuring.start()
-        frame = await next_probe(comm)
+        _host, token, comm, measuring, frame = await probe_sent(grace_s=0.3)
         await comm.disconnect()
         await measuring.wait()
         assert isinstance(measuring.error, ProfilingError), measuring.error
@@ -131,6 +125,6 @@ async def test_a_probe_given_up_on_is_stopped_on_the_agent_when_it_comes_back() 
         stop = await next_probe(comm)
         assert stop["cancel"] is True and stop["probe_id"] == frame["probe_id"]
         await no_more_probes(comm)  # once, not at every poll
-        row = await database_sync_to_async(ProbeRequest.objects.get)(probe_id=frame["probe_id"])
+        row = await stored(frame)
         assert row.status == ProbeStatus.FAILED and "disconnected" in row.error
         await comm.disconnect()
