@@ -54,6 +54,17 @@ def socket(consumer: Any, path: str, user: User | None, **kwargs: Any) -> Websoc
     return communicator
 
 
+async def log_socket(user: User, deployment: Deployment) -> tuple[Any, str, WebsocketCommunicator, Any]:
+    """A connected log socket of ``deployment``, with a channel in its agent's group standing in
+    for the agent: (the layer, that channel, the socket, the first command the agent got)."""
+    layer = get_channel_layer()
+    agent = await layer.new_channel()
+    await layer.group_add(agent_group(deployment.host_id), agent)
+    communicator = socket(LogConsumer, "/ws/dashboard/deployments/x/logs/", user, pk=deployment.pk)
+    assert (await communicator.connect())[0]
+    return layer, agent, communicator, await asyncio.wait_for(layer.receive(agent), timeout=5)
+
+
 async def test_it_refuses_anonymous_sockets_through_the_real_asgi_stack() -> None:
     for path in ("/ws/dashboard/overview/", "/ws/dashboard/jobs/"):
         communicator = WebsocketCommunicator(application, path, headers=ORIGIN)
@@ -166,12 +177,7 @@ async def test_it_refuses_a_socket_for_an_unknown_model(viewer_user: User) -> No
 async def test_it_asks_the_agent_for_the_log_tail_and_relays_its_answer(
     viewer_user: User, deployment: Deployment
 ) -> None:
-    layer = get_channel_layer()
-    agent = await layer.new_channel()
-    await layer.group_add(agent_group(deployment.host_id), agent)
-    communicator = socket(LogConsumer, "/ws/dashboard/deployments/x/logs/", viewer_user, pk=deployment.pk)
-    assert (await communicator.connect())[0]
-    command = await asyncio.wait_for(layer.receive(agent), timeout=5)
+    layer, _, communicator, command = await log_socket(viewer_user, deployment)
     assert command["type"] == "agent.command"
     assert command["frame"]["action"] == "tail_log"
     assert command["frame"]["deployment_id"] == str(deployment.pk)
@@ -213,12 +219,8 @@ async def test_a_job_page_streams_its_job_even_when_newer_jobs_fill_the_list(
 async def test_a_log_socket_closes_and_stops_asking_the_agent_once_its_deployment_is_deleted(
     viewer_user: User, deployment: Deployment
 ) -> None:
-    layer = get_channel_layer()
-    agent = await layer.new_channel()
-    await layer.group_add(agent_group(deployment.host_id), agent)
-    communicator = socket(LogConsumer, "/ws/dashboard/deployments/x/logs/", viewer_user, pk=deployment.pk)
-    assert (await communicator.connect())[0]
-    assert (await asyncio.wait_for(layer.receive(agent), timeout=5))["frame"]["action"] == "tail_log"
+    layer, agent, communicator, command = await log_socket(viewer_user, deployment)
+    assert command["frame"]["action"] == "tail_log"
 
     await database_sync_to_async(Deployment.objects.filter(pk=deployment.pk).delete)()
     closing = await communicator.receive_output(timeout=5)

@@ -9,31 +9,17 @@ from accounts.models import User
 from django.test import Client
 from inventory.models import Device, DeviceKind, Host
 from planning.models import PlacementPlan
-from registry.models import ServedModel
 from rest_framework.test import APIClient
 
 from tests.planning.helpers import (
     GIB,
-    deploy,
     deployment_rows,
-    make_model,
     result_of,
     run_job_via_api,
-    store_profile,
 )
+from tests.planning.test_audit_apply import cluster  # noqa: F401 (a fixture: host-a runs p10 and p6)
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def cluster(two_hosts: tuple[Host, Host]) -> None:
-    """As in test_place_job: producers p10 and p6 run on host-a; consumers c10 and c6 do not run."""
-    host_a, _ = two_hosts
-    sizes = {"p10": ("producer", 10), "p6": ("producer", 6), "c10": ("consumer", 10), "c6": ("consumer", 6)}
-    for name, (role, gib) in sizes.items():
-        store_profile(make_model(name), role, gib * GIB)
-    deploy(ServedModel.objects.get(name="p10"), host_a, 0)
-    deploy(ServedModel.objects.get(name="p6"), host_a, 1)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("cluster")]
 
 
 def change_host_b(change: str) -> None:
@@ -59,7 +45,7 @@ def change_host_b(change: str) -> None:
     [("smaller", "now 2 GPU(s), the smallest of 20 GiB"), ("nvlink", "no NVLink"), ("added", "now 3 GPU(s)")],
 )
 def test_a_plan_onto_a_host_whose_gpus_changed_is_refused_and_changes_nothing(
-    admin_client: APIClient, client: Client, alice: User, cluster: None, change: str, needle: str
+    admin_client: APIClient, client: Client, alice: User, change: str, needle: str
 ) -> None:
     job = run_job_via_api(admin_client, "place", {})
     assert any(m["to_server"] == "host-b" for m in result_of(job)["moves"] if m["kind"] == "start")
@@ -78,7 +64,7 @@ def test_a_plan_onto_a_host_whose_gpus_changed_is_refused_and_changes_nothing(
 
 
 def test_a_plan_still_applies_when_only_a_host_it_leaves_alone_changed(
-    admin_client: APIClient, cluster: None
+    admin_client: APIClient,
 ) -> None:
     job = run_job_via_api(admin_client, "place", {"models": ["c6"]})
     assert [(m["kind"], m["to_server"]) for m in result_of(job)["moves"]] == [("start", "host-b")]
