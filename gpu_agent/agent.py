@@ -27,6 +27,7 @@ from typing import Any
 
 from gpu_agent import __version__
 from gpu_agent.aqua import AquaHost
+from gpu_agent.device_readings import DeviceReadings, in_daemon_thread
 from gpu_agent.engines.logs import LOG_TAIL_BYTES, cap_lines, unreadable_note
 from gpu_agent.host import Host
 from gpu_agent.link import AgentLink
@@ -105,6 +106,7 @@ class Agent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._probes: set[asyncio.Task[None]] = set()  # of those, the probe replays
         self._aqua_refresh: asyncio.Task[object] | None = None  # the AquaHost.refresh() running
+        self._readings_refresh: asyncio.Future[None] | None = None  # the DeviceReadings.refresh() running
 
     def register_frame(self) -> Register:
         return Register(
@@ -193,12 +195,29 @@ class Agent:
         refresh.add_done_callback(_log_refresh_failure)
         await asyncio.wait({refresh}, timeout=self._interval / 4)
 
+    async def _refresh_readings(self) -> None:
+        """Sample the host's devices in a worker thread, for the coming `telemetry_frame()` to
+        report: an NVML call on a GPU in a bad state may block for minutes, which must not stop
+        heartbeats, statuses and commands on this loop (the control plane would call the host
+        offline, and stop routing to its engines). Waits for it a quarter interval at most, like
+        `_refresh_aqua()`; a sample still running then (or from an earlier tick) goes on, and this
+        tick reports what `DeviceReadings.latest()` makes of the last one. Never two at once. The
+        thread is a daemon one (`in_daemon_thread`): a stuck sample never holds the agent's exit."""
+        readings = getattr(self.host, "readings", None)
+        if not isinstance(readings, DeviceReadings):
+            return
+        if self._readings_refresh is not None and not self._readings_refresh.done():
+            return
+        self._readings_refresh = refresh = in_daemon_thread(readings.refresh, "device-sample")
+        refresh.add_done_callback(_log_sample_failure)
+        await asyncio.wait({refresh}, timeout=self._interval / 4)
+
     async def _telemetry_loop(self) -> None:
         while True:
             # Wake on the next multiple of the interval, so samples line up across hosts.
             now = time.time()
             await asyncio.sleep(self._interval - (now % self._interval))
-            await self._refresh_aqua()
+            await asyncio.gather(self._refresh_aqua(), self._refresh_readings())
             try:
                 frame = self.telemetry_frame()
             except Exception:
@@ -301,3 +320,8 @@ def _clean_status(status: DeploymentStatus) -> DeploymentStatus:
 def _log_refresh_failure(refresh: asyncio.Task[object]) -> None:
     if not refresh.cancelled() and refresh.exception() is not None:
         log.error("Checking the Aqua coordinator failed", exc_info=refresh.exception())
+
+
+def _log_sample_failure(refresh: asyncio.Future[None]) -> None:
+    if not refresh.cancelled() and refresh.exception() is not None:
+        log.error("Sampling the devices failed", exc_info=refresh.exception())

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from gpu_agent.aqua import AquaHost
+from gpu_agent.device_readings import DeviceReadings
 from gpu_agent.engines import EngineManager, VllmLauncher
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.supervisor import Launcher
@@ -78,6 +79,7 @@ class LocalHost(Host):
         grace_s: float = 10.0,
         liveness: Liveness | None = None,
         with_aqua: bool = True,
+        readings_max_age_s: float = 5.0,
     ) -> None:
         """
         Args:
@@ -90,6 +92,8 @@ class LocalHost(Host):
             grace_s: SIGTERM-to-SIGKILL grace when stopping an engine.
             liveness: How a running engine's /health is probed (default: engines/liveness.py's).
             with_aqua: Host the Aqua coordinator.
+            readings_max_age_s: How old the last device sample may be and still be reported
+                (`DeviceReadings`); older, devices report unknown readings.
         """
         self.inventory = inventory
         self.state_dir = state_dir
@@ -100,6 +104,8 @@ class LocalHost(Host):
         self._liveness = liveness
         self.aqua = AquaHost.for_state_dir(state_dir) if with_aqua else None
         self._devices = inventory.describe()
+        # Sampled in a worker thread by the agent (NVML may block), read here each tick.
+        self.readings = DeviceReadings(inventory, max_age_s=readings_max_age_s)
         self.engines: EngineManager | None = None
 
     async def start(self, on_status: StatusCallback) -> None:
@@ -131,7 +137,9 @@ class LocalHost(Host):
         return list(self._devices)
 
     def sample(self) -> tuple[list[DeviceSample], list[EngineSample]]:
-        devices = self.inventory.sample()
+        """Devices as the last `readings.refresh()` left them (`DeviceReadings.latest()`: unknown
+        readings before the first, or once the last is too old), and engines now; never blocks."""
+        devices = self.readings.latest()
         manager = self._manager()
         if self.aqua is not None:
             engine_devices = {dep: spec.devices[0] for dep, spec in manager.deployments().items()}
@@ -179,4 +187,4 @@ class LocalHost(Host):
         if self.aqua is not None:
             # Off the loop: a hung coordinator's thread is waited for (stop_timeout_s).
             await asyncio.to_thread(self.aqua.stop)
-        self.inventory.close()
+        self.readings.close()  # never waits for a sample stuck in NVML

@@ -101,6 +101,7 @@ async def test_the_agent_registers_and_samples_the_readable_gpus(tmp_path: Path)
     agent = Agent(host, "http://127.0.0.1:9", "token", name="gpu-box", address="127.0.0.1")
     await host.start(lambda status: None)
     try:
+        host.readings.refresh()  # a telemetry tick's sample (the agent takes it in a worker thread)
         register, telemetry = agent.register_frame(), agent.telemetry_frame()
         assert [d.index for d in register.devices] == [0, 2]
         assert [d.index for d in telemetry.devices] == [0, 2]

@@ -83,6 +83,7 @@ async def test_the_agent_sends_telemetry_for_the_other_gpus_when_one_is_lost(tmp
     await host.start(lambda status: None)
     try:
         nvml.lost.add(nvml.gpus[2].bus_id)
+        host.readings.refresh()  # a telemetry tick's sample (the agent takes it in a worker thread)
         frame = agent.telemetry_frame()
         assert [(d.index, d.memory_free_bytes) for d in frame.devices] == [
             (0, 79 * 2**30),
