@@ -57,21 +57,31 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from gateway import request_ids, services
+from gateway.asgi_io import (
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    noting_end,
+    noting_start,
+    raising_gone,
+    read_body,
+    respond,
+    wait_for_disconnect,
+    with_headers,
+)
 from gateway.booking import book, settle, to_the_end
 from gateway.cache_salt import with_user_salt
 from gateway.errors import GatewayError, engine_error, internal_error, upstream_lost
 from gateway.request_ids import RequestLog, new_request_id
 from gateway.routing import Router, Target
 from gateway.streaming import StreamMeter, strict_json, upstream_body
-from gateway.validation import MAX_BODY_BYTES, CompletionRequest, body_too_large, parse_body, validate
+from gateway.validation import CompletionRequest, parse_body, validate
 
 log = RequestLog(logging.getLogger(__name__))  # its lines name the request (request_ids.current)
 # httpx logs every request at INFO: one line per proxied request is noise and per-request cost.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 ClientFactory = Callable[[], httpx.AsyncClient]
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
@@ -89,11 +99,6 @@ SSE_HEADERS = [
 # only then (the async OpenAI SDK, like curl, reads an HTTP/1.1 answer to its end after [DONE]).
 # An engine that stays open is not waited for: the client would wait for its read timeout.
 AFTER_DONE_S = 1.0
-
-
-class ClientGone(Exception):
-    """The client disconnected: while the request body was being read, or (the server's send()
-    raised OSError) while it was being answered."""
 
 
 def default_client() -> httpx.AsyncClient:
@@ -130,21 +135,21 @@ class GatewayApp:
         path, method = scope["path"].rstrip("/"), scope["method"]
         request_id = new_request_id()
         named = request_ids.current.set(request_id)  # for this task and those it starts
-        send = _with_headers(send, [(b"x-request-id", request_id.encode())])
+        send = with_headers(send, [(b"x-request-id", request_id.encode())])
         started: list[bool] = []  # whether the answer's headers went out
-        send = _noting_start(send, started)
+        send = noting_start(send, started)
         try:
             if path == "/v1/models" and method == "GET":
                 data = await database_sync_to_async(services.served_models)(authorization)
-                await _respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
+                await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
             elif path.startswith(MODEL_PREFIX) and method == "GET":
                 name = path.removeprefix(MODEL_PREFIX)
                 model = await database_sync_to_async(services.served_model)(authorization, name)
-                await _respond(send, 200, json.dumps(model).encode())
+                await respond(send, 200, json.dumps(model).encode())
             elif path in ROUTES and method == "POST":
                 # The key first: a caller without one learns nothing about what a body should be.
                 key = await database_sync_to_async(services.authenticate)(authorization)
-                request = validate(ROUTES[path], parse_body(await _read_body(receive)))
+                request = validate(ROUTES[path], parse_body(await read_body(receive)))
                 await self._complete(replace(request, request_id=request_id), key, receive, send)
             elif path in ROUTES or path == "/v1/models" or path.startswith(MODEL_PREFIX):
                 raise GatewayError(
@@ -153,14 +158,14 @@ class GatewayApp:
             else:
                 raise GatewayError(404, f"Unknown endpoint {path}.", code="unknown_url")
         except GatewayError as error:
-            await _respond(send, error.status, error.body(), error.headers())
+            await respond(send, error.status, error.body(), error.headers())
         except ClientGone:
             return
         except Exception as exc:  # answered in OpenAI's shape, with the request id
             if started:  # mid-answer: nothing left to say but closing the connection
                 raise
             failure = internal_error(exc)
-            await _respond(send, failure.status, failure.body(), failure.headers())
+            await respond(send, failure.status, failure.body(), failure.headers())
         finally:
             request_ids.current.reset(named)
 
@@ -182,7 +187,7 @@ class GatewayApp:
         send: Send,
     ) -> None:
         if admission.limits is not None:  # OpenAI's x-ratelimit-* headers on whatever answers
-            send = _with_headers(send, admission.limits.headers())
+            send = with_headers(send, admission.limits.headers())
         meter = StreamMeter(
             started,
             include_usage=request.include_usage,
@@ -197,9 +202,9 @@ class GatewayApp:
         # a failure of the gateway itself.
         error: BaseException | None = None
         cancelled: asyncio.CancelledError | None = None
-        relay_send = _noting_end(_raising_gone(send), answered)
+        relay_send = noting_end(raising_gone(send), answered)
         relay = asyncio.ensure_future(self._relay(request, admission, meter, state, relay_send))
-        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError as exc:
@@ -339,15 +344,15 @@ class GatewayApp:
             payload = await _read_at_most(response, settings.GATEWAY_MAX_ENGINE_BODY_BYTES)
         except httpx.HTTPError as exc:
             error = self._lost(target, exc)
-            await _respond(send, error.status, error.body(), error.headers())
+            await respond(send, error.status, error.body(), error.headers())
             return
         if payload is None:
             error = _too_large(target, "answer", settings.GATEWAY_MAX_ENGINE_BODY_BYTES)
-            await _respond(send, error.status, error.body(), error.headers())
+            await respond(send, error.status, error.body(), error.headers())
             return
         if response.status_code >= 400:  # 4xx: 5xx went to another replica
             error = engine_error(response.status_code, _json_or_none(payload))
-            await _respond(send, error.status, error.body(), error.headers())
+            await respond(send, error.status, error.body(), error.headers())
             return
         body = _json_or_none(payload) if response.status_code == 200 else None
         if not isinstance(body, dict):
@@ -359,11 +364,11 @@ class GatewayApp:
                 response.status_code,
             )
             error = upstream_lost("The engine's answer was not a completion.", timed_out=False)
-            await _respond(send, error.status, error.body(), error.headers())
+            await respond(send, error.status, error.body(), error.headers())
             return
         meter.take_response(body)
         state["outcome"] = "completed"
-        await _respond(send, 200, payload, [(b"content-type", b"application/json")])
+        await respond(send, 200, payload, [(b"content-type", b"application/json")])
 
     async def _relay_stream(
         self, target: Target, response: httpx.Response, meter: StreamMeter, state: dict[str, Any], send: Send
@@ -451,29 +456,6 @@ def _too_large(target: Target, what: str, limit: int) -> GatewayError:
     return upstream_lost(message, timed_out=False, retry=False)
 
 
-async def _read_body(receive: Receive) -> bytes:
-    """The request body, refused (413) as soon as it passes MAX_BODY_BYTES: a client cannot make
-    this process hold more than the limit by sending a larger body."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise body_too_large()
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _wait_for_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _admit(key: ApiKey, request: CompletionRequest) -> services.Admission:
     """``services.admit`` in a worker thread. A thread cannot be stopped: when the request is
     cancelled meanwhile (daphne cancels a request's task at shutdown or when its client goes), the
@@ -489,62 +471,6 @@ async def _admit(key: ApiKey, request: CompletionRequest) -> services.Admission:
             late = await admitting
             await database_sync_to_async(services.release)(late)
         raise
-
-
-async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    headers = headers or [(b"content-type", b"application/json")]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _noting_start(send: Send, started: list[bool]) -> Send:
-    """``send`` that appends to ``started`` once the answer's headers are sent."""
-
-    async def sending(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            started.append(True)
-        await send(message)
-
-    return sending
-
-
-def _raising_gone(send: Send) -> Send:
-    """``send`` that raises ClientGone where the server's raises OSError: the ASGI spec's word for
-    a send() to a client that closed its connection (daphne and uvicorn drop it instead, and tell
-    of the departure through receive())."""
-
-    async def sending(message: dict[str, Any]) -> None:
-        try:
-            await send(message)
-        except OSError as exc:
-            raise ClientGone from exc
-
-    return sending
-
-
-def _noting_end(send: Send, answered: list[bool]) -> Send:
-    """``send`` that appends to ``answered`` as the answer's last body message is sent (before:
-    daphne queues http.disconnect while it sends it)."""
-
-    async def sending(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            answered.append(True)
-        await send(message)
-
-    return sending
-
-
-def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
-    """``send`` that adds ``extra`` to the response's headers."""
-
-    async def sending(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []), *extra]}
-        await send(message)
-
-    return sending
 
 
 def _json_or_none(payload: bytes) -> Any:
