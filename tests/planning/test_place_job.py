@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from deployments.models import Deployment, DesiredState
 from inventory.models import Device, DeviceKind, Host
-from jobs.models import JobStatus
+from jobs.models import Job, JobStatus
 from planning.models import PlacementPlan
 from rest_framework.test import APIClient
 
@@ -228,3 +228,46 @@ def test_an_empty_model_selection_is_refused_not_taken_as_every_model(
     every = run_job_via_api(admin_client, "place", {})
     assert every.status == JobStatus.SUCCEEDED, every.error
     assert {a["model"] for a in result_of(every)["plan"]["assignments"]} == set(cluster)
+
+
+def test_it_neither_lists_nor_shows_the_plan_of_a_job_that_did_not_succeed(
+    admin_client: APIClient, viewer_client: APIClient, cluster: dict
+) -> None:
+    kept = run_job_via_api(admin_client, "place", {})
+    dropped = run_job_via_api(admin_client, "place", {"solver": "greedy"})
+    # Stored while it ran, then cancelled (or failed, or lost with its worker) before it ended.
+    Job.objects.filter(pk=dropped.pk).update(status=JobStatus.CANCELLED)
+    listed = viewer_client.get("/api/v1/plans/")
+    assert listed.status_code == 200
+    assert [p["job"] for p in listed.data["results"]] == [kept.pk]
+    assert viewer_client.get(f"/api/v1/plans/{dropped.pk}/").status_code == 404
+    assert viewer_client.get(f"/api/v1/plans/{kept.pk}/").status_code == 200
+    assert admin_client.post(apply_url(dropped.pk)).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("models", "message"),
+    [
+        ([f"m{i}" for i in range(70_000)], "Ensure this field has no more than 1000 elements."),
+        (["x" * 101], "Ensure this field has no more than 100 characters."),
+    ],
+    ids=["too-many-names", "name-too-long"],
+)
+def test_an_oversized_model_selection_is_a_400_naming_the_field(
+    admin_client: APIClient, cluster: dict, models: list[str], message: str
+) -> None:
+    # 70,000 names were looked up in one query and the 400 named every one of them (700 kB).
+    body = {"kind": "place", "params": {"models": models}}
+    refused = admin_client.post("/api/v1/jobs/", body, format="json")
+    assert refused.status_code == 400, refused.content[:300]
+    assert message in str(refused.data["params"]["models"])
+    assert not Job.objects.exists()
+
+
+def test_a_refusal_of_unknown_models_names_ten_of_them(admin_client: APIClient, cluster: dict) -> None:
+    models = ["c6", *(f"gone-{i:02d}" for i in range(25))]
+    body = {"kind": "place", "params": {"models": models}}
+    refused = admin_client.post("/api/v1/jobs/", body, format="json")
+    assert refused.status_code == 400
+    named = ", ".join(f"'gone-{i:02d}'" for i in range(10))
+    assert refused.data["params"]["models"] == [f"No served model named {named} and 15 more."]

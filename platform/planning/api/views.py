@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from jobs.models import Job
+from jobs.models import Job, JobStatus
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -39,7 +39,13 @@ class PlacementPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
     lookup_url_kwarg = "job"
 
     def get_queryset(self) -> QuerySet[PlacementPlan]:
-        return PlacementPlan.objects.select_related("job", "applied_by").order_by("-job_id")
+        # A plan is stored before its job ends: one whose job was then cancelled (or failed, or lost
+        # with its worker) is no plan to apply, and Apply refuses it; it is not listed either.
+        return (
+            PlacementPlan.objects.select_related("job", "applied_by")
+            .filter(job__status=JobStatus.SUCCEEDED)
+            .order_by("-job_id")
+        )
 
     @extend_schema(
         parameters=[JOB_ID],
