@@ -26,7 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_io import default_out, non_negative_int, out_file, positive_float
+from benchmarks.bench_io import default_out, non_negative_int, out_file
+from serving.argtypes import bounded_float
 from serving.atomic_file import write_json_atomic
 from serving.placement import (
     ModelProfile,
@@ -38,6 +39,7 @@ from serving.placement import (
 )
 
 GIB = 1 << 30
+MAX_TIME_LIMIT_S = 3600.0  # per instance
 
 
 def make_instance(
@@ -122,7 +124,12 @@ def main() -> None:
     parser.add_argument("--out", type=out_file, default=default_out("placer"))
     # random.Random(-n) is random.Random(n): a negative seed ran (and was reported as) another's instance.
     parser.add_argument("--seed", type=non_negative_int, default=0)
-    parser.add_argument("--time-limit", type=positive_float, default=1.5, help="CP-SAT wall-clock limit (s)")
+    parser.add_argument(
+        "--time-limit",
+        type=bounded_float(0.01, MAX_TIME_LIMIT_S),
+        default=1.5,
+        help=f"CP-SAT wall-clock limit (s, at most {MAX_TIME_LIMIT_S:g})",
+    )
     args = parser.parse_args()
     servers, models = (8, 64) if args.quick else (32, 256)
     available_placers()  # import both placers (and OR-Tools) before timing anything

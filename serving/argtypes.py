@@ -45,6 +45,20 @@ def bounded_int(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def bounded_float(low: float, high: float) -> Callable[[str], float]:
+    """The type of a number in ``low..high`` (refuses nan): a limit in seconds of 1e29 would
+    otherwise be taken as no limit at all."""
+
+    def parse(text: str) -> float:
+        value = _parse(text, float)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} must be in {low:g}..{high:g}")
+        return value
+
+    parse.__name__ = f"float_{low:g}_to_{high:g}"
+    return parse
+
+
 def positive_float(text: str) -> float:
     """A finite number > 0 (refuses nan and inf)."""
     value = _parse(text, float)

@@ -354,6 +354,8 @@ def test_a_benchmarks_default_out_is_its_results_file_checked_like_a_given_one(
     [
         ("placer", "--time-limit", "nan"),
         ("placer", "--time-limit", "0"),
+        # Accepted: CP-SAT then ran the instances to optimality, for as long as that takes.
+        ("placer", "--time-limit", "1e29"),
         ("ecoserve", "--fixed-rate", "-1"),
         ("ecoserve", "--overload-rate", "inf"),
         # Accepted: past the corpus, a ValueError traceback after the minutes of goodput searches.
