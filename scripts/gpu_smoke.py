@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from serving.argtypes import non_negative_float  # noqa: E402  (run as a file: REPO just added)
+from serving.atomic_file import write_text_atomic  # noqa: E402
 
 RESULTS: dict[str, Any] = {"checks": {}}
 DTYPES = ("float16", "bfloat16", "float32")  # dtypes vLLM takes for the tiny model on a GPU
@@ -177,7 +178,7 @@ def finish(t0: float) -> int:
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "gpu_smoke.json").write_text(json.dumps(RESULTS, indent=2, default=str))
+        write_text_atomic(Path(out) / "gpu_smoke.json", json.dumps(RESULTS, indent=2, default=str))
     return 0 if RESULTS["pass"] else 1
 
 
