@@ -52,6 +52,10 @@ def out_file(text: str) -> Path:
     if os.path.basename(text) in ("", ".", ".."):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder path, not a file path")
     try:  # Path.exists() raises for a name over NAME_MAX ("File name too long")
+        # The result is renamed over the path: a symbolic link (results/latest.json) was replaced by
+        # a file and its target left as it was. Its target is the file meant.
+        if path.is_symlink():
+            path = Path(os.path.realpath(path))
         if path.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file path")
         # The result is renamed over the path (serving.atomic_file): a FIFO given as --out became a

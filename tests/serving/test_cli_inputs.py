@@ -408,6 +408,21 @@ def test_the_benchmark_out_type_refuses_a_file_it_could_not_create(tmp_path: Pat
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_benchmark_out_that_is_a_symlink_writes_its_target_and_keeps_the_link(tmp_path: Path) -> None:
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "r.json"
+    target.write_text("{}")
+    link = tmp_path / "latest.json"
+    link.symlink_to(Path("runs") / "r.json")  # relative, as `ln -s runs/r.json latest.json` makes it
+    write_json_atomic(out_file(str(link)), {"run": 2})
+    assert link.is_symlink() and json.loads(link.read_text()) == {"run": 2}
+    assert json.loads(target.read_text()) == {"run": 2}
+    dangling = tmp_path / "next.json"
+    dangling.symlink_to(tmp_path / "runs" / "new" / "r.json")  # its target's folder made at the end
+    write_json_atomic(out_file(str(dangling)), {"run": 3})
+    assert dangling.is_symlink() and json.loads(dangling.read_text()) == {"run": 3}
+
+
 def test_the_benchmark_out_type_leaves_nothing_behind_where_it_can_write(tmp_path: Path) -> None:
     assert out_file(str(tmp_path / "new" / "r.json")) == tmp_path / "new" / "r.json"
     assert out_file(str(tmp_path / "r.json")) == tmp_path / "r.json"
