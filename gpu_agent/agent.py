@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -41,6 +42,7 @@ from gpu_agent.protocol import (
     Frame,
     LogTail,
     Probe,
+    ProbeReport,
     Register,
     Telemetry,
     without_nul,
@@ -48,6 +50,8 @@ from gpu_agent.protocol import (
 from serving.backoff import Backoff, seed_for
 
 log = logging.getLogger(__name__)
+
+UNSENT_REPORTS = 16  # probe answers kept while disconnected (see Agent._unsent_reports)
 
 
 class Agent:
@@ -105,6 +109,10 @@ class Agent:
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._probes: set[asyncio.Task[None]] = set()  # of those, the probe replays
+        # Answers of replays that ended while the link was down: sent after the next `register`, so
+        # a profile job still waiting for one (the agent was back within its grace) gets it instead
+        # of waiting out the probe's timeout. Bounded: the oldest go first.
+        self._unsent_reports: deque[ProbeReport] = deque(maxlen=UNSENT_REPORTS)
         self._aqua_refresh: asyncio.Task[object] | None = None  # the AquaHost.refresh() running
         self._readings_refresh: asyncio.Future[None] | None = None  # the DeviceReadings.refresh() running
 
@@ -120,7 +128,9 @@ class Agent:
         )
 
     def _hello(self) -> list[Frame]:
-        return [self.register_frame(), *map(_clean_status, self.host.statuses())]
+        reports = list(self._unsent_reports)
+        self._unsent_reports.clear()
+        return [self.register_frame(), *map(_clean_status, self.host.statuses()), *reports]
 
     def stop(self) -> None:
         self._stopping.set()
@@ -278,7 +288,11 @@ class Agent:
             report = dataclasses.replace(report, error=without_nul(report.error))
         if target is not None:
             log.info("%s", probe_summary(report))
-        await self.link.send(report)
+        if not await self.link.send(report):
+            log.warning(
+                "Probe %s ended while disconnected: its answer goes after the next register.", frame.probe_id
+            )
+            self._unsent_reports.append(report)
 
     async def _refuse_probe(self, frame: Probe) -> None:
         from gpu_agent.probe import failed
