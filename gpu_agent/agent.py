@@ -5,8 +5,8 @@ telemetry frame; deployment status changes are sent as they happen; on each (re)
 sends `register` and every deployment's status. Frames from the control plane become host actions:
 `desired_deployments` -> converge, `command` -> restart / log tail, `probe` -> replay a workload
 against an engine and answer `probe_result` (gpu_agent/probe.py), `error` -> logged. When the
-agent stops, replays still running are cancelled (their streams closed) before the engines stop,
-and a probe that comes while they stop is answered as failed, not replayed.
+agent stops, replays still running are cancelled (their streams closed) and answered as failed
+before the engines stop, and a probe that comes while they stop is answered as failed, not replayed.
 
 The link is supervised: should `AgentLink.run()` ever end or raise while the agent is up (it is
 built not to), the agent logs it at ERROR and starts it again after a backoff. It does not stop
@@ -52,6 +52,7 @@ from serving.backoff import Backoff, seed_for
 log = logging.getLogger(__name__)
 
 UNSENT_REPORTS = 16  # probe answers kept while disconnected (see Agent._unsent_reports)
+PROBE_ANSWER_WAIT_S = 2.0  # at stop, for the cancelled replays' answers
 
 
 class Agent:
@@ -150,6 +151,8 @@ class Agent:
             # engines that are stopping, holding the agent's exit; cancelling it closes its streams.
             for t in self._probes:
                 t.cancel()
+            if self._probes:  # each sends its answer (not ok) while the link is still up
+                await asyncio.wait(set(self._probes), timeout=PROBE_ANSWER_WAIT_S)
             await self.host.stop()
             while not self._statuses.empty():
                 await self.link.send(_clean_status(self._statuses.get_nowait()))
@@ -281,6 +284,10 @@ class Agent:
             log.info("Probing deployment %s at %.4g req/s.", frame.deployment_id, frame.rate)
             try:
                 report = await ProbeRunner(*target).run(frame)
+            except asyncio.CancelledError:
+                if self._stopping.is_set():  # answered: its job fails now, not when the host is offline
+                    await self.link.send(failed(frame, f"the agent stopped during the replay ({self.name})"))
+                raise
             except Exception as exc:  # report, don't leave the control plane waiting
                 log.exception("Probe %s failed", frame.probe_id)
                 report = failed(frame, f"{type(exc).__name__}: {exc} ({self.name})")

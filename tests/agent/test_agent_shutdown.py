@@ -97,6 +97,10 @@ async def test_stopping_the_agent_ends_a_probe_it_is_replaying(engine: str, tmp_
         await asyncio.wait_for(asyncio.shield(run), 10)
         assert time.monotonic() - stopped_at < 3.0  # not the rest of the probe's schedule
         assert host.stopped
+        # Answered, so the profile job waiting for it fails now, not once the host counts as offline.
+        (report,) = server.of_type("probe_result")
+        assert (report["probe_id"], report["ok"]) == ("long", False)
+        assert "the agent stopped during the replay (box)" in report["error"]
         sent = len(FakeEngine.bodies)
         # Its streams were closed (the engine aborts their requests), and it sends no more.
         await wait_for(lambda: FakeEngine.in_flight == 0, timeout=5)
