@@ -221,6 +221,10 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise PlacementError("no registered models to place")
     profiles = profiles_for(models, float(params.get("burst_level", 4.0)))
     planned = {m.name for m in models}
+    # Before the first read of the deployments: one made while they are read (an operator's deploy
+    # onto a GPU seen free) changes the fingerprint, so Apply refuses the plan as stale. Taken after,
+    # it included that deployment and the plan failed half way through applying on a device conflict.
+    before = fingerprint()
     held = held_gpus(planned)
     free = gpus_by_host(held, offline=False)  # no engine starts on a host whose agent is gone
     if not free:
@@ -235,7 +239,6 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     whole = {name: host_spec(name, gpus) for name, gpus in gpus_by_host().items()}
     config = PlacerConfig(time_limit_s=float(params.get("time_limit_s", 10.0)))
     ctx.progress(0.05)
-    before = fingerprint()
     current = current_placement(planned)
     try:
         plan = get_placer(params.get("solver", "cp-sat"), config).place(
