@@ -16,8 +16,9 @@ heartbeats and telemetry the control plane refuses. An `error` frame `not_regist
 plane that keeps the link after refusing `register`) ends the connection the same way, with the
 reason of the error frame that refused the `register`. Any other close is a dropped link, logged at
 WARNING and retried with the same backoff, counting no refusal: among them 4503
-(`CLOSE_TRY_AGAIN`), which the control plane sends when storing `register` failed for a passing
-reason (its database went away or timed out) and the agent should simply try again.
+(`CLOSE_TRY_AGAIN`), which the control plane sends when checking the token at the handshake or
+storing `register` failed for a passing reason (its database went away or timed out) and the agent
+should simply try again.
 
 No single frame may take the link down: one that cannot be serialised (a NaN reading, say, which
 strict JSON refuses) is dropped with an error log, and any other unexpected exception in a
@@ -66,8 +67,8 @@ def _down_reason(exc: Exception) -> str:
     `register`, else the exception."""
     if isinstance(exc, ConnectionClosed) and exc.rcvd is not None and exc.rcvd.code == CLOSE_TRY_AGAIN:
         return (
-            f"the control plane could not store this agent's register now (close code {CLOSE_TRY_AGAIN}: "
-            "its database went away or timed out)"
+            f"the control plane cannot serve this agent now (close code {CLOSE_TRY_AGAIN}: its database "
+            "went away or timed out, at the handshake or storing the register)"
         )
     return f"{type(exc).__name__}: {exc}"
 

@@ -3,7 +3,9 @@
 Authentication happens before the handshake completes: the ``Authorization: Bearer <token>``
 header must carry a live agent token of some host (inventory's digests), otherwise the socket is
 closed before it is accepted and daphne answers the upgrade with HTTP 403, which gpu_agent/link.py
-treats as "token refused". A `register` naming another host than the token's is answered with an
+treats as "token refused". A token the database cannot check now (it went away) is no refusal: the
+socket is accepted and closed with 4503 (core/websocket_unavailable.py), a dropped link to the
+agent. A `register` naming another host than the token's is answered with an
 `error` frame and close code 4403 (also a refusal to the agent). A `register` that cannot be stored
 (it reports a device another host registered, or the database refuses a value) is answered with a
 `register_refused` error frame and close code 4422: the agent logs why and reconnects with backoff,

@@ -31,6 +31,7 @@ from config.routing import (  # noqa: E402
     browser_websocket_urlpatterns,
     routed,
 )
+from core.websocket_unavailable import WebsocketUnavailableMiddleware  # noqa: E402
 
 
 def _name_every_status() -> None:
@@ -46,10 +47,15 @@ def _name_every_status() -> None:
 
 
 _name_every_status()
-_agent_app = routed(agent_websocket_urlpatterns)
+# A socket the database or Redis cannot serve now is closed cleanly, not with a 500 and a traceback:
+# browsers' handshakes refused (live.js retries), agents' closed with 4503 (core/websocket_unavailable.py).
+_agent_app = WebsocketUnavailableMiddleware(routed(agent_websocket_urlpatterns), refuse_handshake=False)
 # The OpenAI-compatible chat gateway is a plain ASGI app (see gateway/proxy.py for why).
 _gateway_app = GatewayApp()
-_browser_app = AllowedHostsOriginValidator(AuthMiddlewareStack(routed(browser_websocket_urlpatterns)))
+_browser_app = WebsocketUnavailableMiddleware(
+    AllowedHostsOriginValidator(AuthMiddlewareStack(routed(browser_websocket_urlpatterns))),
+    refuse_handshake=True,
+)
 
 
 async def websocket_app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psycopg
 import pytest
 from agents import services
 from agents.models import AgentLink
@@ -15,6 +16,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import InterfaceError, OperationalError
 
 from gpu_agent.protocol import CLOSE_TRY_AGAIN
+from tests.control_plane.test_api_backing_services import _django_error, _down
 
 from .conftest import AgentHost, register_frame
 from .test_agent_consumer import NO_SWEEP, communicator
@@ -82,3 +84,25 @@ async def test_it_ends_a_register_the_database_cannot_take_now_without_refusing_
         again = communicator(agent_host.token)  # the agent's reconnect, once the database is back
         await registers(again)
         await again.disconnect()
+
+
+@pytest.mark.parametrize("error", PASSING_ERRORS[1:], ids=lambda e: str(e))
+async def test_it_asks_an_agent_whose_token_cannot_be_checked_now_to_try_again(
+    agent_host: AgentHost,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    error: Exception,
+) -> None:
+    """Not refused before accept(): daphne's HTTP 403 is what the agent counts as a refused token
+    (gpu_agent/link.py). It used to raise out of the ASGI app: HTTP 500 and a traceback per agent."""
+    if isinstance(error, OperationalError):  # as Django raises it: from the driver's error
+        error = _django_error(str(error), psycopg.OperationalError(str(error)))
+    monkeypatch.setattr(services, "authenticate", _down(error))
+    with NO_SWEEP, caplog.at_level(logging.WARNING):
+        comm = communicator(agent_host.token)
+        assert (await comm.connect())[0]
+        assert await closed_with_nothing_sent_first(comm) == CLOSE_TRY_AGAIN
+        await comm.wait()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "/ws/agent/" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].exc_info is None, caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -109,7 +109,7 @@ def test_an_agent_retries_a_register_the_database_could_not_take_without_reporti
     assert not [r.getMessage() for r in records if r.levelno >= logging.ERROR]
     downs = [r.getMessage() for r in records if "down" in r.getMessage()]
     assert len(downs) >= 2, downs
-    assert all("could not store this agent's register now (close code 4503" in m for m in downs[:2]), downs
+    assert all("cannot serve this agent now (close code 4503" in m for m in downs[:2]), downs
     assert f"Could not store the register of the agent of {HOST} now" in server.log()
     assert "Exception inside application" not in server.log()  # a close, not a handler that raised
     assert Device.objects.filter(host=host).exists()
