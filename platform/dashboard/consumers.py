@@ -64,8 +64,8 @@ SUMMARY_WINDOWS = 60
 # Close code of a socket whose user lost access while it was open: 401's, as the agent socket's for a
 # revoked token (gpu_agent.protocol.CLOSE_TOKEN_REFUSED).
 CLOSE_ACCESS_REVOKED = 4401
-# Close code of a socket whose subject was deleted while it was open: 404's. The page, reconnecting,
-# is refused at the handshake and learns from its own URL that the subject is gone (live.js).
+# Close code of a socket whose subject was deleted while it was open: 404's. live.js says the subject
+# is gone and does not reconnect (the handshake would be refused).
 CLOSE_GONE = 4404
 
 

@@ -9,7 +9,9 @@ rotates the key when the user changes their own password); such a page reconnect
 server that keeps closing its new sockets with 4401 is retried with back-off.
 
 A page whose subject was deleted (a model, a deployment) answers 404, and the handshake of its
-socket is refused; live.js used to retry it every 10 s forever. It now says so and stops.
+socket is refused; live.js used to retry it every 10 s forever. It now says so and stops. An open
+socket whose subject is deleted is closed by the server with 4404: live.js used to reconnect (to be
+refused) before saying so; it now says so at once and opens no other socket.
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ window.WebSocket = class extends window.WebSocket {
   }
 };
 """
+# RECORD_SOCKETS, and the waits live.js schedules its reconnects with.
+RECORD_RECONNECTS = (
+    RECORD_SOCKETS
+    + """
+window.__waits = [];
+const schedule = window.setTimeout;
+window.setTimeout = function (fn, ms, ...args) {
+  if (fn.name === "connect") window.__waits.push(ms);
+  return schedule(fn, ms, ...args);
+};
+"""
+)
 # Sockets that open and are closed with 4401 at once, as by a server that keeps refusing the session
 # while the page itself still loads; and the waits live.js schedules its reconnects with.
 REVOKED_SOCKETS = """
@@ -219,3 +233,26 @@ def test_a_page_whose_model_was_deleted_stops_reconnecting_and_says_so(
     page.wait_for_timeout(3_000)  # longer than the back-off live.js would wait before a retry
     assert page.evaluate("() => window.__sockets.length") == 2
     assert page.url == slow_recheck.url + f"/models/{model.pk}/"
+
+
+def test_a_socket_closed_because_its_model_was_deleted_is_not_reopened(
+    users: dict[str, User], slow_recheck: AsgiServer, browser: Any
+) -> None:
+    model = db_call(
+        lambda: ServedModel.objects.create(
+            name="doomed", source="/m/doomed", max_context_length=256, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+        )
+    )
+    page = sign_in(browser, slow_recheck.url, "vic")
+    page.context.add_init_script(RECORD_RECONNECTS)
+    page.goto(f"/models/{model.pk}/")
+    page.wait_for_selector("#live-status[data-state=live]")
+    db_call(lambda: ServedModel.objects.filter(pk=model.pk).delete())  # the server's next tick: 4404
+
+    page.wait_for_function("() => window.__closes.length > 0", timeout=15_000)
+    assert page.evaluate("() => window.__closes") == [4404]
+    status = page.locator("#live-status")
+    assert status.text_content() == "this no longer exists; nothing more will arrive"
+    assert status.get_attribute("data-state") == "down"
+    # Set in the close handler, as a reconnect would have been scheduled there: nothing was.
+    assert page.evaluate("() => [window.__sockets.length, window.__waits]") == [1, []]

@@ -6,6 +6,7 @@
 window.Live = (function () {
   const LOGIN_URL = "/accounts/login/";  // settings.LOGIN_URL
   const CLOSE_ACCESS_REVOKED = 4401;  // dashboard/consumers.py: the server's re-check found access gone
+  const CLOSE_GONE = 4404;  // dashboard/consumers.py: the page's subject was deleted while it was open
   // A 4401 within this long of the previous one is the server refusing again, not a new rotation:
   // longer than the server's re-check period (DASHBOARD_AUTH_RECHECK_S, 5 s) plus the longest
   // back-off (10 s), so a server that keeps closing new sockets with 4401 stays backed off.
@@ -61,6 +62,7 @@ window.Live = (function () {
       ws.onmessage = function (event) { onMessage(JSON.parse(event.data)); };
       ws.onclose = function (event) {
         if (event.code === CLOSE_ACCESS_REVOKED) { revoked(); return; }
+        if (event.code === CLOSE_GONE) { stop(); return; }  // a reconnect would only be refused
         setStatus("down", "disconnected; retrying…");
         const wait = delay;
         delay = Math.min(delay * 2, 10000);
