@@ -16,6 +16,34 @@
     }
     table.tBodies[0].appendChild(row);
   }
+  // Cells are built as elements and text, never from HTML: nothing a frame carries is parsed as markup.
+  function cell(...nodes) {
+    const td = document.createElement("td");
+    td.append(...nodes);
+    return td;
+  }
+  function text(value) {
+    const td = document.createElement("td");
+    td.textContent = value;
+    return td;
+  }
+  // A row for a job the page was not loaded with: its id, linked to its page; kind; status; progress.
+  function newRow(id, job) {
+    const row = document.createElement("tr");
+    row.dataset.job = id;
+    const link = document.createElement("a");
+    link.href = "/jobs/" + encodeURIComponent(id) + "/";
+    link.textContent = id;
+    const status = text("");
+    status.className = "status";
+    const progress = document.createElement("progress");
+    progress.max = 1;
+    progress.setAttribute("aria-label", "progress of job " + id);
+    const pct = document.createElement("span");
+    pct.className = "pct";
+    row.append(cell(link), text(job.kind), status, cell(progress, " ", pct), text(job.created));
+    return row;
+  }
   // The list's "No jobs yet." row (jobs.html) while it has no job row, and only then.
   function showEmpty() {
     const empty = table.querySelector("tr.no-jobs");
@@ -24,7 +52,10 @@
     if (!any && !empty) {
       const row = document.createElement("tr");
       row.className = "no-jobs";
-      row.innerHTML = '<td colspan="5" class="empty">No jobs yet.</td>';
+      const td = text("No jobs yet.");
+      td.colSpan = 5;
+      td.className = "empty";
+      row.appendChild(td);
       table.tBodies[0].appendChild(row);
     }
   }
@@ -48,15 +79,9 @@
     for (const [key, job] of Object.entries(state)) {
       const id = key.split(":")[1];
       if (only && id !== only) continue;
-      let row = table.querySelector('tr[data-job="' + id + '"]');
+      let row = table.querySelector('tr[data-job="' + CSS.escape(id) + '"]');
       if (!row && !fixed) {
-        row = document.createElement("tr");
-        row.dataset.job = id;
-        row.innerHTML = '<td><a href="/jobs/' + id + '/">' + id + '</a></td><td></td><td class="status"></td>' +
-          '<td><progress max="1"></progress> <span class="pct"></span></td><td></td>';
-        row.querySelector("progress").setAttribute("aria-label", "progress of job " + id);
-        row.children[1].textContent = job.kind;
-        row.children[4].textContent = job.created;
+        row = newRow(id, job);
         insert(row);
       }
       if (!row) continue;
