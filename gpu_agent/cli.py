@@ -92,6 +92,7 @@ def make_host(cfg: AgentConfig) -> Host:
         engine_bind=cfg.engine_bind or "127.0.0.1",
         health_timeout_s=cfg.health_timeout_s,
         liveness=Liveness(cfg.liveness_interval_s, cfg.liveness_timeout_s, cfg.liveness_failures),
+        readings_max_age_s=cfg.readings_max_age_s,
     )
 
 

@@ -47,6 +47,12 @@ MIN_LIVENESS_S = 1.0
 MAX_LIVENESS_INTERVAL_S = 3600.0
 MAX_LIVENESS_TIMEOUT_S = 600.0
 MAX_LIVENESS_FAILURES = 100
+# The bounds of --readings-max-age-s, how old the last device sample may be and still be reported
+# (device_readings.py); older, every device reports unknown readings. NVML takes tens of ms a GPU,
+# but more on a loaded host: under a second, devices would flip to unknown on a sample that is only
+# slow; past ten minutes, a hung driver's last readings would pass for current ones that long.
+MIN_READINGS_MAX_AGE_S = 1.0
+MAX_READINGS_MAX_AGE_S = 600.0
 # The most --buffer-size: telemetry frames kept while disconnected, all sent on reconnecting. One
 # hour at the default interval (1 s); the control plane ingests about 1,000 frames/s from all its
 # hosts (benchmarks/results/telemetry_ingest.json), so a larger backlog (sys.maxsize was accepted,
@@ -173,6 +179,14 @@ class AgentConfig:
             f" restarted, 1..{MAX_LIVENESS_FAILURES}"
         },
     )
+    readings_max_age_s: float = field(
+        default=5.0,
+        metadata={
+            "help": "seconds the last device sample is reported for while no newer one completes (a"
+            " driver that hangs), then unknown readings,"
+            f" {MIN_READINGS_MAX_AGE_S:g}..{MAX_READINGS_MAX_AGE_S:g}"
+        },
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
@@ -231,6 +245,12 @@ class AgentConfig:
         if not 1 <= self.liveness_failures <= MAX_LIVENESS_FAILURES:
             raise ValueError(
                 f"{self.liveness_failures=} must be in 1..{MAX_LIVENESS_FAILURES} failed /health probes"
+            )
+        if not MIN_READINGS_MAX_AGE_S <= self.readings_max_age_s <= MAX_READINGS_MAX_AGE_S:  # refuses nan
+            raise ValueError(
+                f"readings_max_age_s={self.readings_max_age_s!r} must be in [{MIN_READINGS_MAX_AGE_S:g},"
+                f" {MAX_READINGS_MAX_AGE_S:g}] seconds: a shorter one reports devices unknown when a sample"
+                " is only slow, a longer one passes a hung driver's last readings for current ones"
             )
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ValueError(f"{self.log_level=} must be DEBUG, INFO, WARNING or ERROR")

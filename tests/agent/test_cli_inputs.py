@@ -23,9 +23,11 @@ from gpu_agent.config import (
     MAX_LIVENESS_FAILURES,
     MAX_LIVENESS_INTERVAL_S,
     MAX_LIVENESS_TIMEOUT_S,
+    MAX_READINGS_MAX_AGE_S,
     MAX_SIM_SEED,
     MIN_HEALTH_TIMEOUT_S,
     MIN_LIVENESS_S,
+    MIN_READINGS_MAX_AGE_S,
     MIN_TELEMETRY_INTERVAL_S,
 )
 from gpu_agent.engines.liveness import Liveness
@@ -64,6 +66,11 @@ def never_started(*args: object, **kwargs: object) -> None:
         (["--liveness-timeout-s", "inf"], r"liveness_timeout_s=inf must be in \[1, 600\]"),
         (["--liveness-failures", "0"], r"liveness_failures=0 must be in 1..100 failed /health probes"),
         (["--liveness-failures", "101"], r"liveness_failures=101 must be in 1..100"),
+        # Devices that flip to unknown readings on a sample that is only slow, or a hung driver's
+        # last readings reported as current for hours.
+        (["--readings-max-age-s", "nan"], "readings_max_age_s=nan"),
+        (["--readings-max-age-s", "0.5"], r"readings_max_age_s=0.5 must be in \[1, 600\] seconds"),
+        (["--readings-max-age-s", "inf"], r"readings_max_age_s=inf must be in \[1, 600\]"),
         (["--sim-seed", "-1"], "sim_seed=-1"),
         (["--buffer-size", str(1 << 63)], f"buffer_size={1 << 63}"),
         # Accepted: frames kept in memory while disconnected, then all sent to the control plane.
@@ -259,6 +266,8 @@ def test_the_bounds_themselves_are_accepted_and_the_agent_starts_with_them(
         ("liveness_timeout_s", MAX_LIVENESS_TIMEOUT_S),
         ("liveness_failures", 1),
         ("liveness_failures", MAX_LIVENESS_FAILURES),
+        ("readings_max_age_s", MIN_READINGS_MAX_AGE_S),
+        ("readings_max_age_s", MAX_READINGS_MAX_AGE_S),
     ],
 )
 def test_the_health_timeout_and_buffer_size_take_their_bounds(key: str, value: float) -> None:
@@ -273,6 +282,15 @@ def test_the_host_probes_running_engines_as_configured(tmp_path: Path) -> None:
     cli._state_locks.pop().close()  # (make_host locked the state dir for this process)
     assert isinstance(host, LocalHost)
     assert host._liveness == Liveness(interval_s=2.0, timeout_s=1.5, failures=4)
+
+
+def test_the_host_ages_out_device_readings_as_configured(tmp_path: Path) -> None:
+    for flags, max_age in (([], 5.0), (["--readings-max-age-s", "30"], 30.0)):
+        cfg = make_config([*BASE, "--state-dir", str(tmp_path), *flags])
+        host = make_host(cfg)
+        cli._state_locks.pop().close()  # (make_host locked the state dir for this process)
+        assert isinstance(host, LocalHost)
+        assert host.readings.max_age_s == max_age
 
 
 @pytest.mark.parametrize(
