@@ -17,9 +17,11 @@ never blocks, the last sample taken:
 
 The worker is a daemon thread, not the loop's default executor: a thread stuck in NVML never
 returns, and the executor's threads are joined when the agent exits (`asyncio.run`, then the
-interpreter), so a stuck one would hold the exit for ever. `close()` at stop does not wait for it
-either, and leaves NVML uninitialised (no `nvmlShutdown`, which could block behind the stuck call)
-while one is stuck: the process exits right after, which releases the driver.
+interpreter), so a stuck one would hold the exit for ever. `close()` at stop waits for a sample
+that is running until it has run `CLOSE_WAIT_S` in all (NVML answers in milliseconds a GPU), then
+shuts NVML down. A sample still running then is stuck: `close()` leaves NVML uninitialised (no
+`nvmlShutdown`, which could block behind the stuck call) and returns; the process exits right
+after, which releases the driver.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from gpu_agent.protocol import DeviceSample
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# How long a sample may have run for `close()` to wait for it to end. NVML answers in milliseconds
+# a GPU, so a sample that has run this long is stuck (or as good as), and the stop goes on without it.
+CLOSE_WAIT_S = 0.5
 
 
 class _Snapshot(NamedTuple):
@@ -69,6 +75,7 @@ class DeviceReadings:
         self._since = clock()  # where a missing sample's age is counted from
         self._last: _Snapshot | None = None  # swapped whole by refresh(), read by latest()
         self._sampling = threading.Lock()  # held by the one refresh() running, and by close()
+        self._sampling_since: float | None = None  # when the refresh() running started its sample
         self._stale = False  # latest() reports unknown readings, and has warned so (loop only)
 
     def refresh(self) -> None:
@@ -76,9 +83,10 @@ class DeviceReadings:
         if not self._sampling.acquire(blocking=False):
             return
         try:
-            started = self._clock()
+            self._sampling_since = started = self._clock()
             self._last = _Snapshot(started, self.inventory.sample())
         finally:
+            self._sampling_since = None
             self._sampling.release()
 
     def latest(self) -> list[DeviceSample]:
@@ -101,8 +109,12 @@ class DeviceReadings:
         return [DeviceSample(index=i, memory_used_bytes=0, memory_free_bytes=0) for i in self._indices]
 
     def close(self) -> None:
-        """Close the inventory, unless a sample is stuck in it: then leave it (see the module)."""
-        if not self._sampling.acquire(blocking=False):
+        """Close the inventory once a running sample ends; if it has not ended by the time it has
+        run `CLOSE_WAIT_S` in all, it is stuck: leave the inventory as it is (see the module).
+        Blocks that long at most: call it off the event loop."""
+        since = self._sampling_since  # None: no sample runs, or one is only starting
+        ran = 0.0 if since is None else self._clock() - since
+        if not self._sampling.acquire(timeout=max(0.0, CLOSE_WAIT_S - ran)):
             log.warning("A device sample is still running; exiting without closing %s.", self.inventory.kind)
             return
         # Held from now on: a refresh() coming later takes no sample of the closed inventory.

@@ -187,4 +187,5 @@ class LocalHost(Host):
         if self.aqua is not None:
             # Off the loop: a hung coordinator's thread is waited for (stop_timeout_s).
             await asyncio.to_thread(self.aqua.stop)
-        self.readings.close()  # never waits for a sample stuck in NVML
+        # Off the loop: it waits a moment for a sample that is running (never for one stuck in NVML).
+        await asyncio.to_thread(self.readings.close)

@@ -47,6 +47,12 @@ class HangingNvml(FakeNvml):
         self.in_flight = 0
         self.most_in_flight = 0
         self.queries = 0
+        self.shutdown_in_flight: list[int] = []  # the queries in flight at each nvmlShutdown
+
+    def nvmlShutdown(self) -> None:
+        with self._lock:
+            self.shutdown_in_flight.append(self.in_flight)
+        super().nvmlShutdown()
 
     def hang(self) -> None:
         self.stuck.clear()
@@ -217,3 +223,37 @@ def test_it_refuses_a_max_age_that_is_not_positive_and_finite() -> None:
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="max_age_s"):
             DeviceReadings(CpuInventory(), max_age_s=bad)
+
+
+@pytest.mark.asyncio
+async def test_it_waits_for_a_sample_that_is_only_slow_then_shuts_nvml_down(
+    running: Running,
+) -> None:
+    agent, _, nvml, task = running
+    nvml.hang()
+    await wait_for(nvml.stuck.is_set, timeout=HANG_LIMIT_S * 2)
+    # The sample ends a moment after the stop: well within a sample's normal time.
+    asyncio.get_running_loop().call_later(0.1, nvml.release.set)
+    agent.stop()
+    await asyncio.wait_for(task, HANG_LIMIT_S * 2)
+    assert nvml.shutdowns == 1 and nvml.shutdown_in_flight == [0]  # once, after the sample ended
+
+
+def test_close_waits_a_bounded_time_for_a_running_sample_then_shuts_nvml_down() -> None:
+    nvml = HangingNvml([FakeGpu("00000000:17:00.0")])
+    readings = DeviceReadings(NvmlInventory(nvml))
+    queries = nvml.queries  # (the inventory read the GPU's memory size)
+    nvml.hang()
+    sampler = threading.Thread(target=readings.refresh)
+    sampler.start()
+    assert nvml.stuck.wait(HANG_LIMIT_S)
+    closer = threading.Thread(target=readings.close)
+    closer.start()
+    closer.join(0.1)
+    assert closer.is_alive() and nvml.shutdowns == 0  # waiting for the sample, not shut down beside it
+    nvml.release.set()
+    closer.join(HANG_LIMIT_S)
+    sampler.join(HANG_LIMIT_S)
+    assert nvml.shutdowns == 1 and nvml.shutdown_in_flight == [0]
+    readings.refresh()  # closed: takes no sample of the shut-down NVML
+    assert nvml.queries == queries + 1
