@@ -95,7 +95,9 @@ class NvmlInventory(Inventory):
 
     A GPU NVML cannot read when the inventory is made (it fell off the bus before the agent
     started) is logged at ERROR and left out for the life of the agent: there is no UUID or memory
-    size to register it with. The others keep their NVML indices, which deployments name them by.
+    size to register it with. A GPU in MIG mode is logged at WARNING and left out too: CUDA runs on
+    its MIG instances, not on the GPU, so an engine started on it (CUDA_VISIBLE_DEVICES=<index>)
+    finds no device. The others keep their NVML indices, which deployments name them by.
     """
 
     kind = "nvml"
@@ -118,10 +120,22 @@ class NvmlInventory(Inventory):
         try:
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             bus_id = normalize_bus_id(nvml.nvmlDeviceGetPciInfo(h).busId)
+            uuid, name = _text(nvml.nvmlDeviceGetUUID(h)), _text(nvml.nvmlDeviceGetName(h))
+            if _mig_enabled(nvml, h):
+                log.warning(
+                    "GPU %d (%s, %s) is in MIG mode; it is left out until the agent restarts: engines"
+                    " run on a whole GPU, and CUDA sees only the MIG instances of this one (disable"
+                    " MIG with `nvidia-smi -i %d -mig 0` to use it).",
+                    i,
+                    uuid,
+                    name,
+                    i,
+                )
+                return None
             info = DeviceInfo(
                 index=i,
-                uuid=_text(nvml.nvmlDeviceGetUUID(h)),
-                name=_text(nvml.nvmlDeviceGetName(h)),
+                uuid=uuid,
+                name=name,
                 kind="gpu",
                 memory_total_bytes=_bytes(nvml.nvmlDeviceGetMemoryInfo(h).total),
             )
@@ -172,6 +186,14 @@ class NvmlInventory(Inventory):
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError as exc:
             log.debug("nvmlShutdown failed: %s", exc)
+
+
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    """Whether the GPU's current MIG mode is enabled; False where it has no MIG (NOT_SUPPORTED),
+    NVML cannot tell, or the nvidia-ml-py is older than MIG."""
+    get_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
+    mode = None if get_mode is None else _maybe(nvml, get_mode, handle)
+    return mode is not None and mode[0] == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
 
 
 def _bytes(value: int) -> int:

@@ -24,6 +24,8 @@ class FakeGpu:
     milliwatts: int = 250_000
     # link index -> (remote bus id, remote device type); missing NVLink support when None
     links: list[tuple[str, int]] | None = field(default_factory=list)
+    # current MIG mode (1: enabled; its compute instances, not the GPU, run CUDA); None: no MIG support
+    mig: int | None = None
     # NVML call name -> the error code it raises for this GPU (15: GPU_IS_LOST, 999: UNKNOWN)
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -36,6 +38,7 @@ class FakeNvml:
     NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_ERROR_INVALID_ARGUMENT = 2
+    NVML_DEVICE_MIG_ENABLE = 1
     NVMLError = NVMLError
 
     def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
@@ -77,6 +80,12 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
         self._query("nvmlDeviceGetMemoryInfo", h)
         return SimpleNamespace(total=h.total, used=h.used, free=h.total - h.used)
+
+    def nvmlDeviceGetMigMode(self, h: FakeGpu) -> list[int]:
+        self._query("nvmlDeviceGetMigMode", h)
+        if h.mig is None:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return [h.mig, h.mig]  # [current, pending]
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
         self._query("nvmlDeviceGetUtilizationRates", h)
