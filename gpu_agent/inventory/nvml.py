@@ -98,6 +98,11 @@ class NvmlInventory(Inventory):
     size to register it with. A GPU in MIG mode is logged at WARNING and left out too: CUDA runs on
     its MIG instances, not on the GPU, so an engine started on it (CUDA_VISIBLE_DEVICES=<index>)
     finds no device. The others keep their NVML indices, which deployments name them by.
+
+    A GPU whose driver does not report its memory (NOT_SUPPORTED: a unified-memory GPU, such as
+    the GB10 of a DGX Spark, has none of its own) is registered with its memory unknown: 0 bytes
+    total, and 0 used and 0 free in every sample, as the protocol reports memory it does not have;
+    its utilisation, temperature and power are sampled as usual. Said once, at WARNING.
     """
 
     kind = "nvml"
@@ -132,12 +137,22 @@ class NvmlInventory(Inventory):
                     i,
                 )
                 return None
+            mem = _memory_info(nvml, h)
+            if mem is None:
+                log.warning(
+                    "GPU %d (%s, %s) does not report its memory (a unified-memory GPU shares the"
+                    " host's); it is registered with its memory unknown (0 bytes), which placement"
+                    " leaves alone.",
+                    i,
+                    uuid,
+                    name,
+                )
             info = DeviceInfo(
                 index=i,
                 uuid=uuid,
                 name=name,
                 kind="gpu",
-                memory_total_bytes=_bytes(nvml.nvmlDeviceGetMemoryInfo(h).total),
+                memory_total_bytes=0 if mem is None else _bytes(mem.total),
             )
         except nvml.NVMLError as exc:
             log.error("GPU %d cannot be read (%s); it is left out until the agent restarts.", i, exc)
@@ -168,14 +183,14 @@ class NvmlInventory(Inventory):
 
     def _sample(self, i: int, h: Any) -> DeviceSample:
         nvml = self._nvml
-        mem = nvml.nvmlDeviceGetMemoryInfo(h)
+        mem = _memory_info(nvml, h)
         util = _maybe(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
         temp = _maybe(nvml, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
         milliwatts = _maybe(nvml, nvml.nvmlDeviceGetPowerUsage, h)
         return DeviceSample(
             index=i,
-            memory_used_bytes=_bytes(mem.used),
-            memory_free_bytes=_bytes(mem.free),
+            memory_used_bytes=0 if mem is None else _bytes(mem.used),
+            memory_free_bytes=0 if mem is None else _bytes(mem.free),
             utilization_pct=None if util is None else float(min(100, util.gpu)),
             temperature_c=None if temp is None else float(temp),
             power_w=None if milliwatts is None else milliwatts / 1000.0,
@@ -186,6 +201,17 @@ class NvmlInventory(Inventory):
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError as exc:
             log.debug("nvmlShutdown failed: %s", exc)
+
+
+def _memory_info(nvml: Any, handle: Any) -> Any:
+    """nvmlDeviceGetMemoryInfo(handle), or None when the GPU does not report its memory
+    (NOT_SUPPORTED: a unified-memory GPU); any other NVML error is raised."""
+    try:
+        return nvml.nvmlDeviceGetMemoryInfo(handle)
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
+            return None
+        raise
 
 
 def _mig_enabled(nvml: Any, handle: Any) -> bool:

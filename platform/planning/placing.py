@@ -1,7 +1,9 @@
 """The `place` job: Aqua placement of every profiled model over every host, as a diff.
 
 Servers are the hosts with GPU devices that are not offline (simulated hosts count; a model running
-on an offline host is placed elsewhere): one `ServerSpec` per host, with its
+on an offline host is placed elsewhere), less GPUs whose memory is unknown (registered with 0 bytes:
+a unified-memory GPU such as the GB10 of a DGX Spark, whose driver does not report it; the placer
+needs each GPU's memory): one `ServerSpec` per host, with its
 GPU count, the smallest GPU's memory, and NVLink when every GPU is a peer of every other. GPUs held
 by running deployments of models outside the plan are left out (the plan leaves those models
 alone), so the placer's GPU i of a host is its i-th free GPU; the stored plan names device indices
@@ -54,8 +56,9 @@ from serving.profiler import ProfilingError, model_profile_from_dict
 def gpus_by_host(
     held: Mapping[str, set[int]] | None = None, *, offline: bool = True
 ) -> dict[str, list[Device]]:
-    """host name -> its GPU devices by index, less the indices `held` lists for it; hosts left
-    without GPUs (and, with ``offline=False``, offline hosts) are omitted. Ordered by host name."""
+    """host name -> its GPU devices by index, less the indices `held` lists for it and GPUs whose
+    memory is unknown (0 bytes); hosts left without GPUs (and, with ``offline=False``, offline
+    hosts) are omitted. Ordered by host name."""
     held = held or {}
     out: dict[str, list[Device]] = {}
     hosts = Host.objects.prefetch_related("devices").order_by("name")
@@ -66,13 +69,21 @@ def gpus_by_host(
             (
                 d
                 for d in host.devices.all()
-                if d.kind == DeviceKind.GPU and d.index not in held.get(host.name, ())
+                if d.kind == DeviceKind.GPU
+                and d.memory_total_bytes > 0
+                and d.index not in held.get(host.name, ())
             ),
             key=lambda d: d.index,
         )
         if gpus:
             out[host.name] = gpus
     return out
+
+
+def _hosts_with_gpus_of_unknown_memory() -> list[str]:
+    """Names of the hosts with a GPU registered with 0 bytes of memory (gpus_by_host leaves it out)."""
+    hosts = Host.objects.filter(devices__kind=DeviceKind.GPU, devices__memory_total_bytes=0)
+    return sorted(set(hosts.values_list("name", flat=True)))
 
 
 def _spec(name: str, gpus: list[Device], num_gpus: int | None = None) -> ServerSpec:
@@ -231,7 +242,9 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         others = " not used by models outside the plan" if held else ""
         down = sorted(set(gpus_by_host()) - set(gpus_by_host(offline=False)))
         offline = f" (offline: {', '.join(down)})" if down else ""
-        raise PlacementError(f"no hosts with GPU devices{others} to place on{offline}")
+        unknown = _hosts_with_gpus_of_unknown_memory()
+        left = f" (memory unknown, left out: {', '.join(unknown)})" if unknown else ""
+        raise PlacementError(f"no hosts with GPU devices{others} to place on{offline}{left}")
     specs = [_spec(name, gpus) for name, gpus in free.items()]
     # host -> device index of the placer's GPU 0, 1, ...; and each host whole (for the stored plan,
     # whose GPU numbers are device indices: num_gpus covers the highest)
