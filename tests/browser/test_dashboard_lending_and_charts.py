@@ -71,6 +71,28 @@ def test_a_device_that_lends_to_its_own_engine_shows_its_lending(
     assert widths == ["seg used 18.75%", "seg lent 4.69%", "seg borrowed 1.56%"]
 
 
+def _unified_memory_gpu_host() -> None:
+    """A GB10-like host: NVML reports no memory for its GPU (registered and sampled as 0 bytes)."""
+    host = register_host("spark-1", "127.0.0.1")
+    gpu = Device.objects.create(
+        host=host, index=0, uuid="GPU-spark-0", name="NVIDIA GB10", kind=DeviceKind.GPU, memory_total_bytes=0
+    )
+    add_device_sample(gpu, memory_used_bytes=0, memory_free_bytes=0, utilization_pct=35.0)
+
+
+def test_a_gpu_whose_memory_is_not_reported_says_so_not_zero_bytes(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    db_call(_unified_memory_gpu_host)
+    page = sign_in(browser, server.url, "ada")
+    errors = _errors(page)
+    card = page.locator("section[data-host=spark-1] .card")
+    card.wait_for()
+    assert card.locator("p.mem").inner_text() == "memory not reported"  # was "0 B used of 0 B"
+    assert card.locator("p.util").inner_text() == "util 35%"
+    assert errors == []
+
+
 def test_empty_model_charts_show_the_last_minutes_and_say_there_is_nothing_yet(
     users: dict[str, User], server: AsgiServer, browser: Any
 ) -> None:

@@ -116,7 +116,8 @@
         card.appendChild(el("span", "badge role", c.role === "consumer" && c.lent > 0 ? "consumer + producer" : c.role));
         card.appendChild(placed(c));
         card.appendChild(bar(c));
-        const used = el("p", "mem", Live.bytes(c.used) + " used of " + Live.bytes(c.total));
+        // 0 bytes in all: a GPU whose memory NVML does not report (unified memory, as on a GB10).
+        const used = el("p", "mem", c.total > 0 ? Live.bytes(c.used) + " used of " + Live.bytes(c.total) : "memory not reported");
         used.dataset.used = c.used;
         card.appendChild(used);
         const to = lendsTo(c, byIndex);
