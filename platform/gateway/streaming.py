@@ -23,6 +23,7 @@ from core import strict_json as strict
 from gateway.errors import engine_error
 
 DONE = b"[DONE]"
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark: SSE ignores one at the stream's start
 # The most tokens one request is booked with: RequestSample's PositiveIntegerField (PostgreSQL
 # refuses a larger integer where SQLite stores it). A count an engine reports is taken only when
 # it is a non-negative integer up to this; sums over choices are clamped to it.
@@ -76,6 +77,7 @@ class StreamMeter:
     _buffer: bytearray = field(default_factory=bytearray)
     _scanned: int = 0  # how much of _buffer is known to hold no event end
     _after_cr: bool = False  # the last piece ended in CR: an LF starting the next ends that line
+    _at_start: bool = True  # the stream's first bytes are still to come: a BOM may open it
     _choices: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (prompt, completion)
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -97,6 +99,8 @@ class StreamMeter:
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         self._buffer += data
+        if self._at_start and not self._past_bom():
+            return []
         out: list[bytes] = []
         while not self.done:
             end = self._buffer.find(b"\n\n", max(self._scanned - 1, 0))
@@ -122,6 +126,17 @@ class StreamMeter:
             return []
         rewritten = self._event(rest)
         return [] if rewritten is None else [rewritten + b"\n\n"]
+
+    def _past_bom(self) -> bool:
+        """Whether the stream's first bytes are known, a BOM among them dropped: as SSE says, or
+        the first event, its line no "data:" line, would be dropped. Before three bytes came, they
+        may be a BOM the network split: they are held."""
+        if len(self._buffer) < len(BOM) and BOM.startswith(self._buffer):
+            return False
+        if self._buffer.startswith(BOM):
+            del self._buffer[: len(BOM)]
+        self._at_start = False
+        return True
 
     def _refuse_past(self, size: int) -> bool:
         """An event of ``size`` bytes (so far) passes the limit: drop what is buffered, stop."""

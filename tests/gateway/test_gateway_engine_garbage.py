@@ -233,3 +233,26 @@ def test_a_huge_line_in_many_pieces_is_buffered_in_linear_time() -> None:
     events = meter.feed(b'"}\r\n\r\n')
     assert time.perf_counter() - started < 5
     assert len(events) == 1 and len(events[0]) > 20_000_000
+
+
+@pytest.mark.parametrize("split", [0, 1, 2, 3, 4])
+def test_a_byte_order_mark_before_the_first_event_is_ignored(
+    gateway_data: dict[str, Any], split: int
+) -> None:
+    """Once the BOM made the first line no "data:" line: the first event (the first token) was
+    dropped. SSE ignores one BOM at the stream's start, wherever the network splits it."""
+    raw = b"\xef\xbb\xbf" + sse(chunk("a", 7, 1), chunk("b", 7, 2), final_usage(7, 2))
+    result = asyncio.run(
+        call(stream_of(raw[:split], raw[split:]), "/v1/chat/completions", STREAM, gateway_data["secret"])
+    )
+    texts = [json.loads(e)["choices"][0]["delta"]["content"] for e in result.events()[:-1]]
+    assert texts == ["a", "b"] and result.events()[-1] == "[DONE]"
+    assert booked() == ("completed", 7, 2)
+
+
+def test_a_byte_order_mark_later_in_the_stream_is_no_event_start() -> None:
+    """Only the stream's first bytes may be a BOM: one before a later event still spoils that line."""
+    meter = StreamMeter(started=0.0)
+    first = b"data: " + json.dumps(chunk("a", 7, 1)).encode() + b"\n\n"
+    assert len(meter.feed(first)) == 1
+    assert meter.feed(b"\xef\xbb\xbf" + first) == []
