@@ -401,7 +401,7 @@ class GatewayApp:
             if meter.too_large:
                 error = _too_large(target, "SSE event", settings.GATEWAY_MAX_ENGINE_EVENT_BYTES)
                 events.append(b"data: " + error.body() + b"\n\n")
-            elif not meter.done:  # the engine closed its stream without [DONE]: cut off
+            elif not meter.done and not meter.failed:  # closed without [DONE], nor its error: cut off
                 log.warning("gateway: replica %s ended a stream without [DONE]", target.replica_id)
                 error = upstream_lost("The engine serving this request ended its stream early.", False)
                 events.append(b"data: " + error.body() + b"\n\n")
@@ -412,7 +412,8 @@ class GatewayApp:
             if not meter.done:  # the stream broke off: say so, where [DONE] would have come
                 error = self._lost(target, exc)
                 event = b"data: " + error.body() + b"\n\n"
-                await send({"type": "http.response.body", "body": event, "more_body": True})
+                if not meter.failed:  # unless the engine's error said it: one error event
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _lost(self, target: Target, exc: httpx.HTTPError) -> GatewayError:

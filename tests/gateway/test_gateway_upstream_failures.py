@@ -274,3 +274,29 @@ def test_a_failure_answered_in_full_stays_failed_when_daphne_reports_the_disconn
     sample = RequestSample.objects.get()
     assert sample.outcome == "failed" and sample.completion_tokens == (1 if stream else 0)
     assert Usage.objects.get().requests == 1
+
+
+@pytest.mark.parametrize("then", [None, httpx.ReadError("connection reset")])
+def test_an_engine_error_event_without_done_is_the_clients_only_error(
+    gateway_data: dict[str, Any], then: Exception | None
+) -> None:
+    """Once the client got the engine's error and then the gateway's "ended early" (or "failed
+    mid-response") error as well: two error events for one failure. Now the engine's error is
+    the stream's last event, as the gateway's own would be for an engine that closed early."""
+    engine_error = {"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}}
+    sent = sse(chunk("a", 7, 1), engine_error).removesuffix(b"data: [DONE]\n\n")
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if then is None:
+            return httpx.Response(200, stream=httpx.ByteStream(sent))
+        return httpx.Response(200, stream=DyingStream([sent], then))
+
+    body = {**CHAT, "stream": True}
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
+    first, last = (json.loads(e) for e in result.events())
+    assert first["choices"][0]["delta"]["content"] == "a"
+    assert last == {"error": {"message": "boom", "type": "server_error", "param": None, "code": None}}
+    assert result.ended.is_set()
+    sample = RequestSample.objects.get()
+    assert (sample.outcome, sample.prompt_tokens, sample.completion_tokens) == ("failed", 7, 1)
+    assert (Usage.objects.get().prompt_tokens, Usage.objects.get().completion_tokens) == (7, 1)
