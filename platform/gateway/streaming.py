@@ -21,6 +21,7 @@ from typing import Any
 
 from core import strict_json as strict
 from gateway.errors import engine_error
+from gateway.unstreamed import as_stream
 
 DONE = b"[DONE]"
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark: SSE ignores one at the stream's start
@@ -78,6 +79,7 @@ class StreamMeter:
     _scanned: int = 0  # how much of _buffer is known to hold no event end
     _after_cr: bool = False  # the last piece ended in CR: an LF starting the next ends that line
     _at_start: bool = True  # the stream's first bytes are still to come: a BOM may open it
+    _framed: bool = False  # an event came: the engine's answer is a stream (``unstreamed``)
     _choices: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (prompt, completion)
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -112,18 +114,22 @@ class StreamMeter:
                 break
             event = bytes(self._buffer[:end])
             del self._buffer[: end + 2]
-            self._scanned = 0
+            self._scanned, self._framed = 0, True
             rewritten = self._event(event)
             if rewritten is not None:
                 out.append(rewritten + b"\n\n")
         return out
 
     def close(self) -> list[bytes]:
-        """The engine's stream ended: an event left without its blank line, taken as one."""
+        """The engine's stream ended: an event left without its blank line, taken as one; or,
+        when no event came before, the engine's whole answer in one JSON body, as its stream."""
         rest = bytes(self._buffer).strip(b"\n")
         self._buffer, self._scanned, self._after_cr = bytearray(), 0, False
         if self.done or self.too_large or not rest:
             return []
+        stream = None if self._framed else as_stream(rest)
+        if stream is not None:
+            return self.feed(stream)
         rewritten = self._event(rest)
         return [] if rewritten is None else [rewritten + b"\n\n"]
 

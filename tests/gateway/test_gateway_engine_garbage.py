@@ -256,3 +256,120 @@ def test_a_byte_order_mark_later_in_the_stream_is_no_event_start() -> None:
     first = b"data: " + json.dumps(chunk("a", 7, 1)).encode() + b"\n\n"
     assert len(meter.feed(first)) == 1
     assert meter.feed(b"\xef\xbb\xbf" + first) == []
+
+
+def whole_answer(body: dict[str, Any], status: int = 200) -> Any:
+    """An app whose engine answers every request, a stream's too, with ``body`` as one JSON body."""
+    return app_with(lambda request: httpx.Response(status, json=body))
+
+
+CHAT_ANSWER = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "tiny",
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "Hi there",
+                "tool_calls": [],
+                "reasoning_content": None,
+            },
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+}
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_stream_answered_with_one_json_completion_is_streamed_to_the_client(
+    gateway_data: dict[str, Any], include_usage: bool
+) -> None:
+    """Once the client got "The engine ... ended its stream early" for an engine that answered a
+    streamed request with its whole answer (vLLM behind a proxy that drops "stream"), and the
+    request was booked failed with no tokens. The answer is now streamed as the client asked."""
+    body = {**STREAM, "stream_options": {"include_usage": include_usage}}
+    result = asyncio.run(
+        call(whole_answer(CHAT_ANSWER), "/v1/chat/completions", body, gateway_data["secret"])
+    )
+    assert result.status == 200 and result.headers[b"content-type"].startswith(b"text/event-stream")
+    events = result.events()
+    assert events[-1] == "[DONE]"
+    first = json.loads(events[0])
+    assert first["object"] == "chat.completion.chunk" and first["id"] == "chatcmpl-1"
+    assert first["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": "Hi there", "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ]
+    if include_usage:
+        assert first["usage"] is None
+        assert json.loads(events[1]) == {**first, "choices": [], "usage": CHAT_ANSWER["usage"]}
+    assert len(events) == 2 + include_usage
+    assert booked() == ("completed", 7, 3)
+
+
+def test_a_legacy_stream_answered_with_one_json_completion_is_streamed_with_tool_call_indexes(
+    gateway_data: dict[str, Any],
+) -> None:
+    answer = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "tiny",
+        "choices": [
+            {"index": i, "text": t, "logprobs": None, "finish_reason": "length"} for i, t in enumerate("ab")
+        ],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 6, "total_tokens": 8},
+    }
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 3, "n": 2, "stream": True}
+    result = asyncio.run(call(whole_answer(answer), "/v1/completions", body, gateway_data["secret"]))
+    first, done = result.events()
+    assert json.loads(first) == {k: v for k, v in answer.items() if k != "usage"} and done == "[DONE]"
+    assert booked() == ("completed", 2, 6)
+
+    call_ = {"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call_, {**call_, "id": "t2"}]}
+    answer = {**CHAT_ANSWER, "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
+    result = asyncio.run(call(whole_answer(answer), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    delta = json.loads(result.events()[0])["choices"][0]["delta"]
+    assert delta["tool_calls"] == [{"index": 0, **call_}, {"index": 1, **call_, "id": "t2"}]
+
+
+def test_a_400_in_one_json_body_to_a_stream_is_the_engines_error_before_any_event(
+    gateway_data: dict[str, Any],
+) -> None:
+    answer = {"error": {"message": "too long", "type": "BadRequestError", "param": None, "code": 400}}
+    result = asyncio.run(
+        call(whole_answer(answer, 400), "/v1/chat/completions", STREAM, gateway_data["secret"])
+    )
+    assert result.status == 400 and result.json()["error"]["message"] == "too long"
+    assert booked() == ("failed", 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        ({"error": {"message": "boom", "code": 500}}, {"message": "boom", "code": None}),
+        (
+            {"id": "c1", "object": "chat.completion"},  # no choices: no completion
+            {"message": "The engine serving this request ended its stream early.", "code": "upstream_failed"},
+        ),
+    ],
+)
+def test_a_stream_answered_with_one_json_object_that_is_no_completion_ends_with_one_error(
+    gateway_data: dict[str, Any], answer: dict[str, Any], error: dict[str, Any]
+) -> None:
+    """An engine's error object is its error event (no more); any other object no stream at all."""
+    result = asyncio.run(call(whole_answer(answer), "/v1/chat/completions", STREAM, gateway_data["secret"]))
+    assert result.status == 200 and result.ended.is_set()
+    (event,) = result.events()
+    assert json.loads(event) == {"error": {**error, "type": "server_error", "param": None}}
+    assert booked() == ("failed", 0, 0)
