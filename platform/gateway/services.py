@@ -32,7 +32,7 @@ from inventory.models import HostStatus
 from registry.models import ServedModel
 
 from gateway.errors import model_not_found, unauthorized, unavailable
-from gateway.estimate import estimate_tokens
+from gateway.estimate import TokenEstimate, estimate_tokens
 from gateway.models import RequestSample, Usage
 from gateway.quota import RateLimits, database_now, day_start, rate_limits, take_request
 from gateway.reservations import release_reservation, reserve_tokens
@@ -52,6 +52,7 @@ class Reservation:
 
     id: int
     released: bool = False
+    estimate: TokenEstimate | None = None  # what it reserved: the most the request may cost
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def admit(
         release_reservation(reservation_id)
         raise
     limits = rate_limits(key, now, tokens_held, remaining, reset_s)
-    reservation = Reservation(reservation_id)
+    reservation = Reservation(reservation_id, estimate=estimate)
     return Admission(
         key.pk,
         model.pk,

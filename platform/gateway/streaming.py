@@ -72,6 +72,8 @@ class StreamMeter:
     first_token_at: float | None = None
     last_token_at: float | None = None
     gaps: list[float] = field(default_factory=list)
+    texts: int = 0  # choices with text (chunks, or a whole answer's): at least a token each
+    reported: bool = False  # the engine reported a (valid) completion count
     done: bool = False
     failed: bool = False
     too_large: bool = False
@@ -187,7 +189,9 @@ class StreamMeter:
             return b"data: " + _dump(chunk) if self.include_usage else None
         if isinstance(choices, list):
             self._take_choice_usage(choices, chunk.get("usage"))
-        if isinstance(choices, list) and any(_has_text(c) for c in choices):
+        texts = sum(_has_text(c) for c in choices) if isinstance(choices, list) else 0
+        if texts:
+            self.texts += texts
             self._token(time.monotonic())
         if not self.include_usage:
             chunk.pop("usage", None)
@@ -204,6 +208,7 @@ class StreamMeter:
             )
             self.prompt_tokens = self.prompt_tokens if prompt is None else prompt
             self.completion_tokens = self.completion_tokens if completion is None else completion
+            self.reported = self.reported or completion is not None
 
     def _take_choice_usage(self, choices: list[Any], usage: Any) -> None:
         """A chunk's running counts, which are its choice's alone: the request's are the sum over
@@ -214,6 +219,7 @@ class StreamMeter:
             token_count(usage.get("prompt_tokens")),
             token_count(usage.get("completion_tokens")),
         )
+        self.reported = self.reported or completion is not None
         for choice in choices:
             # A valid index is a non-negative int like a count; anything else is choice 0.
             index = token_count(choice.get("index") if isinstance(choice, dict) else None) or 0
@@ -237,6 +243,8 @@ class StreamMeter:
     def take_response(self, body: dict[str, Any]) -> None:
         """A whole (non-streamed) response: its usage (no token timing: it arrives all at once)."""
         self._take_usage(body.get("usage"))
+        choices = body.get("choices")
+        self.texts += sum(_has_text(c) for c in choices) if isinstance(choices, list) else 0
 
     @property
     def ttft_s(self) -> float | None:
@@ -254,7 +262,7 @@ class StreamMeter:
 def _has_text(choice: Any) -> bool:
     if not isinstance(choice, dict):
         return False
-    delta = choice.get("delta")
+    delta = choice.get("delta", choice.get("message"))  # a chunk's, or a whole chat answer's
     if isinstance(delta, dict):
         return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"))
     return bool(choice.get("text"))

@@ -19,7 +19,7 @@ from django.db import connection
 from gateway import reservations, services
 from gateway.errors import GatewayError
 from gateway.estimate import DEFAULT_MAX_OUTPUT_TOKENS, estimate_tokens
-from gateway.models import TokenReservation, Usage
+from gateway.models import RequestSample, TokenReservation, Usage
 from gateway.proxy import GatewayApp
 from gateway.quota import database_now, tokens_held_today
 from gateway.reservations import prune_token_reservations
@@ -313,3 +313,58 @@ def test_concurrent_admissions_of_one_key_reserve_no_more_than_its_quota(
     assert outcomes.count("admitted") == 5, outcomes
     assert set(outcomes) == {"admitted", "tokens_quota_exceeded"}
     assert sorted(TokenReservation.objects.filter(key=key).values_list("tokens", flat=True)) == [200] * 5
+
+
+def text_delta(text: str) -> bytes:
+    return b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "%s"}}]}\n\n' % text.encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "answer", "prompt_count", "booked"),
+    [
+        # max_tokens 3: the most the engine may have generated, though 2 deltas came.
+        ({**CHAT, "stream": True}, text_delta("a") + text_delta("b") + b"data: [DONE]\n\n", 9, (9, 3)),
+        # More deltas than the limit allows (a misbehaving engine): one token each, at least.
+        ({**CHAT, "stream": True, "max_tokens": 1}, text_delta("a") + text_delta("b"), 9, (9, 2)),
+        # A whole answer, n=2 of up to 3 tokens; the engine counts no prompt: the estimate's.
+        (
+            {**CHAT, "n": 2},
+            b'{"id": "c1", "choices": [{"index": 0, "message": {"content": "a"}}]}',
+            None,
+            (1, 6),
+        ),
+    ],
+)
+def test_text_served_without_usage_is_booked_with_the_most_it_may_have_cost(
+    gateway_data: dict[str, Any],
+    body: dict[str, Any],
+    answer: bytes,
+    prompt_count: int | None,
+    booked: tuple[int, int],
+) -> None:
+    """Once an engine that sent no usage (one behind a proxy that drops stream_options, or that
+    does not report it) had its request booked as 0 tokens, whatever it streamed: free tokens,
+    outside the key's quota. Now the prompt is the engine's count (else the estimate), the output
+    the reservation's bound for it (at least one token per text delta)."""
+    key, secret = key_with(gateway_data, 10_000)
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"count": prompt_count}) if prompt_count else httpx.Response(404)
+        return httpx.Response(200, content=answer)
+
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, secret))
+    assert result.status == 200
+    usage, sample = Usage.objects.get(key=key), RequestSample.objects.get()
+    assert (usage.prompt_tokens, usage.completion_tokens) == booked
+    assert (sample.prompt_tokens, sample.completion_tokens) == booked
+    assert not TokenReservation.objects.exists()
+
+
+def test_an_answer_without_text_or_usage_books_no_output(gateway_data: dict[str, Any]) -> None:
+    key, secret = key_with(gateway_data, 10_000)
+    answer = b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n'
+    app = app_with(lambda request: httpx.Response(200, content=answer + b"data: [DONE]\n\n"))
+    asyncio.run(call(app, "/v1/chat/completions", {**CHAT, "stream": True}, secret))
+    usage = Usage.objects.get(key=key)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (0, 0)
