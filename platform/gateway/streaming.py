@@ -9,7 +9,7 @@ rewritten to what the client asked for: ``usage`` is removed (or ``null`` when t
 for ``include_usage``, kept when it also asked for ``continuous_usage_stats``), and the engine's
 final usage chunk is passed on only when the client asked for it. An error event (vLLM sends
 ``data: {"error": {...}}`` then ``[DONE]`` when generation fails) is rewritten to the gateway's
-error shape.
+error shape; the client's stream has no event after it but ``[DONE]`` (one error, its last event).
 """
 
 from __future__ import annotations
@@ -155,6 +155,13 @@ class StreamMeter:
         return True
 
     def _event(self, event: bytes) -> bytes | None:
+        """``_rewrite``, but nothing after the engine's error event other than its ``[DONE]``: a
+        client reads the error as the stream's end (its counts still count)."""
+        failed = self.failed
+        rewritten = self._rewrite(event)
+        return rewritten if not failed or self.done else None
+
+    def _rewrite(self, event: bytes) -> bytes | None:
         """One event's data lines (joined as SSE joins them) -> what the client gets, or None.
         Only ``data:`` events carrying ``[DONE]`` or a strict JSON object are passed on: comments,
         other fields and garbage (no JSON, invalid UTF-8, NaN) are dropped, so the client's

@@ -284,7 +284,9 @@ def test_an_engine_error_event_without_done_is_the_clients_only_error(
     mid-response") error as well: two error events for one failure. Now the engine's error is
     the stream's last event, as the gateway's own would be for an engine that closed early."""
     engine_error = {"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}}
-    sent = sse(chunk("a", 7, 1), engine_error).removesuffix(b"data: [DONE]\n\n")
+    # What an engine sends after its error is not passed on (a second error neither), its counts are.
+    later = {"error": {"message": "again"}}
+    sent = sse(chunk("a", 7, 1), engine_error, chunk("b", 7, 2), later).removesuffix(b"data: [DONE]\n\n")
 
     def upstream(request: httpx.Request) -> httpx.Response:
         if then is None:
@@ -298,5 +300,5 @@ def test_an_engine_error_event_without_done_is_the_clients_only_error(
     assert last == {"error": {"message": "boom", "type": "server_error", "param": None, "code": None}}
     assert result.ended.is_set()
     sample = RequestSample.objects.get()
-    assert (sample.outcome, sample.prompt_tokens, sample.completion_tokens) == ("failed", 7, 1)
-    assert (Usage.objects.get().prompt_tokens, Usage.objects.get().completion_tokens) == (7, 1)
+    assert (sample.outcome, sample.prompt_tokens, sample.completion_tokens) == ("failed", 7, 2)
+    assert (Usage.objects.get().prompt_tokens, Usage.objects.get().completion_tokens) == (7, 2)
