@@ -27,7 +27,7 @@ the client gets a 502 (504 on a read timeout) if nothing was sent yet, else a fi
 in place of ``[DONE]``; either way the request is recorded as failed. So is one whose answer (or
 one SSE event of it) passes GATEWAY_MAX_ENGINE_BODY_BYTES (GATEWAY_MAX_ENGINE_EVENT_BYTES): it is
 read only that far, then the engine's connection is closed. An engine that keeps its stream open
-after ``[DONE]`` is closed ``AFTER_DONE_S`` later: the client's stream ends then, served in full.
+after ``[DONE]`` (or its error event) is closed ``AFTER_DONE_S`` later: the client's stream ends then.
 
 Every response carries an ``x-request-id`` (``req_`` and 32 hex digits, as OpenAI's: the SDK
 shows it as a response's ``_request_id`` and an error's ``request_id``). The engine gets it as
@@ -384,9 +384,10 @@ class GatewayApp:
                         if events:
                             body = b"".join(events)
                             await send({"type": "http.response.body", "body": body, "more_body": True})
-                        if meter.done and after_done.when() is None:
-                            # The client has the whole response: one that hangs up now, before the
-                            # engine closes its end, was served in full (or told of the engine's error).
+                        if (meter.done or meter.failed) and after_done.when() is None:
+                            # The client has the whole response (or the engine's error, after which
+                            # nothing but [DONE] is relayed): one that hangs up now, before the
+                            # engine closes its end, was served in full (or told of the error).
                             state["outcome"] = "failed" if meter.failed else "completed"
                             after_done.reschedule(asyncio.get_running_loop().time() + AFTER_DONE_S)
                         if meter.too_large:  # the relay closes the engine's connection: vLLM aborts
@@ -394,9 +395,9 @@ class GatewayApp:
             except TimeoutError:
                 if not after_done.expired():
                     raise
-                # The engine kept its stream open after [DONE]: the client's ends now (the relay
-                # then closes the engine's connection).
-                log.warning("gateway: replica %s kept a stream open after [DONE]", target.replica_id)
+                # The engine kept its stream open after [DONE] or its error: the client's ends
+                # now (the relay then closes the engine's connection).
+                log.warning("gateway: replica %s kept a stream open after its end", target.replica_id)
             events = meter.close()
             if meter.too_large:
                 error = _too_large(target, "SSE event", settings.GATEWAY_MAX_ENGINE_EVENT_BYTES)

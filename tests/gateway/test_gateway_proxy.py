@@ -331,6 +331,38 @@ def test_an_engine_that_keeps_its_stream_open_after_done_does_not_hold_the_clien
     assert Usage.objects.get().completion_tokens == 2
 
 
+def test_an_engine_that_keeps_its_stream_open_after_its_error_does_not_hold_the_client(
+    gateway_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine's error event ends the client's stream as [DONE] does; one that kept its end open
+    # after it held the client for the read timeout (600 s).
+    monkeypatch.setattr(proxy, "AFTER_DONE_S", 0.05)
+    state = {"closed": False}
+    error = {"error": {"message": "engine blew up", "type": "InternalServerError", "code": 500}}
+
+    async def error_then_linger() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: " + json.dumps(chunk("a", 5, 1)).encode() + b"\n\n"
+            yield b"data: " + json.dumps(error).encode() + b"\n\n"
+            await asyncio.Event().wait()  # the engine never closes its end
+        finally:
+            state["closed"] = True
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=error_then_linger(), headers={"content-type": "text/event-stream"})
+
+    body = {**CHAT, "stream": True}
+    started = time.monotonic()
+    result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
+    assert time.monotonic() - started < 5, "the client's stream waited for the engine"
+    events = result.events()
+    assert len(events) == 2 and "engine blew up" in events[-1], events
+    assert result.chunks[-1] == b"", "the client's stream ended"
+    assert state["closed"], "the engine's stream was closed"
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "failed" and sample.completion_tokens == 1
+
+
 def test_a_client_gone_when_the_server_sends_is_booked_as_a_disconnect(gateway_data: dict[str, Any]) -> None:
     # The ASGI spec has a server's send() to a closed connection raise OSError (daphne and uvicorn
     # drop the message instead). That error left the relay before the booking: the engine's tokens
