@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path, re_path
+from django.urls import URLPattern, URLResolver, include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.api.notfound import api_not_found
+from core.api.root import ApiRootView
 
-api_v1 = [
+api_v1: list[URLPattern | URLResolver] = [
+    path("", ApiRootView.as_view(), name="api-root"),
     path("", include("accounts.api.urls")),
     path("", include("registry.api.urls")),
     path("", include("inventory.api.urls")),

@@ -213,6 +213,19 @@ def test_unknown_api_paths_are_json_404s_and_a_missing_slash_is_named(admin_clie
     assert answer.status_code == 404 and "trailing slash" in answer.json()["detail"]
 
 
+def test_the_api_base_url_make_run_prints_lists_the_collections(
+    viewer_client: APIClient, anon_client: APIClient
+) -> None:
+    # `make run` prints "API http://127.0.0.1:8000/api/v1/" and the README names it; it was a 404.
+    index = viewer_client.get("/api/v1/")
+    assert index.status_code == 200
+    links = index.json()
+    assert links["models"] == "http://testserver/api/v1/models/"
+    for name, link in links.items():  # each one a route a viewer may read (the token's: POST only)
+        assert viewer_client.get(link).status_code == (405 if name == "auth-token" else 200), link
+    assert anon_client.get("/api/v1/").status_code == 401
+
+
 def test_job_filters_with_unknown_values_are_400s(admin_client: APIClient) -> None:
     response = admin_client.get("/api/v1/jobs/?status=runing&kind=noop")
     assert response.status_code == 400
