@@ -84,6 +84,17 @@ def env_path(name: str, default: Path) -> Path:
     return (Path(value) if value is not None else default).expanduser().resolve()
 
 
+def env_dir(name: str, default: Path) -> Path:
+    """A directory's path, made absolute. It may not exist yet (it is made when first written to),
+    but the nearest of it and its parents that exists must be a directory."""
+    path = env_path(name, default)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        value = _raw(name) or str(default)
+        raise ImproperlyConfigured(f"{name}={value!r} cannot be a directory: {existing} is not one")
+    return path
+
+
 def env_url(name: str, schemes: tuple[str, ...]) -> str | None:
     """A URL whose scheme is one of ``schemes``; ``None`` when unset."""
     value = _raw(name)

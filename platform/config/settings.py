@@ -22,19 +22,31 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_list, env_path, env_str, env_url
+from config.env import env_bool, env_dir, env_float, env_int, env_list, env_str, env_url
 from config.local_secret import load_or_create_secret_key
 
 ROOT_DIR = Path(__file__).resolve().parents[2]  # repository root
 BASE_DIR = ROOT_DIR / "platform"  # Django source root (not a package)
-VAR_DIR = env_path("VAR_DIR", ROOT_DIR / "var")
+VAR_DIR = env_dir("VAR_DIR", ROOT_DIR / "var")
 
 # pytest sets PYTEST_VERSION while it runs; tests get their own database file and broker queue so
 # that a test run never touches the data of a `make run` in the same checkout.
 TESTING = "PYTEST_VERSION" in os.environ
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = env_str("SECRET_KEY") or load_or_create_secret_key(VAR_DIR / "secret_key")
+
+
+def _local_secret_key() -> str:
+    try:
+        return load_or_create_secret_key(VAR_DIR / "secret_key")
+    except OSError as error:  # VAR_DIR not writable: an ImproperlyConfigured names it, not a traceback
+        raise ImproperlyConfigured(
+            f"VAR_DIR={str(VAR_DIR)!r}: the generated SECRET_KEY cannot be kept there ({error.strerror});"
+            " set VAR_DIR to a writable directory"
+        ) from None
+
+
+SECRET_KEY = env_str("SECRET_KEY") or _local_secret_key()
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY") else None
@@ -205,7 +217,7 @@ REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
 # Each test run gets its own throwaway broker folder (tests/control_plane/conftest.py removes it):
 # workers started by tests leave fanout bindings behind that would otherwise pile up across runs.
 _TEST_BROKER_DIR = Path(tempfile.gettempdir()) / "platform-test-broker" / str(os.getpid())
-BROKER_DIR = env_path("CELERY_BROKER_DIR", _TEST_BROKER_DIR if TESTING else VAR_DIR / "broker")
+BROKER_DIR = env_dir("CELERY_BROKER_DIR", _TEST_BROKER_DIR if TESTING else VAR_DIR / "broker")
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", f"test-{os.getpid()}" if TESTING else "celery")
 CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

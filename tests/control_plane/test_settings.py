@@ -135,6 +135,10 @@ def test_it_has_no_missing_migrations() -> None:
         ("DATABASE_URL", "abc", "DATABASE_URL='abc' must start with one of"),
         ("DEBUG", "perhaps", "DEBUG='perhaps' is not a boolean"),
         ("DJANGO_SETTINGS_MODULE", "config.nope", "settings module 'config.nope' (--settings) cannot be"),
+        # These two were a NotADirectoryError / FileNotFoundError traceback naming no variable.
+        ("VAR_DIR", "/dev/null/var", "VAR_DIR='/dev/null/var' cannot be a directory: /dev/null is not one"),
+        ("VAR_DIR", "/proc/platform-var", "VAR_DIR='/proc/platform-var': the generated SECRET_KEY cannot be"),
+        ("CELERY_BROKER_DIR", "/dev/null/b", "CELERY_BROKER_DIR='/dev/null/b' cannot be a directory"),
     ],
 )
 def test_manage_py_names_a_bad_setting_in_one_line(
@@ -143,6 +147,7 @@ def test_manage_py_names_a_bad_setting_in_one_line(
     # It was a traceback through Django's command loading, ending in ImproperlyConfigured.
     env = {**os.environ, "VAR_DIR": str(tmp_path), variable: value}
     env.pop("PYTEST_VERSION", None)
+    env.pop("SECRET_KEY", None)  # the local one, kept in VAR_DIR
     out = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "register_host", "gpu-1"],
         env=env,
