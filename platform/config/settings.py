@@ -109,13 +109,12 @@ TEMPLATES = [
 # --- Database ---------------------------------------------------------------------------------
 DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "pgsql", "sqlite"))
 SQLITE_PATH = VAR_DIR / "db.sqlite3"
+# Read whatever the database (SQLite keeps no connection pool): a bad value fails here too, not
+# only once DATABASE_URL is set in production.
+DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 60, minimum=0)
 DATABASES: dict[str, dict[str, Any]]
 if DATABASE_URL:
-    DATABASES = {
-        "default": dict(
-            dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0))
-        )
-    }
+    DATABASES = {"default": dict(dj_database_url.parse(DATABASE_URL, conn_max_age=DB_CONN_MAX_AGE))}
 else:
     DATABASES = {
         "default": {

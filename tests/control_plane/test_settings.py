@@ -116,6 +116,12 @@ def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path) -> None:
     assert "ImproperlyConfigured" in str(bad["error"]) and "DEBUG='perhaps'" in str(bad["error"])
 
 
+def test_it_refuses_a_bad_connection_age_without_database_url_too(tmp_path: Path) -> None:
+    # It was read only with DATABASE_URL: locally "abc" started fine, in production it stopped start-up.
+    bad = _settings_in_subprocess({"DB_CONN_MAX_AGE": "abc"}, tmp_path)
+    assert "ImproperlyConfigured" in str(bad["error"]) and "DB_CONN_MAX_AGE='abc'" in str(bad["error"])
+
+
 def test_it_refuses_a_job_silence_limit_a_healthy_job_could_reach(tmp_path: Path) -> None:
     # A job stamped every 10 s and failed as lost after 3 s of silence would be "lost" while healthy.
     bad = _settings_in_subprocess({"JOBS_HEARTBEAT_S": "10", "JOBS_LOST_AFTER_S": "3"}, tmp_path)
