@@ -103,6 +103,13 @@ def upstream_lost(message: str, timed_out: bool, retry: bool | None = None) -> G
     return GatewayError(502, message, "server_error", "upstream_failed", retry=retry)
 
 
+def error_status(body: dict[str, Any]) -> int:
+    """The HTTP status an engine's ``{"error": {...}}`` names (its ``code``, as vLLM's), else 500."""
+    error = body.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if type(code) is int and 400 <= code <= 599 else 500
+
+
 def engine_error(status: int, body: Any) -> GatewayError:
     """An engine's error (HTTP ``status`` >= 400; ``body`` its decoded JSON, None if it was not
     JSON) in the gateway's shape, with the engine's message and a string ``param`` if it named one."""

@@ -72,7 +72,7 @@ from gateway.asgi_io import (
 )
 from gateway.booking import book, settle, to_the_end
 from gateway.cache_salt import with_user_salt
-from gateway.errors import GatewayError, engine_error, internal_error, upstream_lost
+from gateway.errors import GatewayError, engine_error, error_status, internal_error, upstream_lost
 from gateway.request_ids import RequestLog, new_request_id
 from gateway.routing import Router, Target
 from gateway.streaming import StreamMeter, strict_json, upstream_body
@@ -364,6 +364,13 @@ class GatewayApp:
                 response.status_code,
             )
             error = upstream_lost("The engine's answer was not a completion.", timed_out=False)
+            await respond(send, error.status, error.body(), error.headers())
+            return
+        if body.get("error") is not None and not body.get("choices"):
+            # An error in a 200 (as a streamed one comes in an event): the client gets it as an
+            # error, and the request is booked failed, not completed.
+            meter.take_response(body)
+            error = engine_error(error_status(body), body)
             await respond(send, error.status, error.body(), error.headers())
             return
         meter.take_response(body)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core import strict_json as strict
-from gateway.errors import engine_error
+from gateway.errors import engine_error, error_status
 from gateway.unstreamed import as_stream
 
 DONE = b"[DONE]"
@@ -183,12 +183,9 @@ class StreamMeter:
             return None
         if not isinstance(chunk, dict):
             return None
-        error = chunk.get("error")
-        if error is not None:
+        if chunk.get("error") is not None:
             self.failed = True
-            code = error.get("code") if isinstance(error, dict) else None
-            status = code if type(code) is int and 400 <= code <= 599 else 500
-            return b"data: " + engine_error(status, chunk).body()
+            return b"data: " + engine_error(error_status(chunk), chunk).body()
         choices = chunk.get("choices")
         if not choices and chunk.get("usage") is not None:
             # The engine's final usage-only chunk: the whole request's.

@@ -210,6 +210,28 @@ def test_a_non_streamed_answer_that_is_no_json_object_is_a_502_recorded_as_faile
     assert booked() == ("failed", 0, 0)
 
 
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        ({"message": "KV cache exhausted", "type": "InternalServerError", "code": 503}, 503),
+        ({"message": "KV cache exhausted", "code": "oops"}, 500),
+        ("KV cache exhausted", 500),
+    ],
+)
+def test_a_non_streamed_200_that_carries_an_error_is_that_error_recorded_as_failed(
+    gateway_data: dict[str, Any], error: Any, status: int
+) -> None:
+    """Once relayed as a 200 and booked completed: a client reading it as a completion found none."""
+    app = app_with(lambda request: httpx.Response(200, json={"error": error}))
+    result = asyncio.run(call(app, "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert result.status == status, result.body
+    body = result.json()["error"]
+    assert body["type"] == "server_error"
+    if isinstance(error, dict):
+        assert body["message"] == "KV cache exhausted"
+    assert booked()[0] == "failed"
+
+
 def test_a_non_streamed_answer_with_wrong_typed_usage_is_relayed_and_booked_without_it(
     gateway_data: dict[str, Any],
 ) -> None:
