@@ -5,8 +5,9 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView
 
+from core.api.docs import SwaggerView
 from core.api.notfound import api_not_found
 from core.api.root import ApiRootView
 
@@ -36,7 +37,7 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/", include("core.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("api/docs/", SwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     re_path(r"^api/(?P<rest>.*)$", api_not_found),  # after every API route: JSON 404s under /api/
     path("accounts/", include(accounts)),
     path("admin/", admin.site.urls),

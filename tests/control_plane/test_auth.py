@@ -148,6 +148,10 @@ def test_it_serves_health_without_auth_and_schema_and_docs_to_users_only(
     assert health.json() == {"status": "ok", "database": "ok"}
     for url in ("/api/schema/", "/api/docs/"):
         assert anon_client.get(url).status_code == 401
+    # A browser signed out is told so and sent to sign in, and back (was DRF's bare 401 page).
+    signed_out = anon_client.get("/api/docs/?x=1", HTTP_ACCEPT="text/html")
+    assert (signed_out.status_code, signed_out["WWW-Authenticate"]) == (401, "Token")
+    assert b'<a id="sign-in" href="/accounts/login/?next=%2Fapi%2Fdocs%2F%3Fx%3D1">' in signed_out.content
     schema = viewer_client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert schema.status_code == 200
     paths = schema.json()["paths"]
