@@ -119,10 +119,12 @@ def setup_command(argv: list[str], env: dict[str, str], *, capture: bool = False
 
     Raises:
         SetupFailed: it exited non-zero; what it wrote, if captured, is printed first."""
-    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=capture, text=True)
+    # Bytes, decoded here: text mode would turn each "\r" of a progress bar into a line end.
+    result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=capture)
+    stdout, stderr = (b.decode(errors="replace") if b else "" for b in (result.stdout, result.stderr))
     if result.returncode != 0:
         if capture:
-            for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+            for name, text in (("stdout", stdout), ("stderr", stderr)):
                 if text.strip():
                     print(
                         f"[run] {name} of the failed command:\n{text.rstrip()}", file=sys.stderr, flush=True
@@ -130,9 +132,13 @@ def setup_command(argv: list[str], env: dict[str, str], *, capture: bool = False
         raise SetupFailed(f"`{command_line(argv)}` exited with status {result.returncode}")
     if not capture:
         return ""
-    for line in result.stderr.splitlines():
-        print(f"[run] {line}", flush=True)
-    return result.stdout
+    for line in stderr.replace("\r\n", "\n").split("\n"):
+        # A progress bar redraws its line after each "\r": only its last drawing is a note, and
+        # blank lines are none.
+        note = line.rsplit("\r", 1)[-1].rstrip()
+        if note.strip():
+            print(f"[run] {note}", flush=True)
+    return stdout.replace("\r\n", "\n")
 
 
 def command_line(argv: Sequence[str]) -> str:

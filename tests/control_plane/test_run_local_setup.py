@@ -39,3 +39,14 @@ def test_a_set_up_commands_notes_are_relayed_and_its_output_returned(
     out = run_local.setup_command([sys.executable, "-c", script], run_local.base_env(), capture=True)
     assert out == "the-token\n"
     assert capsys.readouterr().out == "[run] tiny-llama is not deployed\n"
+
+
+def test_a_set_up_commands_progress_bar_and_blank_lines_are_no_notes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Each redrawing of the tiny model builder's progress bar was a [run] line, and so was a blank line.
+    script = (
+        "import sys; sys.stderr.write('\\n  \\nbuilding:  10%\\rbuilding:  50%\\rbuilding: 100%\\ndone\\n')"
+    )
+    run_local.setup_command([sys.executable, "-c", script], run_local.base_env(), capture=True)
+    assert capsys.readouterr().out == "[run] building: 100%\n[run] done\n"
