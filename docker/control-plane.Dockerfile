@@ -19,6 +19,9 @@ RUN pip install --no-cache-dir -r requirements.txt
 COPY manage.py ./
 COPY platform/ platform/
 COPY serving/ serving/
+# The control plane parses the agents' frames with gpu_agent.protocol and checks models' engine
+# options and hosts' addresses with gpu_agent's own rules: without it nothing imports.
+COPY gpu_agent/ gpu_agent/
 COPY frontend/ frontend/
 
 RUN groupadd --system --gid 10001 app \
