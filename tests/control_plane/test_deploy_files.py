@@ -60,6 +60,11 @@ def test_it_points_web_and_worker_at_postgres_and_redis(compose: dict[str, Any])
         assert depends["postgres"]["condition"] == "service_healthy"
         assert depends["redis"]["condition"] == "service_healthy"
     assert "migrate" in " ".join(services["web"]["command"])
+    for name in ("worker", "beat"):
+        # Web migrates, then serves (and only then passes its health check): a worker or beat that
+        # started with it ran tasks against tables that did not exist yet, or columns of the image
+        # before (ProgrammingError: relation "jobs_job" does not exist).
+        assert services[name]["depends_on"]["web"]["condition"] == "service_healthy", name
     assert services["worker"]["command"][:4] == ["celery", "-A", "config.celery", "worker"]
     assert services["beat"]["command"][:4] == ["celery", "-A", "config.celery", "beat"]
 
