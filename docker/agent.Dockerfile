@@ -18,6 +18,15 @@ ENV UV_PYTHON_INSTALL_DIR=/opt/python \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONPATH=/app
 
+# Triton (vLLM's kernels, torch.compile) builds its CUDA launcher (triton/backends/nvidia/driver.c)
+# with the system C compiler the first time an engine runs a kernel; the CUDA runtime image has
+# none, so every engine would fail with "Failed to find C compiler". Not pinned: Ubuntu's updates
+# replace the pinned versions, which would break the build.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /app
 
 COPY requirements.txt requirements-vllm-gpu.txt ./

@@ -85,3 +85,11 @@ def test_it_installs_the_pinned_cuda_vllm_in_the_agent_image() -> None:
     assert "requirements-vllm-gpu.txt" in dockerfile
     pins = (DOCKER.parent / "requirements-vllm-gpu.txt").read_text().split()
     assert "vllm==0.32.0" in pins
+
+
+def test_it_gives_the_agent_image_the_c_compiler_that_triton_builds_its_launcher_with() -> None:
+    # triton.runtime.build._find_compiler: CC, else gcc or clang on PATH, else every engine fails
+    # at its first kernel. nvidia/cuda's runtime images ship no compiler.
+    text = (DOCKER / "agent.Dockerfile").read_text().replace("\\\n", " ")
+    installs = [line for line in text.splitlines() if line.startswith("RUN ") and "apt-get install" in line]
+    assert any(" gcc " in f"{line} " and "libc6-dev" in line for line in installs), installs
