@@ -31,6 +31,7 @@ RUN groupadd --system --gid 10001 app \
 USER 10001:10001
 
 EXPOSE 8000
+# GET /api/health/ with a Host header that ALLOWED_HOSTS admits (platform/core/healthcheck.py).
 HEALTHCHECK --interval=10s --timeout=3s --retries=5 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/api/health/', timeout=2)"]
+    CMD ["python", "-m", "core.healthcheck", "8000"]
 CMD ["daphne", "--bind", "0.0.0.0", "--port", "8000", "config.asgi:application"]
