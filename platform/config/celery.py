@@ -2,7 +2,8 @@
 
 Start a worker with ``celery -A config.celery worker`` from a shell where platform/ is on
 ``PYTHONPATH`` (scripts/run_local.py and docker/ do this). Configuration comes from Django settings
-(``CELERY_*``): Redis when ``REDIS_URL`` is set, otherwise kombu's filesystem broker under var/.
+(``CELERY_*``): the broker is ``CELERY_BROKER_URL`` (RabbitMQ, say) when set, else Redis when
+``REDIS_URL`` is set, otherwise kombu's filesystem broker under var/.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ var/broker, Channels' in-memory layer, a SECRET_KEY generated once into var/. Pr
 - ``DATABASE_URL``  PostgreSQL (or any dj-database-url URL) instead of SQLite.
 - ``REDIS_URL``     Celery broker + result backend, the channels_redis layer, and (on the next
   database index, or ``CACHE_URL``) the cache that counts failed sign-ins across processes.
+- ``CELERY_BROKER_URL``  another broker for Celery's messages (RabbitMQ: ``amqp://``); results and
+  the channel layer stay on ``REDIS_URL`` (without it: none, and in-memory, as embedded).
 - ``SECRET_KEY``    required to be stable across hosts; ``DEBUG``, ``ALLOWED_HOSTS``,
   ``CSRF_TRUSTED_ORIGINS`` and the rest are read below with typed helpers.
 """
@@ -213,6 +215,10 @@ SPECTACULAR_SETTINGS = {
 
 # --- Celery + Channels ------------------------------------------------------------------------
 REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
+# CELERY_BROKER_URL moves Celery's messages to another broker, RabbitMQ say; the result backend and
+# the channel layer stay on REDIS_URL, or without it off and in-memory, as in the embedded mode.
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+_BROKER_URL = env_url("CELERY_BROKER_URL", (*AMQP_SCHEMES, "redis", "rediss"))
 # Each test run gets its own throwaway broker folder (tests/control_plane/conftest.py removes it):
 # workers started by tests leave fanout bindings behind that would otherwise pile up across runs.
 _TEST_BROKER_DIR = Path(tempfile.gettempdir()) / "platform-test-broker" / str(os.getpid())
@@ -229,10 +235,10 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 6 * 3600, minimum=1)
 # holding the request. Celery's defaults bound only a broker that refuses: against a Redis that
 # accepts connections but never answers (a partition, a blackholing firewall) kombu's sockets had
 # no timeout and the publish waited for ever. Now each connect and each read waits at most
-# BROKER_TIMEOUT_S (Redis's transport options below), connecting gives up after one such wait
+# BROKER_TIMEOUT_S (the transport options below), connecting gives up after one such wait
 # (broker_connection_timeout), and a failed publish is retried once, at once (a pooled connection
 # that Redis closed on restart is stale: the retry reconnects). Measured against such a Redis: a
-# fresh connection fails in BROKER_TIMEOUT_S, a pooled one in three times that.
+# fresh connection fails in BROKER_TIMEOUT_S, a pooled one in three times that; RabbitMQ the same.
 BROKER_TIMEOUT_S = 3.0
 CELERY_BROKER_CONNECTION_TIMEOUT = BROKER_TIMEOUT_S
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
@@ -241,15 +247,43 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "interval_step": 0.2,
     "interval_max": 0.2,
 }
-if REDIS_URL:
-    CELERY_BROKER_URL = REDIS_URL
-    CELERY_RESULT_BACKEND: str | None = REDIS_URL
+# The embedded broker's host part names nothing (its folders below are the broker); without one
+# kombu warns "No hostname was supplied" at every connection (each job submitted, each worker start).
+_EMBEDDED_BROKER_URL = "filesystem://localhost//"
+CELERY_BROKER_URL = _BROKER_URL or REDIS_URL or _EMBEDDED_BROKER_URL
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any]
+if CELERY_BROKER_URL.split("://", 1)[0].lower() in AMQP_SCHEMES:
+    # kombu passes these to py-amqp's Connection. An AMQP publish is not answered: to a RabbitMQ
+    # that stopped answering on a pooled connection it went into the socket's buffer, the POST got
+    # a 201 and the job's message was lost. With publisher confirms each publish waits for the
+    # broker's ack, for at most read_timeout (SO_RCVTIMEO; write_timeout is SO_SNDTIMEO): measured,
+    # such a POST answers 503 in 9 s and keeps no row. The worker reads only when its event loop
+    # finds the socket readable, so an idle worker is not cut off by these timeouts.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "confirm_publish": True,
+        "read_timeout": BROKER_TIMEOUT_S,
+        "write_timeout": BROKER_TIMEOUT_S,
+    }
+elif CELERY_BROKER_URL != _EMBEDDED_BROKER_URL:
     # The worker's waits for messages are BRPOPs read by its event loop when a reply arrives, not
     # blocking reads: these timeouts do not cut them short (kombu checks a silent BRPOP itself).
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
         "socket_timeout": BROKER_TIMEOUT_S,
         "socket_connect_timeout": BROKER_TIMEOUT_S,
     }
+else:
+    # Embedded: a real broker shared by processes through files.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+    for _folder in ("queue", "control", "processed"):
+        (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
+if REDIS_URL:
+    CELERY_RESULT_BACKEND: str | None = REDIS_URL
     # The layer waits for messages with a blocking pop, 5 s at a time (channels_redis'
     # brpop_timeout). redis-py 8's default 5 s socket timeout cut those waits short: every idle
     # websocket closed with 1011 every 5-6 s. So no socket timeout at all, rather than a longer one:
@@ -280,20 +314,7 @@ if REDIS_URL:
         }
     }
 else:
-    # Embedded: a real broker shared by processes through files. Task outcomes are written to the
-    # Job rows, so no result backend is needed.
-    # The host part names nothing (the folders below are the broker); without one kombu warns
-    # "No hostname was supplied" at every connection (each job submitted, each worker start).
-    CELERY_BROKER_URL = "filesystem://localhost//"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(BROKER_DIR / "queue"),
-        "data_folder_out": str(BROKER_DIR / "queue"),
-        "control_folder": str(BROKER_DIR / "control"),
-        "processed_folder": str(BROKER_DIR / "processed"),
-        "store_processed": False,
-    }
-    for _folder in ("queue", "control", "processed"):
-        (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
+    # Task outcomes are written to the Job rows, so no result backend is needed.
     CELERY_RESULT_BACKEND = None
     CELERY_TASK_IGNORE_RESULT = True
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -57,8 +57,8 @@ def refuse_jobs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @pytest.fixture
 def embedded_broker_gone() -> Iterator[None]:
     """The embedded (filesystem) broker's queue folder is missing: a real publish fails."""
-    if settings.REDIS_URL:
-        pytest.skip("the embedded broker's folders are not in use with REDIS_URL")
+    if not settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        pytest.skip("the embedded broker's folders are not in use with REDIS_URL or CELERY_BROKER_URL")
     queue = Path(settings.BROKER_DIR) / "queue"
     aside = queue.with_name(queue.name + "-aside")
     queue.rename(aside)
@@ -173,33 +173,64 @@ print(json.dumps({
 """
 
 
-def test_a_redis_that_accepts_but_never_answers_is_a_503_within_seconds(tmp_path: Path) -> None:
+def post_a_job_in_a_process(broker_env: dict[str, str], tmp_path: Path) -> dict[str, Any]:
+    """POST a job from a process of its own whose settings see ``broker_env``; what it observed."""
+    unset = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CACHE_URL", "SECRET_KEY", "DEBUG")
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in unset},
+        "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "VAR_DIR": str(tmp_path),
+        "ALLOWED_HOSTS": "testserver",
+        **broker_env,
+    }
+    try:
+        command = [sys.executable, "-c", POST_A_JOB]
+        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the job's POST had no answer within a minute (the process was killed)")
+    assert out.returncode == 0, out.stderr
+    posted: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return posted
+
+
+REDIS_TIMEOUTS = {"socket_timeout": 3.0, "socket_connect_timeout": 3.0}
+AMQP_TIMEOUTS = {"confirm_publish": True, "read_timeout": 3.0, "write_timeout": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "transport"),
+    [
+        ("REDIS_URL", "redis://127.0.0.1:{port}/0", REDIS_TIMEOUTS),
+        # RabbitMQ (CELERY_BROKER_URL): its handshake waited for ever, holding the POST.
+        ("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:{port}//", AMQP_TIMEOUTS),
+    ],
+)
+def test_a_broker_that_accepts_but_never_answers_is_a_503_within_seconds(
+    tmp_path: Path, variable: str, url: str, transport: dict[str, float]
+) -> None:
     """A blackholed broker (a partition, a firewall dropping packets) used to hold the job's POST
-    for ever: kombu's Redis sockets had no timeout. Here Redis is a socket that completes the TCP
+    for ever: kombu's sockets had no timeout. Here the broker is a socket that completes the TCP
     handshake (the kernel's backlog) and never reads nor answers."""
     with socket.socket() as hole:
         hole.bind(("127.0.0.1", 0))
         hole.listen(16)
-        port = hole.getsockname()[1]
-        unset = ("DATABASE_URL", "REDIS_URL", "CACHE_URL", "SECRET_KEY", "DEBUG")
-        env = {
-            **{k: v for k, v in os.environ.items() if k not in unset},
-            "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "VAR_DIR": str(tmp_path),
-            "ALLOWED_HOSTS": "testserver",
-            "REDIS_URL": f"redis://127.0.0.1:{port}/0",
-        }
-        try:
-            command = [sys.executable, "-c", POST_A_JOB]
-            out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the job's POST had no answer within a minute (the process was killed)")
-    assert out.returncode == 0, out.stderr
-    posted = json.loads(out.stdout.strip().splitlines()[-1])
+        posted = post_a_job_in_a_process({variable: url.format(port=hole.getsockname()[1])}, tmp_path)
     # Each connect and read waits at most 3 s; connecting gives up after one such wait, and a
-    # failed publish is retried once: a fresh connection fails in about 3 s, a pooled one in 9.
-    assert posted["transport"] == {"socket_timeout": 3.0, "socket_connect_timeout": 3.0}
+    # failed publish is retried once: a fresh connection fails in about 3 s, a pooled one in 9
+    # (tests/control_plane/test_jobs_rabbitmq.py has RabbitMQ stop answering a pooled one).
+    assert posted["transport"] == transport
     assert (posted["connect_s"], posted["retries"]) == (3.0, 1)
     assert (posted["status"], posted["retry_after"], posted["jobs"]) == (503, "5", 0)
     assert posted["took_s"] < 20, posted
+
+
+def test_a_rabbitmq_that_refuses_connections_is_a_503_at_once(tmp_path: Path) -> None:
+    with socket.socket() as closed:  # a port just free: nothing listens there
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    refused = f"amqp://guest:guest@127.0.0.1:{port}//"
+    posted = post_a_job_in_a_process({"CELERY_BROKER_URL": refused}, tmp_path)
+    assert posted["transport"] == AMQP_TIMEOUTS
+    assert (posted["status"], posted["retry_after"], posted["jobs"]) == (503, "5", 0)
+    assert posted["took_s"] < 5, posted

@@ -71,6 +71,7 @@ def test_it_serves_the_api_with_a_live_worker_and_stops_everything_on_ctrl_c(tmp
         "PYTEST_VERSION",
         "DATABASE_URL",
         "REDIS_URL",
+        "CELERY_BROKER_URL",
         "DJANGO_DB_NAME",
         "CELERY_QUEUE",
         "CELERY_BROKER_DIR",

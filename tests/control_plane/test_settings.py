@@ -64,11 +64,11 @@ def _settings_in_subprocess(env: dict[str, str], tmp_path: Path) -> dict[str, ob
     code = (
         "import json; from django.conf import settings as s; "
         "print(json.dumps({'engine': s.DATABASES['default']['ENGINE'], 'broker': s.CELERY_BROKER_URL, "
-        "'layer': s.CHANNEL_LAYERS['default']['BACKEND'], 'debug': s.DEBUG, 'secret': s.SECRET_KEY}))"
+        "'layer': s.CHANNEL_LAYERS['default']['BACKEND'], 'debug': s.DEBUG, 'secret': s.SECRET_KEY, "
+        "'results': s.CELERY_RESULT_BACKEND, 'transport': s.CELERY_BROKER_TRANSPORT_OPTIONS}))"
     )
-    base = {
-        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG")
-    }
+    unset = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "SECRET_KEY", "DEBUG")
+    base = {k: v for k, v in os.environ.items() if k not in unset}
     full_env = {
         **base,
         "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
@@ -111,6 +111,68 @@ def test_it_switches_to_postgres_and_redis(tmp_path: Path) -> None:
     assert prod["secret"] == "k" * 60
 
 
+AMQP_OPTIONS = {"confirm_publish": True, "read_timeout": 3.0, "write_timeout": 3.0}
+REDIS_OPTIONS = {"socket_timeout": 3.0, "socket_connect_timeout": 3.0}
+IN_MEMORY = "channels.layers.InMemoryChannelLayer"
+REDIS_LAYER = "channels_redis.core.RedisChannelLayer"
+
+
+@pytest.mark.parametrize(
+    ("env", "broker", "transport", "results", "layer"),
+    [
+        # Alone, the broker changes and the rest stays embedded: no results, in-memory channels.
+        (
+            {"CELERY_BROKER_URL": "amqp://u:p@rabbit:5672//"},
+            "amqp://u:p@rabbit:5672//",
+            AMQP_OPTIONS,
+            None,
+            IN_MEMORY,
+        ),
+        (
+            {"CELERY_BROKER_URL": "amqps://u:p@rabbit:5671/v"},
+            "amqps://u:p@rabbit:5671/v",
+            AMQP_OPTIONS,
+            None,
+            IN_MEMORY,
+        ),
+        ({"CELERY_BROKER_URL": "pyamqp://rabbit//"}, "pyamqp://rabbit//", AMQP_OPTIONS, None, IN_MEMORY),
+        (
+            {"CELERY_BROKER_URL": "rediss://:pw@q:6380/2"},
+            "rediss://:pw@q:6380/2",
+            REDIS_OPTIONS,
+            None,
+            IN_MEMORY,
+        ),
+        # With REDIS_URL, Redis keeps the results and the channel layer.
+        (
+            {"CELERY_BROKER_URL": "amqp://rabbit//", "REDIS_URL": "redis://cache:6379/1"},
+            "amqp://rabbit//",
+            AMQP_OPTIONS,
+            "redis://cache:6379/1",
+            REDIS_LAYER,
+        ),
+        (
+            {"REDIS_URL": "redis://cache:6379/1"},
+            "redis://cache:6379/1",
+            REDIS_OPTIONS,
+            "redis://cache:6379/1",
+            REDIS_LAYER,
+        ),
+    ],
+)
+def test_celery_broker_url_overrides_the_broker_alone(
+    tmp_path: Path,
+    env: dict[str, str],
+    broker: str,
+    transport: dict[str, object],
+    results: str | None,
+    layer: str,
+) -> None:
+    got = _settings_in_subprocess(env, tmp_path)
+    assert (got.get("broker"), got.get("transport")) == (broker, transport), got
+    assert (got["results"], got["layer"]) == (results, layer)
+
+
 def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path) -> None:
     bad = _settings_in_subprocess({"DEBUG": "perhaps"}, tmp_path)
     assert "ImproperlyConfigured" in str(bad["error"]) and "DEBUG='perhaps'" in str(bad["error"])
@@ -145,6 +207,16 @@ def test_it_has_no_missing_migrations() -> None:
         ("VAR_DIR", "/dev/null/var", "VAR_DIR='/dev/null/var' cannot be a directory: /dev/null is not one"),
         ("VAR_DIR", "/proc/platform-var", "VAR_DIR='/proc/platform-var': the generated SECRET_KEY cannot be"),
         ("CELERY_BROKER_DIR", "/dev/null/b", "CELERY_BROKER_DIR='/dev/null/b' cannot be a directory"),
+        (
+            "CELERY_BROKER_URL",
+            "kafka://q:9092",
+            "CELERY_BROKER_URL='kafka://q:9092' must start with one of amqp,",
+        ),
+        (
+            "CELERY_BROKER_URL",
+            "rabbit:5672",
+            "CELERY_BROKER_URL='rabbit:5672' must start with one of amqp, amqps,",
+        ),
     ],
 )
 def test_manage_py_names_a_bad_setting_in_one_line(

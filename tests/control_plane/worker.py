@@ -24,7 +24,7 @@ class CeleryWorker:
 
     def __init__(self, **extra_env: str) -> None:
         self.extra_env = extra_env
-        self.queue = settings.CELERY_TASK_DEFAULT_QUEUE
+        self.queue = extra_env.get("CELERY_QUEUE", settings.CELERY_TASK_DEFAULT_QUEUE)
         self.lines: list[str] = []
         self._ready = threading.Event()
         self.process: subprocess.Popen[str] | None = None
