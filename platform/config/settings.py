@@ -219,6 +219,7 @@ REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
 # the channel layer stay on REDIS_URL, or without it off and in-memory, as in the embedded mode.
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 _BROKER_URL = env_url("CELERY_BROKER_URL", (*AMQP_SCHEMES, "redis", "rediss"))
+# (Celery reads the variable itself too: config/celery.py trims it the way it is read here.)
 # Each test run gets its own throwaway broker folder (tests/control_plane/conftest.py removes it):
 # workers started by tests leave fanout bindings behind that would otherwise pile up across runs.
 _TEST_BROKER_DIR = Path(tempfile.gettempdir()) / "platform-test-broker" / str(os.getpid())

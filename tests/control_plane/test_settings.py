@@ -173,6 +173,20 @@ def test_celery_broker_url_overrides_the_broker_alone(
     assert (got["results"], got["layer"]) == (results, layer)
 
 
+@pytest.mark.parametrize(
+    ("value", "broker"),
+    [(" ", "filesystem://localhost//"), ("amqp://u:p@rabbit// ", "amqp://u:p@rabbit//")],
+)
+def test_celery_uses_the_broker_the_settings_read(tmp_path: Path, value: str, broker: str) -> None:
+    # Celery reads CELERY_BROKER_URL itself: it used " " (a host named " ") and the vhost "/ ".
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(PYTHONPATH=f"{ROOT / 'platform'}{os.pathsep}{ROOT}", VAR_DIR=str(tmp_path))
+    env["CELERY_BROKER_URL"] = value
+    code = "from config.celery import app; print(app.conf.broker_url)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == broker
+
+
 def test_it_refuses_to_start_with_a_bad_setting(tmp_path: Path) -> None:
     bad = _settings_in_subprocess({"DEBUG": "perhaps"}, tmp_path)
     assert "ImproperlyConfigured" in str(bad["error"]) and "DEBUG='perhaps'" in str(bad["error"])
