@@ -94,6 +94,7 @@ def pages(ids: dict[str, int]) -> list[Page]:
         Page(f"/deployments/{deployment}/logs/", live=True),
         Page("/playground/"),
         Page("/accounts/password_change/"),
+        Page("/accounts/password_change/done/"),
         Page("/api/docs/"),  # Swagger UI draws its h1 from the schema
     ]
 
@@ -161,3 +162,126 @@ def test_the_sign_in_page_loads_clean(users: dict[str, User], server: AsgiServer
     problems = Problems()
     problems.watch(page)
     assert visit(page, problems, Page("/accounts/login/?next=/jobs/")) == []
+
+
+@dataclass(frozen=True)
+class Form:
+    path: str
+    selector: str
+    admin_only: bool = False
+    choose: dict[str, str] = field(default_factory=dict)  # select name -> option value to pick
+
+
+# A form's answer shows an error here: the dashboard's field errors, Django's error lists, alerts.
+ERRORS = ".field-error, .errorlist li, [role=alert]"
+# Fills every visible input and textarea of the form with ``value``, picks the ``choose`` options,
+# and turns off the browser's own checks (required, maxlength, number): the server's are tested.
+FILL = """([selector, value, choose]) => {
+  const form = document.querySelector(selector);
+  form.noValidate = true;
+  for (const el of form.querySelectorAll("input:not([type=hidden]):not([type=submit]), textarea")) {
+    el.removeAttribute("maxlength");
+    el.value = value;
+  }
+  for (const [name, option] of Object.entries(choose)) form.elements[name].value = option;
+}"""
+
+
+def forms(ids: dict[str, int]) -> list[Form]:
+    model = ids["model"]
+    return [
+        Form("/models/new/", "#model-form", admin_only=True),
+        Form(f"/models/{model}/edit/", "#model-form", admin_only=True),
+        Form(f"/models/{model}/", "#deploy-form", admin_only=True),
+        # Empty parameters are the defaults of a kind; profile's name a model, which is required.
+        Form("/jobs/", "#job-form", admin_only=True, choose={"kind": "profile"}),
+        Form("/api-keys/", "#key-form"),
+        Form("/accounts/password_change/", "#content-main form"),
+    ]
+
+
+def submit(page: Any, problems: Problems, form: Form, value: str) -> list[str]:
+    """What went wrong posting ``form`` with every field set to ``value``: an answer of 500 (or any
+    5xx, or a 403), no heading, no error shown, or the page's problems."""
+    page.goto(form.path, wait_until="load")
+    page.evaluate(FILL, [form.selector, value, form.choose])
+    with page.expect_navigation() as navigation:
+        page.click(f"{form.selector} [type=submit]")
+    response = navigation.value
+    page.wait_for_load_state("networkidle")
+    found = []
+    if response is None or response.status >= 500 or response.status == 403:
+        found.append(f"answered {response and response.status}")
+    if not page.locator("h1").first.inner_text().strip():
+        found.append("no heading")
+    shown = [t.strip() for t in page.locator(ERRORS).all_inner_texts() if t.strip()]
+    if not shown:
+        found.append("no error shown")
+    # The form's own refusal (a 400 document) is logged by Chromium as a failed resource.
+    refusal = "Failed to load resource: the server responded with a status of 400 (Bad Request)"
+    return found + [p for p in problems.take() if not (response and response.status == 400 and refusal in p)]
+
+
+@pytest.mark.parametrize("who", ["ada", "vic"])
+def test_every_form_refuses_empty_and_too_long_values_with_a_field_error(
+    users: dict[str, User], server: AsgiServer, browser: Any, who: str
+) -> None:
+    ids = db_call(make_world)
+    page = sign_in(browser, server.url, who)
+    problems = Problems()
+    problems.watch(page)
+    found = {
+        (form.path, form.selector, kind): submit(page, problems, form, value)
+        for form in forms(ids)
+        if who == "ada" or not form.admin_only
+        for kind, value in (("empty", ""), ("too long", TOO_LONG))
+    }
+    assert {case: seen for case, seen in found.items() if seen} == {}
+    assert db_call(
+        lambda: (ServedModel.objects.count(), Deployment.objects.count(), Job.objects.count())
+    ) == (
+        1,
+        1,
+        2,
+    )
+
+
+@pytest.mark.parametrize("value", ["", TOO_LONG])
+def test_the_sign_in_form_refuses_empty_and_too_long_values(
+    users: dict[str, User], server: AsgiServer, browser: Any, value: str
+) -> None:
+    page = browser.new_context(base_url=server.url).new_page()
+    problems = Problems()
+    problems.watch(page)
+    assert submit(page, problems, Form("/accounts/login/", "form"), value) == []
+
+
+@pytest.mark.parametrize(
+    ("box", "value"),
+    [
+        ("#pg-max-tokens", ""),  # was sent as 0 (Number("")): the gateway's "'max_tokens' must be ..."
+        ("#pg-max-tokens", TOO_LONG),  # no number the input holds: empty, as above
+        ("#pg-max-tokens", "2.5"),
+        ("#pg-temperature", ""),  # was sent as 0: a greedy reply, not what was asked
+        ("#pg-temperature", TOO_LONG),
+        ("#pg-temperature", "3"),
+    ],
+)
+def test_the_playground_refuses_a_bad_number_on_its_field_and_sends_nothing(
+    users: dict[str, User], server: AsgiServer, browser: Any, box: str, value: str
+) -> None:
+    # The chat form posts no page: its script sends /v1 requests, and must not send this one. The
+    # browser's own checks refuse it (the form is not submitted), with the field's message.
+    db_call(make_world)
+    page = sign_in(browser, server.url, "vic", "/playground/")
+    problems = Problems()
+    problems.watch(page)
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.url) if "/v1/" in r.url else None)
+    page.evaluate("([box, value]) => { document.querySelector(box).value = value; }", [box, value])
+    page.fill("#pg-input", "hello")
+    page.press("#pg-input", "Enter")
+    page.wait_for_load_state("networkidle")
+    assert page.locator(box).evaluate("el => el.validationMessage") != ""
+    assert page.input_value("#pg-input") == "hello"  # kept, to send once the number is fixed
+    assert (sent, page.locator("#pg-transcript").inner_text(), problems.take()) == ([], "", [])
