@@ -354,3 +354,20 @@ def test_every_button_form_answers_with_a_page_never_a_500(
             found[f"{target.path} {action} ({status})"] = seen
     assert len(found) >= 6, found  # stop, start, delete, delete model, apply, cancel, revoke
     assert {case: seen for case, seen in found.items() if seen} == {}
+
+
+def test_the_playground_with_no_model_deployed_sends_nothing(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    # It was sent with "model": "", for the gateway's 400 ("'model' is required ...") to be shown.
+    page = sign_in(browser, server.url, "vic", "/playground/")
+    problems = Problems()
+    problems.watch(page)
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.url) if "/v1/" in r.url else None)
+    assert page.locator("p.empty").inner_text() == "No model is deployed yet."
+    page.fill("#pg-input", "hello")
+    page.press("#pg-input", "Enter")
+    page.wait_for_load_state("networkidle")
+    assert page.locator("#pg-model").evaluate("el => el.validationMessage") != ""
+    assert (sent, page.input_value("#pg-input"), problems.take()) == ([], "hello", [])

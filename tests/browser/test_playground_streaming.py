@@ -15,7 +15,10 @@ from typing import Any
 import pytest
 from accounts.models import ApiKey, User
 from accounts.services import authenticate_api_key, create_api_key, revoke_api_key
+from deployments.models import Deployment
 from django.conf import settings
+from inventory.services import register_host
+from registry.models import ServedModel
 
 from tests.browser.conftest import db_call, sign_in
 from tests.fleet.servers import AsgiServer
@@ -53,6 +56,20 @@ def event(payload: Any) -> bytes:
 
 def delta(text: str, finish: str | None = None) -> bytes:
     return event({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]})
+
+
+def _served_model() -> None:
+    model = ServedModel.objects.create(
+        name="tiny", source="org/tiny", max_context_length=256, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+    )
+    Deployment.objects.create(model=model, host=register_host("gpu-h", "127.0.0.1"))
+
+
+@pytest.fixture(autouse=True)
+def served_model(transactional_db: None) -> None:
+    """A model the page's menu lists (a running deployment on a real host): with none, the page
+    refuses to send at all."""
+    db_call(_served_model)
 
 
 def open_playground(browser: Any, server: AsgiServer) -> Any:
