@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from accounts.views import SignOutView
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path, re_path
@@ -28,7 +29,7 @@ api_v1: list[URLPattern | URLResolver] = [
 # configured; none is), unauthenticated and unlimited, each failure a logged traceback.
 accounts = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", SignOutView.as_view(), name="logout"),
     path("password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
     path("password_change/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
 ]

@@ -371,3 +371,22 @@ def test_the_playground_with_no_model_deployed_sends_nothing(
     page.wait_for_load_state("networkidle")
     assert page.locator("#pg-model").evaluate("el => el.validationMessage") != ""
     assert (sent, page.input_value("#pg-input"), problems.take()) == ([], "hello", [])
+
+
+def test_the_sign_out_address_opened_in_the_browser_shows_a_page(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    # Signing out is a POST; a GET (a bookmark, a typed address) was an empty 405, which Chromium
+    # shows as its own error page (net::ERR_HTTP_RESPONSE_CODE_FAILURE).
+    page = sign_in(browser, server.url, "vic")
+    problems = Problems()
+    problems.watch(page)
+    assert visit(page, problems, Page("/accounts/logout/")) == []
+    assert page.locator("h1").inner_text() == "Sign out"
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    assert page.url == f"{server.url}/accounts/login/"
+    assert page.goto("/").url == f"{server.url}/accounts/login/?next=/"  # signed out
+    # Signed out already: the sign-in page.
+    assert visit(page, problems, Page("/accounts/logout/")) == []
+    assert page.url == f"{server.url}/accounts/login/"
