@@ -89,6 +89,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "core.middleware.ServiceUnavailableMiddleware",  # pages' 503 when the database or Redis is down
+    "core.middleware.MethodNotAllowedPageMiddleware",  # a page, not an empty 405, for a GET of a form address
 ]
 
 ROOT_URLCONF = "config.urls"

@@ -151,7 +151,10 @@ class Problems:
 
 def visit(page: Any, problems: Problems, target: Page) -> list[str]:
     """What went wrong on the page: problems, another status than its own, no heading, never live."""
-    response = page.goto(target.path, wait_until="load")
+    try:
+        response = page.goto(target.path, wait_until="load")
+    except PlaywrightError as exc:  # e.g. an empty error answer: the browser's own error page
+        return [f"not shown: {exc.message.splitlines()[0]}"]
     status = response.status if response is not None else None
     found = [] if status == target.status else [f"answered {status}"]
     if target.live:
@@ -390,3 +393,32 @@ def test_the_sign_out_address_opened_in_the_browser_shows_a_page(
     # Signed out already: the sign-in page.
     assert visit(page, problems, Page("/accounts/logout/")) == []
     assert page.url == f"{server.url}/accounts/login/"
+
+
+def test_a_form_address_opened_in_the_browser_shows_a_page(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    # A refused form is shown at the address it was posted to (/jobs/start/, /api-keys/new/, ...):
+    # Enter in the address bar there, or a bookmark, is a GET, which these refuse with a 405. It
+    # had no body: Chromium showed its own error page (net::ERR_HTTP_RESPONSE_CODE_FAILURE).
+    ids = db_call(make_world)
+    model, deployment, job = ids["model"], ids["deployment"], ids["running"]
+    posts_only = [
+        "/jobs/start/",
+        f"/jobs/{job}/cancel/",
+        f"/jobs/{ids['place']}/apply/",
+        f"/models/{model}/deploy/",
+        f"/models/{model}/delete/",
+        f"/deployments/{deployment}/stop/",
+        f"/deployments/{deployment}/start/",
+        f"/deployments/{deployment}/delete/",
+        "/api-keys/new/",
+        "/api-keys/1/revoke/",
+        "/playground/key/",
+    ]
+    page = sign_in(browser, server.url, "ada")
+    problems = Problems()
+    problems.watch(page)
+    found = {path: visit(page, problems, Page(path, status=405)) for path in posts_only}
+    assert {path: seen for path, seen in found.items() if seen} == {}
+    assert page.locator("a#back").get_attribute("href") == "/"
