@@ -207,14 +207,17 @@ def test_a_server_that_keeps_closing_new_sockets_with_4401_is_retried_with_back_
     assert page.url == slow_recheck.url + "/"
 
 
+def _doomed_model() -> ServedModel:
+    """A model whose page the test opens, then deletes."""
+    return ServedModel.objects.create(
+        name="doomed", source="/m/doomed", max_context_length=256, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+    )
+
+
 def test_a_page_whose_model_was_deleted_stops_reconnecting_and_says_so(
     users: dict[str, User], slow_recheck: AsgiServer, browser: Any
 ) -> None:
-    model = db_call(
-        lambda: ServedModel.objects.create(
-            name="doomed", source="/m/doomed", max_context_length=256, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
-        )
-    )
+    model = db_call(_doomed_model)
     page = sign_in(browser, slow_recheck.url, "vic")
     page.context.add_init_script(RECORD_SOCKETS)
     page.goto(f"/models/{model.pk}/")
@@ -238,11 +241,7 @@ def test_a_page_whose_model_was_deleted_stops_reconnecting_and_says_so(
 def test_a_socket_closed_because_its_model_was_deleted_is_not_reopened(
     users: dict[str, User], slow_recheck: AsgiServer, browser: Any
 ) -> None:
-    model = db_call(
-        lambda: ServedModel.objects.create(
-            name="doomed", source="/m/doomed", max_context_length=256, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
-        )
-    )
+    model = db_call(_doomed_model)
     page = sign_in(browser, slow_recheck.url, "vic")
     page.context.add_init_script(RECORD_RECONNECTS)
     page.goto(f"/models/{model.pk}/")

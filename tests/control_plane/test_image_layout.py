@@ -95,6 +95,20 @@ print("imported")
 """
 
 
+def import_all(app: Path, package: str, env: dict[str, str]) -> None:
+    """Import every module under ``app/package`` in a fresh interpreter run in the laid-out image."""
+    run = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL, str(app / package)],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().endswith("imported")
+
+
 def test_it_lays_out_the_control_plane_image_with_everything_the_web_server_and_worker_import(
     tmp_path: Path,
 ) -> None:
@@ -106,16 +120,7 @@ def test_it_lays_out_the_control_plane_image_with_everything_the_web_server_and_
         SECRET_KEY="image-layout-test-" + "x" * 40,
         DEBUG="false",
     )
-    run = subprocess.run(
-        [sys.executable, "-c", IMPORT_ALL, str(app / "platform")],
-        cwd=app,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip().endswith("imported")
+    import_all(app, "platform", env)
     check = subprocess.run(
         [sys.executable, "manage.py", "check"], cwd=app, env=env, capture_output=True, text=True, timeout=300
     )
@@ -124,16 +129,7 @@ def test_it_lays_out_the_control_plane_image_with_everything_the_web_server_and_
 
 def test_it_lays_out_the_agent_image_with_everything_the_agent_imports(tmp_path: Path) -> None:
     app, env = lay_out_image("agent.Dockerfile", tmp_path)
-    run = subprocess.run(
-        [sys.executable, "-c", IMPORT_ALL, str(app / "gpu_agent")],
-        cwd=app,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip().endswith("imported")
+    import_all(app, "gpu_agent", env)
 
 
 @pytest.mark.parametrize("name", ["control-plane.Dockerfile", "agent.Dockerfile"])
