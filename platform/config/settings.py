@@ -49,6 +49,19 @@ def _local_secret_key() -> str:
 
 
 SECRET_KEY = env_str("SECRET_KEY") or _local_secret_key()
+
+
+def _make_dir(path: Path, variable: str, value: Path) -> None:
+    """Makes ``path`` (under ``variable``'s directory ``value``); one that cannot be names it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # with SECRET_KEY set nothing was written there before: no traceback
+        raise ImproperlyConfigured(
+            f"{variable}={str(value)!r}: {path} cannot be made ({error.strerror});"
+            f" set {variable} to a writable directory"
+        ) from None
+
+
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY") else None
@@ -172,7 +185,7 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns about a missing root
+_make_dir(STATIC_ROOT, "VAR_DIR", VAR_DIR)  # WhiteNoise warns about a missing root
 # Serve app static files straight from their apps (no collectstatic step for `make run`).
 WHITENOISE_USE_FINDERS = True
 STATICFILES_DIRS = [ROOT_DIR / "frontend" / "static"]
@@ -283,7 +296,7 @@ else:
         "store_processed": False,
     }
     for _folder in ("queue", "control", "processed"):
-        (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
+        _make_dir(BROKER_DIR / _folder, "CELERY_BROKER_DIR", BROKER_DIR)
 if REDIS_URL:
     CELERY_RESULT_BACKEND: str | None = REDIS_URL
     # The layer waits for messages with a blocking pop, 5 s at a time (channels_redis'

@@ -251,6 +251,32 @@ def test_manage_py_names_a_bad_setting_in_one_line(
     assert out.stderr.startswith(f"manage.py: error: {named}") and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        # With SECRET_KEY set (as in production) nothing is written to VAR_DIR before its static
+        # folder, nor to CELERY_BROKER_DIR before its queue folders: each a FileNotFoundError traceback.
+        ("VAR_DIR", "/proc/platform-var", "VAR_DIR='/proc/platform-var': "),
+        ("CELERY_BROKER_DIR", "/proc/platform-broker", "CELERY_BROKER_DIR='/proc/platform-broker': "),
+    ],
+)
+def test_manage_py_names_an_unwritable_directory_with_secret_key_set(
+    tmp_path: Path, variable: str, value: str, named: str
+) -> None:
+    env = {**os.environ, "VAR_DIR": str(tmp_path), variable: value, "SECRET_KEY": "k" * 50}
+    for name in ("PYTEST_VERSION", "REDIS_URL", "CELERY_BROKER_URL"):
+        env.pop(name, None)  # the embedded broker, whose folders are made at start-up
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "register_host", "gpu-1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith(f"manage.py: error: {named}") and "Traceback" not in out.stderr
+
+
 def test_manage_py_keeps_the_traceback_of_a_misconfiguration_outside_the_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
