@@ -88,9 +88,14 @@ def env_dir(name: str, default: Path) -> Path:
     """A directory's path, made absolute. It may not exist yet (it is made when first written to),
     but the nearest of it and its parents that exists must be a directory."""
     path = env_path(name, default)
-    existing = next(p for p in (path, *path.parents) if p.exists())
+    value = _raw(name) or str(default)
+    try:
+        existing = next(p for p in (path, *path.parents) if p.exists())
+    except OSError as error:  # a parent this process may not look into: exists() raises EACCES
+        raise ImproperlyConfigured(
+            f"{name}={value!r} cannot be a directory: {error.filename}: {error.strerror}"
+        ) from None
     if not existing.is_dir():
-        value = _raw(name) or str(default)
         raise ImproperlyConfigured(f"{name}={value!r} cannot be a directory: {existing} is not one")
     return path
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -275,6 +276,30 @@ def test_manage_py_names_an_unwritable_directory_with_secret_key_set(
     )
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.startswith(f"manage.py: error: {named}") and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="runs manage.py as nobody (needs root and setpriv)",
+)
+def test_manage_py_names_a_var_dir_it_may_not_look_into(tmp_path: Path) -> None:
+    # tmp_path is root's, mode 700: nobody's stat of VAR_DIR below it is refused (EACCES), which
+    # Path.exists raises as PermissionError, a traceback naming no variable.
+    var_dir = tmp_path / "var"
+    env = {**os.environ, "VAR_DIR": str(var_dir), "SECRET_KEY": "k" * 50}
+    env.pop("PYTEST_VERSION", None)
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    out = subprocess.run(
+        [*as_nobody, sys.executable, str(ROOT / "manage.py"), "register_host", "gpu-1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith(f"manage.py: error: VAR_DIR={str(var_dir)!r} cannot be a directory: ")
+    assert "Permission denied" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_manage_py_keeps_the_traceback_of_a_misconfiguration_outside_the_settings(
