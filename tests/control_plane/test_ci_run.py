@@ -42,10 +42,13 @@ def test_without_rabbitmq_the_production_pass_names_none(tmp_path: Path) -> None
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     seen = tmp_path / "pytest-env"
     _stub(tmp_path / ".venv" / "bin" / "pytest", f'echo "RABBITMQ_URL=${{RABBITMQ_URL:-}}" > "{seen}"')
-    # /usr/sbin (rabbitmq-server, rabbitmqctl) left out: this machine has no RabbitMQ.
+    dirname = shutil.which("dirname")
+    assert dirname is not None
+    (bin_dir / "dirname").symlink_to(dirname)
+    # Nothing else on PATH: no rabbitmq-server, as on a machine without RabbitMQ.
     env = {k: v for k, v in os.environ.items() if k != "RABBITMQ_URL"}
-    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
-    argv = ["unshare", "-rn", "bash", str(tmp_path / ".ci" / "run")]
+    env["PATH"] = str(bin_dir)
+    argv = [str(shutil.which("unshare")), "-rn", str(shutil.which("bash")), str(tmp_path / ".ci" / "run")]
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert seen.read_text().strip() == "RABBITMQ_URL="
