@@ -112,7 +112,9 @@ class Agent:
         self._probes: set[asyncio.Task[None]] = set()  # of those, the probe replays
         # Answers of replays that ended while the link was down: sent after the next `register`, so
         # a profile job still waiting for one (the agent was back within its grace) gets it instead
-        # of waiting out the probe's timeout. Bounded: the oldest go first.
+        # of waiting out the probe's timeout. Kept until `desired_deployments` comes, which the
+        # control plane sends once it has stored a `register` (one it could not store, 4503, drops
+        # the frames after it). Bounded: the oldest go first.
         self._unsent_reports: deque[ProbeReport] = deque(maxlen=UNSENT_REPORTS)
         self._aqua_refresh: asyncio.Task[object] | None = None  # the AquaHost.refresh() running
         self._readings_refresh: asyncio.Future[None] | None = None  # the DeviceReadings.refresh() running
@@ -130,7 +132,6 @@ class Agent:
 
     def _hello(self) -> list[Frame]:
         reports = list(self._unsent_reports)
-        self._unsent_reports.clear()
         return [self.register_frame(), *map(_clean_status, self.host.statuses()), *reports]
 
     def stop(self) -> None:
@@ -248,6 +249,7 @@ class Agent:
 
     async def _on_frame(self, frame: Frame) -> None:
         if isinstance(frame, DesiredDeployments):
+            self._unsent_reports.clear()  # the register was stored: so were the answers after it
             # Converging may take seconds (stopping engines); keep reading frames meanwhile.
             self._spawn(self.host.apply(frame.deployments))
         elif isinstance(frame, Command):
