@@ -216,8 +216,9 @@ class GatewayApp:
                 relay.cancel()
                 # Not a client that left after [DONE], nor after the whole answer: daphne reports
                 # http.disconnect as soon as it went out, while the relay may still be closing
-                # the engine's connection (an error it answered stays "failed").
-                if state["outcome"] != "completed" and not answered:
+                # the engine's connection (an error it answered stays "failed", as does a stream
+                # that ended on the engine's error event).
+                if state["outcome"] != "completed" and not meter.failed and not answered:
                     state["outcome"] = "disconnected"
             watcher.cancel()
             # A cancellation of this task while the two end (the relay closes the engine's stream:
@@ -228,7 +229,8 @@ class GatewayApp:
             if failed is not None:  # receive() itself failed: raised, as before
                 raise failed
             error = None if relay.cancelled() else relay.exception()
-            if isinstance(error, ClientGone) and state["outcome"] != "completed" and not answered:
+            gone = isinstance(error, ClientGone) and not meter.failed and not answered
+            if gone and state["outcome"] != "completed":
                 state["outcome"] = "disconnected"  # as when receive() tells of it first
         target: Target | None = state["target"]
         if target is not None:  # an engine took the request: what it served counts

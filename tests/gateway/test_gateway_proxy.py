@@ -402,3 +402,30 @@ def test_a_client_gone_when_the_server_sends_is_booked_as_a_disconnect(gateway_d
     sample = RequestSample.objects.get()
     assert sample.outcome == "disconnected" and (sample.prompt_tokens, sample.completion_tokens) == (5, 3)
     assert Usage.objects.get().completion_tokens == 3
+
+
+def test_a_client_that_leaves_after_the_engines_error_is_booked_failed(gateway_data: dict[str, Any]) -> None:
+    # The engine's error ends the client's stream (869f9bc) and the request failed; a client that
+    # hangs up on it (the openai SDK raises, closing the stream) before the engine closes its end
+    # did not abandon a request in progress.
+    error = {"error": {"message": "engine blew up", "type": "InternalServerError", "code": 500}}
+
+    async def error_then_linger() -> AsyncIterator[bytes]:
+        yield b"data: " + json.dumps(chunk("a", 5, 1)).encode() + b"\n\n"
+        yield b"data: " + json.dumps(error).encode() + b"\n\n"
+        await asyncio.Event().wait()  # the engine has not closed its end yet
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=error_then_linger(), headers={"content-type": "text/event-stream"})
+
+    async def leave_after_error(result: Call) -> None:
+        while b"engine blew up" not in result.body:
+            result.sent_body.clear()
+            await result.sent_body.wait()
+
+    body = {**CHAT, "stream": True}
+    app, secret = app_with(upstream), gateway_data["secret"]
+    result = asyncio.run(call(app, "/v1/chat/completions", body, secret, disconnect=leave_after_error))
+    assert "engine blew up" in result.events()[-1]
+    sample = RequestSample.objects.get()
+    assert sample.outcome == "failed" and sample.completion_tokens == 1
