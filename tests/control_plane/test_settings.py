@@ -212,6 +212,20 @@ def test_it_has_no_missing_migrations() -> None:
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
 
 
+def register_host(
+    env: dict[str, str], prefix: list[str] | None = None, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``manage.py register_host gpu-1`` run with ``env`` (after ``prefix``: another user, say)."""
+    return subprocess.run(
+        [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "register_host", "gpu-1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "named"),
     [
@@ -241,13 +255,7 @@ def test_manage_py_names_a_bad_setting_in_one_line(
     env = {**os.environ, "VAR_DIR": str(tmp_path), variable: value}
     env.pop("PYTEST_VERSION", None)
     env.pop("SECRET_KEY", None)  # the local one, kept in VAR_DIR
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "register_host", "gpu-1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = register_host(env)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.startswith(f"manage.py: error: {named}") and "Traceback" not in out.stderr
 
@@ -267,13 +275,7 @@ def test_manage_py_names_an_unwritable_directory_with_secret_key_set(
     env = {**os.environ, "VAR_DIR": str(tmp_path), variable: value, "SECRET_KEY": "k" * 50}
     for name in ("PYTEST_VERSION", "REDIS_URL", "CELERY_BROKER_URL"):
         env.pop(name, None)  # the embedded broker, whose folders are made at start-up
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "register_host", "gpu-1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = register_host(env)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.startswith(f"manage.py: error: {named}") and "Traceback" not in out.stderr
 
@@ -289,14 +291,7 @@ def test_manage_py_names_a_var_dir_it_may_not_look_into(tmp_path: Path) -> None:
     env = {**os.environ, "VAR_DIR": str(var_dir), "SECRET_KEY": "k" * 50}
     env.pop("PYTEST_VERSION", None)
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    out = subprocess.run(
-        [*as_nobody, sys.executable, str(ROOT / "manage.py"), "register_host", "gpu-1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-    )
+    out = register_host(env, as_nobody, cwd="/")
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.startswith(f"manage.py: error: VAR_DIR={str(var_dir)!r} cannot be a directory: ")
     assert "Permission denied" in out.stderr and "Traceback" not in out.stderr
