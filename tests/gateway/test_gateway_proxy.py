@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -272,20 +272,35 @@ def test_a_disconnect_cancels_the_upstream_stream(gateway_data: dict[str, Any]) 
     assert Usage.objects.get().completion_tokens == sample.completion_tokens
 
 
-def test_a_client_that_leaves_after_done_was_served_in_full(gateway_data: dict[str, Any]) -> None:
-    # The engine has sent its last event but not yet closed the stream when the client, which has
-    # everything, hangs up (the openai client does): that request completed, it was not abandoned.
+Upstream = Callable[[httpx.Request], Awaitable[httpx.Response]]
+ERROR = {"error": {"message": "engine blew up", "type": "InternalServerError", "code": 500}}
+CHUNK_THEN_ERROR = (
+    b"data: " + json.dumps(chunk("a", 5, 1)).encode() + b"\n\ndata: " + json.dumps(ERROR).encode() + b"\n\n"
+)
+
+
+def lingering_engine(head: bytes) -> tuple[Upstream, dict[str, bool]]:
+    """An engine that streams ``head``, then keeps its end open until the relay closes it (state
+    "closed" then True)."""
     state = {"closed": False}
 
-    async def done_then_linger() -> AsyncIterator[bytes]:
+    async def head_then_linger() -> AsyncIterator[bytes]:
         try:
-            yield sse(chunk("a", 5, 1), chunk("b", 5, 2), final_usage(5, 2))
-            await asyncio.Event().wait()  # the engine has not closed its end yet
+            yield head
+            await asyncio.Event().wait()  # the engine does not close its end
         finally:
             state["closed"] = True
 
     async def upstream(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=done_then_linger(), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, content=head_then_linger(), headers={"content-type": "text/event-stream"})
+
+    return upstream, state
+
+
+def test_a_client_that_leaves_after_done_was_served_in_full(gateway_data: dict[str, Any]) -> None:
+    # The engine has sent its last event but not yet closed the stream when the client, which has
+    # everything, hangs up (the openai client does): that request completed, it was not abandoned.
+    upstream, state = lingering_engine(sse(chunk("a", 5, 1), chunk("b", 5, 2), final_usage(5, 2)))
 
     async def leave_after_done(result: Call) -> None:
         while b"[DONE]" not in result.body:
@@ -308,18 +323,7 @@ def test_an_engine_that_keeps_its_stream_open_after_done_does_not_hold_the_clien
     # Once the client's stream ended only when the engine closed its end: up to the read timeout
     # (600 s) for one that did not, while the async OpenAI SDK (and curl) wait for that end.
     monkeypatch.setattr(proxy, "AFTER_DONE_S", 0.05)
-    state = {"closed": False}
-
-    async def done_then_linger() -> AsyncIterator[bytes]:
-        try:
-            yield sse(chunk("a", 5, 1), chunk("b", 5, 2), final_usage(5, 2))
-            await asyncio.Event().wait()  # the engine never closes its end
-        finally:
-            state["closed"] = True
-
-    async def upstream(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=done_then_linger(), headers={"content-type": "text/event-stream"})
-
+    upstream, state = lingering_engine(sse(chunk("a", 5, 1), chunk("b", 5, 2), final_usage(5, 2)))
     body = {**CHAT, "stream": True}
     started = time.monotonic()
     result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
@@ -337,20 +341,7 @@ def test_an_engine_that_keeps_its_stream_open_after_its_error_does_not_hold_the_
     # The engine's error event ends the client's stream as [DONE] does; one that kept its end open
     # after it held the client for the read timeout (600 s).
     monkeypatch.setattr(proxy, "AFTER_DONE_S", 0.05)
-    state = {"closed": False}
-    error = {"error": {"message": "engine blew up", "type": "InternalServerError", "code": 500}}
-
-    async def error_then_linger() -> AsyncIterator[bytes]:
-        try:
-            yield b"data: " + json.dumps(chunk("a", 5, 1)).encode() + b"\n\n"
-            yield b"data: " + json.dumps(error).encode() + b"\n\n"
-            await asyncio.Event().wait()  # the engine never closes its end
-        finally:
-            state["closed"] = True
-
-    async def upstream(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=error_then_linger(), headers={"content-type": "text/event-stream"})
-
+    upstream, state = lingering_engine(CHUNK_THEN_ERROR)
     body = {**CHAT, "stream": True}
     started = time.monotonic()
     result = asyncio.run(call(app_with(upstream), "/v1/chat/completions", body, gateway_data["secret"]))
@@ -408,15 +399,7 @@ def test_a_client_that_leaves_after_the_engines_error_is_booked_failed(gateway_d
     # The engine's error ends the client's stream (869f9bc) and the request failed; a client that
     # hangs up on it (the openai SDK raises, closing the stream) before the engine closes its end
     # did not abandon a request in progress.
-    error = {"error": {"message": "engine blew up", "type": "InternalServerError", "code": 500}}
-
-    async def error_then_linger() -> AsyncIterator[bytes]:
-        yield b"data: " + json.dumps(chunk("a", 5, 1)).encode() + b"\n\n"
-        yield b"data: " + json.dumps(error).encode() + b"\n\n"
-        await asyncio.Event().wait()  # the engine has not closed its end yet
-
-    async def upstream(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=error_then_linger(), headers={"content-type": "text/event-stream"})
+    upstream, _ = lingering_engine(CHUNK_THEN_ERROR)
 
     async def leave_after_error(result: Call) -> None:
         while b"engine blew up" not in result.body:
