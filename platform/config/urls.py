@@ -11,6 +11,7 @@ from drf_spectacular.views import SpectacularAPIView
 from core.api.docs import SwaggerView
 from core.api.notfound import api_not_found
 from core.api.root import ApiRootView
+from core.server_error import server_error
 
 api_v1: list[URLPattern | URLResolver] = [
     path("", ApiRootView.as_view(), name="api-root"),
@@ -48,3 +49,6 @@ urlpatterns = [
     # shadows the routes above.
     path("", include("dashboard.urls")),
 ]
+
+# JSON under /api/, a page elsewhere (Django's own 500 is HTML everywhere).
+handler500 = server_error

@@ -238,3 +238,26 @@ def test_clients_choose_the_page_size_up_to_a_limit(admin_client: APIClient) -> 
         Job.objects.create(kind="noop", celery_id=f"c{i}")
     page = admin_client.get("/api/v1/jobs/?page_size=2").json()
     assert page["count"] == 3 and len(page["results"]) == 2 and page["next"] is not None
+
+
+def test_an_unhandled_exception_is_json_in_the_api_and_a_page_elsewhere(
+    admin_client: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Django's own 500 was "<h1>Server Error (500)</h1>" under /api/ too, where clients parse JSON.
+    from django.contrib.auth.views import LoginView
+
+    from core.api.root import ApiRootView
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ApiRootView, "get", fail)
+    monkeypatch.setattr(LoginView, "get", fail)
+    admin_client.raise_request_exception = False
+    api = admin_client.get("/api/v1/")
+    assert api.status_code == 500 and api["Content-Type"] == "application/json"
+    assert "server's log" in api.json()["detail"]
+    page = Client(raise_request_exception=False).get("/accounts/login/")
+    assert page.status_code == 500 and page["Content-Type"].startswith("text/html")
+    body = page.content.decode()
+    assert "<h1>Server error</h1>" in body and '<link rel="icon" href="data:,">' in body
