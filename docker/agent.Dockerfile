@@ -36,10 +36,13 @@ RUN uv venv --python 3.11 /opt/venv \
 COPY serving/ serving/
 COPY gpu_agent/ gpu_agent/
 
+# The state dir (engine logs, offload counters, the Aqua socket) and Hugging Face's cache (model
+# weights) exist in the image, owned by the agent's user: a new named volume mounted there
+# (docker/compose.yaml) takes that ownership, one created at a missing path would be root's.
 RUN groupadd --system --gid 10001 agent \
     && useradd --system --uid 10001 --gid agent --create-home --home-dir /home/agent agent \
-    && mkdir -p /app/var/agent \
-    && chown -R 10001:10001 /app/var
+    && mkdir -p /app/var/agent /home/agent/.cache/huggingface \
+    && chown -R 10001:10001 /app/var /home/agent/.cache
 USER 10001:10001
 
 # Control plane URL and token come from the environment (GPU_AGENT_TOKEN) or flags.

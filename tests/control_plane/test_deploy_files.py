@@ -93,3 +93,39 @@ def test_it_gives_the_agent_image_the_c_compiler_that_triton_builds_its_launcher
     text = (DOCKER / "agent.Dockerfile").read_text().replace("\\\n", " ")
     installs = [line for line in text.splitlines() if line.startswith("RUN ") and "apt-get install" in line]
     assert any(" gcc " in f"{line} " and "libc6-dev" in line for line in installs), installs
+
+
+def test_the_agent_keeps_engine_logs_and_weights_on_volumes_its_user_can_write(
+    compose: dict[str, Any],
+) -> None:
+    # Recreating the agent container (a new image) lost every engine log and downloaded weight.
+    mounts = dict(m.split(":", 1) for m in compose["services"]["agent"]["volumes"])
+    assert mounts == {"agent-state": "/app/var/agent", "model-cache": "/home/agent/.cache/huggingface"}
+    assert set(mounts) <= set(compose["volumes"])
+    # A new named volume takes the ownership of the image's folder; at a missing path it is root's,
+    # and the agent (uid 10001) could not write its state or vLLM its downloads.
+    text = (DOCKER / "agent.Dockerfile").read_text().replace("\\\n", " ")
+    setup = next(line for line in text.splitlines() if "useradd" in line)
+    for path in mounts.values():
+        assert path in setup.split("mkdir -p", 1)[1].split("&&")[0], path
+    owned = setup.split("chown -R 10001:10001", 1)[1].split()
+    assert all(any(path.startswith(top) for top in owned) for path in mounts.values()), owned
+    assert "--state-dir" not in compose["services"]["agent"]["command"]  # default var/agent in /app
+
+
+def test_the_build_context_leaves_out_secrets_and_local_caches_but_not_what_images_copy() -> None:
+    root = DOCKER.parent
+    ignored = [
+        line.strip()
+        for line in (root / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for needed in ("docker/.env", ".secret_key", ".venv", ".git", "**/__pycache__"):
+        assert needed in ignored, needed
+    for dockerfile in DOCKER.glob("*.Dockerfile"):
+        text = dockerfile.read_text()
+        for line in text.splitlines():
+            if line.startswith("COPY ") and "--from=" not in line:
+                for source in line.split()[1:-1]:
+                    assert source.rstrip("/") not in ignored, (dockerfile.name, source)
+                    assert (root / source).exists(), (dockerfile.name, source)
