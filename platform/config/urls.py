@@ -31,8 +31,17 @@ api_v1: list[URLPattern | URLResolver] = [
 accounts = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", SignOutView.as_view(), name="logout"),
-    path("password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
-    path("password_change/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
+    # Our pages, not the admin's (Django's default templates, headed "Django administration").
+    path(
+        "password_change/",
+        auth_views.PasswordChangeView.as_view(template_name="accounts/password_change_form.html"),
+        name="password_change",
+    ),
+    path(
+        "password_change/done/",
+        auth_views.PasswordChangeDoneView.as_view(template_name="accounts/password_change_done.html"),
+        name="password_change_done",
+    ),
 ]
 
 urlpatterns = [

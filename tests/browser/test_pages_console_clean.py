@@ -233,7 +233,7 @@ def forms(ids: dict[str, int]) -> list[Form]:
         # Empty parameters are the defaults of a kind; profile's name a model, which is required.
         Form("/jobs/", "#job-form", admin_only=True, choose={"kind": "profile"}),
         Form("/api-keys/", "#key-form"),
-        Form("/accounts/password_change/", "#content-main form"),
+        Form("/accounts/password_change/", "#password-form"),
     ]
 
 

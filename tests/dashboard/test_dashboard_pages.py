@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from accounts.models import User
 from dashboard.assets import PLOTLY_JS, PLOTLY_VERSION
 from deployments.models import Deployment, ObservedState
 from django.test import Client
@@ -260,3 +261,33 @@ def test_a_refusal_says_why_on_a_page_with_the_navigation(
         page = response.content.decode()
         assert 'id="forbidden-reason">This action needs the admin role.</p>' in page, url
         assert 'href="/models/"' in page and "Sign out" in page  # not a dead end
+
+
+def test_users_change_their_password_on_a_page_of_the_platform(
+    viewer_client: Client, viewer_user: User
+) -> None:
+    # /accounts/password_change/ rendered the admin's template ("Django administration") for users
+    # who may not use the admin; the dashboard did not link to it.
+    assert 'href="/accounts/password_change/"' in viewer_client.get("/").content.decode()
+    page = viewer_client.get("/accounts/password_change/").content.decode()
+    assert "Django administration" not in page and "<h1>Change password</h1>" in page
+    assert '<link rel="icon" href="data:,">' in page
+    wrong = viewer_client.post(
+        "/accounts/password_change/",
+        {"old_password": "not-it", "new_password1": "Fresh-pass-77x", "new_password2": "Fresh-pass-77x"},
+    )
+    assert wrong.status_code == 200 and "Your old password was entered incorrectly" in wrong.content.decode()
+    done = viewer_client.post(
+        "/accounts/password_change/",
+        {
+            "old_password": f"{viewer_user.username}-pw-9f2k",
+            "new_password1": "Fresh-pass-77x",
+            "new_password2": "Fresh-pass-77x",
+        },
+        follow=True,
+    )
+    assert done.redirect_chain[-1][0] == "/accounts/password_change/done/"
+    assert "<h1>Password changed</h1>" in done.content.decode()
+    viewer_user.refresh_from_db()
+    assert viewer_user.check_password("Fresh-pass-77x")
+    assert viewer_client.get("/").status_code == 200  # still signed in

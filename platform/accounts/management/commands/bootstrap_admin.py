@@ -42,7 +42,7 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"Created admin user {username!r} with password: {password}\n"
-                "(shown only now; change it at /admin/password_change/)"
+                "(shown only now; change it at /accounts/password_change/)"
             )
         )
 
