@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from accounts.views import SignOutView
+from dashboard.prometheus import PrometheusView
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import URLPattern, URLResolver, include, path, re_path
@@ -23,6 +24,7 @@ api_v1: list[URLPattern | URLResolver] = [
     path("", include("agents.api.urls")),
     path("", include("planning.api.urls")),
     path("", include("gateway.api.urls")),
+    path("metrics/", PrometheusView.as_view(), name="prometheus-metrics"),
 ]
 
 # Sign-in, sign-out and a signed-in user's password change. Not django.contrib.auth.urls as a whole:
