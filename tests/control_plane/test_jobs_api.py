@@ -174,3 +174,17 @@ def test_it_lists_job_kinds_with_their_parameters(viewer_client: APIClient) -> N
         "max_value": 100_000,
     }
     assert noop["params"]["fail_at_step"]["required"] is False
+    # A client building the form needs a choice's choices, an object's fields and a list's items:
+    # they were described as "choice", "workloadparams" and "list" alone.
+    kinds = {kind["name"]: kind["params"] for kind in response.data}
+    assert kinds["place"]["solver"]["choices"] == ["cp-sat", "greedy"]
+    assert kinds["place"]["models"]["items"] == {"type": "slug", "max_length": 100}
+    workload = kinds["profile"]["workload"]
+    assert workload["type"] == "object" and workload["required"] is False
+    assert workload["params"]["kind"] == {
+        "type": "choice",
+        "required": False,
+        "default": "poisson",
+        "choices": ["poisson", "gamma"],
+    }
+    assert kinds["profile"]["burst_levels"]["items"] == {"type": "float", "min_value": 1.0, "max_value": 64.0}

@@ -59,20 +59,39 @@ class JobKindSerializer(serializers.Serializer):
 
 def describe_kinds() -> list[dict[str, Any]]:
     """Each registered kind with its parameters, for clients that build job forms."""
-    described = []
-    for name in kind_names():
-        kind = get_kind(name)
-        params = {}
-        for field_name, field in kind.params_serializer().fields.items():
-            spec: dict[str, Any] = {"type": type(field).__name__.removesuffix("Field").lower()}
-            spec["required"] = field.required
-            if field.default is not serializers.empty:
-                spec["default"] = field.default
-            for bound in ("min_value", "max_value"):
-                if getattr(field, bound, None) is not None:
-                    spec[bound] = getattr(field, bound)
-            if field.help_text:
-                spec["help"] = str(field.help_text)
-            params[field_name] = spec
-        described.append({"name": name, "description": kind.description, "params": params})
-    return described
+    return [
+        {
+            "name": name,
+            "description": get_kind(name).description,
+            "params": _describe(get_kind(name).params_serializer()),
+        }
+        for name in kind_names()
+    ]
+
+
+def _describe(serializer: serializers.Serializer) -> dict[str, dict[str, Any]]:
+    return {name: _describe_field(field) for name, field in serializer.fields.items()}
+
+
+def _describe_field(field: serializers.Field) -> dict[str, Any]:
+    """A parameter's type, whether it is required, its default and bounds; a choice's choices, an
+    object's own parameters (``params``) and a list's items (``items``), so a client can build the
+    whole form (without them a ``workload`` or ``solver`` could only be found by trial and error)."""
+    if isinstance(field, serializers.Serializer):
+        spec: dict[str, Any] = {"type": "object", "params": _describe(field)}
+    else:
+        spec = {"type": type(field).__name__.removesuffix("Field").lower()}
+    spec["required"] = field.required
+    if field.default is not serializers.empty:
+        spec["default"] = field.default
+    for bound in ("min_value", "max_value", "min_length", "max_length"):
+        if getattr(field, bound, None) is not None:
+            spec[bound] = getattr(field, bound)
+    if isinstance(field, serializers.ChoiceField):
+        spec["choices"] = list(field.choices)
+    if isinstance(field, serializers.ListField):
+        spec["items"] = _describe_field(field.child)
+        del spec["items"]["required"]
+    if field.help_text:
+        spec["help"] = str(field.help_text)
+    return spec
