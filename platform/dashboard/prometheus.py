@@ -74,7 +74,12 @@ def _hosts(snap: snapshots.Snapshot) -> Iterator[Metric]:
 
 
 def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
-    labels = ["host", "gpu", "name"]
+    labels = [
+        "host",
+        "gpu",
+        "name",
+        "kind",
+    ]  # gpu: the device's index; kind: gpu, or cpu (a CPU host's one device)
     memory = {
         field: _gauge(f"gpu_memory_{field}_bytes", f"GPU memory {field} (latest sample)", labels)
         for field in ("total", "used", "free", "lent", "borrowed")
@@ -87,7 +92,7 @@ def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
     for key, card in snap.items():
         if not key.startswith("device:"):
             continue
-        values = [hosts[card["host"]], str(card["index"]), card["name"]]
+        values = [hosts[card["host"]], str(card["index"]), card["name"], card["kind"]]
         if card["total"]:  # 0: the GPU reports no memory of its own (unified memory), nothing to show
             for field, family in memory.items():
                 family.add_metric(values, float(card[field]))

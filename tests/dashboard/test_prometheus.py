@@ -74,7 +74,7 @@ def test_it_reports_what_the_dashboard_shows(
     got = scrape(viewer_client)
     assert got[("llmp_host_up", labels(host="sim-a"))] == 1.0
     assert got[("llmp_host_up", labels(host="gone"))] == 0.0
-    gpu = {"host": "sim-a", "name": "H100"}
+    gpu = {"host": "sim-a", "name": "H100", "kind": "gpu"}
     assert got[("llmp_gpu_memory_total_bytes", labels(**gpu, gpu="0"))] == 80 * GIB
     assert got[("llmp_gpu_memory_used_bytes", labels(**gpu, gpu="0"))] == 10 * GIB
     assert got[("llmp_gpu_memory_borrowed_bytes", labels(**gpu, gpu="0"))] == 4 * GIB
@@ -82,8 +82,11 @@ def test_it_reports_what_the_dashboard_shows(
     assert got[("llmp_gpu_utilization_ratio", labels(**gpu, gpu="0"))] == 0.5
     assert got[("llmp_gpu_aqua_role", labels(**gpu, gpu="1", role="producer"))] == 1.0
     # A GPU without memory of its own (unified memory) reports none, rather than 0 bytes of 0.
-    assert ("llmp_gpu_memory_total_bytes", labels(host="sim-a", name="GB10", gpu="2")) not in got
-    assert got[("llmp_gpu_aqua_role", labels(host="sim-a", name="GB10", gpu="2", role="none"))] == 1.0
+    assert ("llmp_gpu_memory_total_bytes", labels(host="sim-a", name="GB10", kind="gpu", gpu="2")) not in got
+    assert (
+        got[("llmp_gpu_aqua_role", labels(host="sim-a", name="GB10", kind="gpu", gpu="2", role="none"))]
+        == 1.0
+    )
     assert unified.memory_total_bytes == 0
 
     dep = {"deployment": str(deployment.pk), "model": "tiny"}
