@@ -211,8 +211,9 @@ class Supervisor:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
 
-    def start(self) -> None:
-        for spec in self.specs:
+    def start(self, specs: Sequence[ProcessSpec] | None = None) -> None:
+        """Start ``specs`` (default: every spec), each of the supervisor's own specs."""
+        for spec in self.specs if specs is None else specs:
             child = subprocess.Popen(
                 spec.argv,
                 cwd=ROOT,
@@ -355,16 +356,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = base_env()
     try:
         prepare(env)
-        specs = process_specs(config) + agent_specs(config, env)
+        services, agents = process_specs(config), agent_specs(config, env)
     except SetupFailed as error:
         print(f"[run] set-up failed, nothing was started: {error}", file=sys.stderr, flush=True)
         return 1
-    supervisor = Supervisor(specs, env)
+    supervisor = Supervisor([*services, *agents], env)
     signal.signal(signal.SIGINT, supervisor.request_stop)
     signal.signal(signal.SIGTERM, supervisor.request_stop)
-    supervisor.start()
+    supervisor.start(services)
     base = base_url(config)
-    if wait_healthy(f"{base}/api/health/", 60.0, supervisor):
+    healthy = wait_healthy(f"{base}/api/health/", 60.0, supervisor)
+    # Agents once the web server answers: one started beside it logged its link "down (Connection
+    # refused)" as warnings at every start. They retry on their own if it never does.
+    if supervisor.running:
+        supervisor.start(agents)
+    if healthy:
         print(
             f"[run] ready: API {base}/api/v1/  Swagger UI {base}/api/docs/  login {base}/accounts/login/\n"
             f"[run] token: curl -X POST {base}/api/v1/auth/token/ -H 'Content-Type: application/json' "
