@@ -26,8 +26,8 @@ class Profile:
         capped: True if max_rps is the configured ceiling (the real maximum may be higher).
         rel_gap: How far below the lowest failing rate probed max_rps is, relative to it: at most
             the search's rel_tol unless its max_probes ran out first (SearchResult.rel_gap).
-        role: "producer" if free KV memory at max_rps >= producer_threshold x capacity, else
-            "consumer".
+        role: "producer" if free KV memory at max_rps >= producer_threshold x capacity and it
+            has bytes to lend after the safety margin, else "consumer".
         kv_capacity_bytes: KV capacity of the engine.
         free_kv_bytes: KV memory unused at max_rps (capacity - peak use).
         lendable_bytes: free - safety margin for a producer; 0 for a consumer.
@@ -95,7 +95,8 @@ def model_profile_from_dict(data: Mapping[str, Any], tp: int = 1, burst_level: f
 
     A consumer that needs no swap space at `burst_level` (that burst fits its own KV cache) is
     placed as a "neutral" model: it gets GPUs, but neither a lender nor a DRAM fallback, since it
-    borrows nothing at that level.
+    borrows nothing at that level. So is a producer stored lending 0 bytes (the profiler made such
+    models producers before it required a producer to lend something).
 
     Args:
         data: The stored profile.
@@ -110,6 +111,9 @@ def model_profile_from_dict(data: Mapping[str, Any], tp: int = 1, burst_level: f
     try:
         name, role, max_rps = data["model"], data["role"], data["max_rps"]
         if role == "producer":
+            if not data["lendable_bytes"]:
+                # stored before the profiler made a producer lend something: it lends nothing
+                return ModelProfile(name, "neutral", tp, max_rps=max_rps)
             return ModelProfile(name, "producer", tp, lendable_bytes=data["lendable_bytes"], max_rps=max_rps)
         needs: Mapping[str, int] = data["swap_needed_bytes"]
     except KeyError as exc:

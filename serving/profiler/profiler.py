@@ -3,7 +3,8 @@
 Steps (progress fractions in brackets):
   1. [0, 0.8)   RateSearch finds max_rps, the highest probed rate meeting the SLA.
   2.            At max_rps: free = KV capacity - peak KV use. Producer if free >= producer_threshold x
-                capacity, with lendable = free - safety_margin x capacity; else consumer.
+                capacity and lendable = free - safety_margin x capacity is positive; else consumer.
+                A probe that reports no KV capacity is a ProfilingError (no role can be told).
   3. [0.8, 1)   For a consumer, the peak KV demand at each burst level (2x, 4x, 8x max_rps); swap
                 needed = demand beyond capacity.
   4.            If the probes returned iteration samples (real engines do), fit a CostModel to them
@@ -16,7 +17,13 @@ from __future__ import annotations
 
 from serving.costmodel.fit import fit_cost_model
 from serving.costmodel.model import CostModel
-from serving.profiler.config import LatencySLA, ProfilerConfig, ProfilingCancelled, WorkloadSpec
+from serving.profiler.config import (
+    LatencySLA,
+    ProfilerConfig,
+    ProfilingCancelled,
+    ProfilingError,
+    WorkloadSpec,
+)
 from serving.profiler.probe import BurstResult, ProbeResult, RateProbe
 from serving.profiler.profile import Profile, Role
 from serving.profiler.search import CancelFn, ProgressFn, RateSearch
@@ -66,9 +73,22 @@ def profile_model(
     search = RateSearch(probe, sla, config, progress, should_cancel, span=(0.0, _SEARCH_END)).run()
     at_max = search.at_max
     capacity = at_max.kv_capacity_bytes
+    if capacity <= 0:
+        # free >= threshold x 0 held for every model: an engine whose KV cache size is unknown
+        # (no vLLM cache_config_info metric) was stored as a producer lending 0 bytes, which the
+        # place job then refused ("a producer's lendable_bytes=0 must be positive").
+        raise ProfilingError(
+            f"the probe at {search.max_rate:.4g} req/s reported no KV-cache capacity "
+            f"(kv_capacity_bytes={capacity}): the role cannot be told without it (does the engine "
+            "export vLLM's cache_config_info metric?)"
+        )
     free = at_max.free_kv_bytes
-    role: Role = "producer" if free >= config.producer_threshold * capacity else "consumer"
-    lendable = max(0, free - int(config.safety_margin * capacity)) if role == "producer" else 0
+    lendable = max(0, free - int(config.safety_margin * capacity))
+    # A producer lends something: at the threshold with safety_margin == producer_threshold (or
+    # both 0) the margin takes all it has free, and it was stored as a producer lending 0 bytes.
+    is_producer = free >= config.producer_threshold * capacity and lendable > 0
+    role: Role = "producer" if is_producer else "consumer"
+    lendable = lendable if is_producer else 0
     progress(_SEARCH_END, f"max {search.max_rate:.4g} req/s; {role} with {free} free KV bytes")
 
     bursts: list[BurstResult] = []
