@@ -16,7 +16,9 @@ only sit on the first m + 1 servers of each kind: x[m, s_i] = 0 for i > m.
 
 Hint: the naive greedy (greedy.py) and a spread-minimising greedy are built, the better one is
 improved by local search (local_search.py, at most half the time limit), relabelled as above and
-given to CP-SAT as a solution hint. The time limit covers the whole solve.
+given to CP-SAT as a solution hint. The time limit covers the whole solve: the hint is built
+first, and when the ILP (O(models x servers) literals) would not be built within the limit (as
+projected from the literals built so far), or leaves no time to search, the hint is the plan.
 
 Reproducibility: the hint is deterministic (unless its local search hits its deadline); when the
 search does not beat it, the hint is the plan. With num_workers > 1 an improvement found within a
@@ -75,6 +77,24 @@ def canonical_relabel(instance: PlacementInstance, assignment: list[int]) -> lis
     return [mapping[s] for s in assignment]
 
 
+def _num_literals(instance: PlacementInstance, kind_rank: list[int]) -> int:
+    """How many x[m, s] `_build` creates: per model, the servers that can hold it, less the servers
+    of a kind past its m-th (symmetry breaking)."""
+    per_kind: dict[int, list[int]] = defaultdict(list)  # capacity -> kind sizes
+    kinds: dict[tuple[int, int, bool], int] = defaultdict(int)
+    for server, rank in zip(instance.servers, kind_rank, strict=True):
+        kinds[server.kind] = max(kinds[server.kind], rank + 1)
+    for kind, size in kinds.items():
+        per_kind[kind[0]].append(size)
+    return sum(
+        min(size, m + 1)
+        for m, tp in enumerate(instance.tps)
+        for cap, sizes in per_kind.items()
+        if tp <= cap
+        for size in sizes
+    )
+
+
 @register_placer("cp-sat")
 class CpSatPlacer(Placer):
     """The ILP placer: CP-SAT with a local-search hint, within `PlacerConfig.time_limit_s`."""
@@ -86,11 +106,20 @@ class CpSatPlacer(Placer):
             return assemble_plan(
                 instance, [], best_bound=0, status="optimal", solver=self.name, solve_seconds=0.0
             )
-        model, x, hint = self._build(instance, should_cancel)
+        # the time limit covers the whole solve: validation, hint, building the ILP and search
+        deadline = started + self.config.time_limit_s
+        hint = self._hint(instance, should_cancel, started)
+        built = self._build(instance, hint, deadline, should_cancel)
+        remaining = deadline - time.perf_counter()
+        if built is None or remaining <= 0:
+            # Building the ILP (O(models x servers) variables) used up the time limit: the hint is
+            # the plan. Searching on past the limit made a 1 s place job of 2000 models on 250
+            # servers take 7 s (measured).
+            return self._hint_plan(instance, hint, started)
+        model, x = built
         solver = cp_model.CpSolver()
         params = solver.parameters
-        # the time limit covers the whole solve: validation, hint and search
-        params.max_time_in_seconds = max(0.05, self.config.time_limit_s - (time.perf_counter() - started))
+        params.max_time_in_seconds = remaining
         params.num_workers = self.config.num_workers
         params.random_seed = self.config.seed
         params.relative_gap_limit = self.config.relative_gap_limit
@@ -104,20 +133,14 @@ class CpSatPlacer(Placer):
                 f"cannot be packed onto the servers' GPUs"
             )
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if hint is None:
-                raise PlacementError(
-                    f"no feasible placement found within {self.config.time_limit_s}s "
-                    f"(solver status {solver.status_name(status)})"
-                )
-            assignment = hint  # the search found nothing better than its hint in time
-            bound = instance.lower_bound()
-        else:
-            assignment = [next(s for s, var in row.items() if solver.boolean_value(var)) for row in x]
-            bound = max(instance.lower_bound(), int(-(-solver.best_objective_bound // 1)))
-            if hint is not None and instance.objective(hint) <= instance.objective(assignment):
-                # Multi-threaded CP-SAT may return a different solution of the same objective on
-                # each run; the hint is reproducible, so prefer it unless the search beat it.
-                assignment = hint
+            return self._hint_plan(instance, hint, started)  # nothing better than the hint in time
+        values = solver.response_proto.solution
+        assignment = [next(s for s, var in row.items() if values[var.index]) for row in x]
+        bound = max(instance.lower_bound(), int(-(-solver.best_objective_bound // 1)))
+        if hint is not None and instance.objective(hint) <= instance.objective(assignment):
+            # Multi-threaded CP-SAT may return a different solution of the same objective on
+            # each run; the hint is reproducible, so prefer it unless the search beat it.
+            assignment = hint
         objective = instance.objective(assignment)
         plan = assemble_plan(
             instance,
@@ -129,9 +152,33 @@ class CpSatPlacer(Placer):
         )
         return replace(plan, hint_objective=None if hint is None else instance.objective(hint))
 
+    def _hint_plan(self, instance: PlacementInstance, hint: list[int] | None, started: float) -> Plan:
+        """The plan of the hint, when the search found nothing (better) within the time limit."""
+        if hint is None:
+            raise PlacementError(
+                f"no feasible placement found within {self.config.time_limit_s}s "
+                f"({instance.num_models} models on {instance.num_servers} servers); raise the time limit"
+            )
+        objective = instance.objective(hint)
+        bound = instance.lower_bound()
+        plan = assemble_plan(
+            instance,
+            hint,
+            best_bound=min(bound, objective),
+            status="optimal" if objective <= bound else "feasible",
+            solver=self.name,
+            solve_seconds=time.perf_counter() - started,
+        )
+        return replace(plan, hint_objective=objective)
+
     def _build(
-        self, instance: PlacementInstance, should_cancel: CancelFn
-    ) -> tuple[cp_model.CpModel, list[dict[int, cp_model.IntVar]], list[int] | None]:
+        self,
+        instance: PlacementInstance,
+        hint: list[int] | None,
+        deadline: float,
+        should_cancel: CancelFn,
+    ) -> tuple[cp_model.CpModel, list[dict[int, cp_model.IntVar]]] | None:
+        """The ILP, hinted with `hint`; None if `deadline` passed while building it."""
         model = cp_model.CpModel()
         kind_rank: list[int] = []  # server s is the kind_rank[s]-th server of its kind
         seen: dict[tuple[int, int, bool], int] = defaultdict(int)
@@ -140,7 +187,19 @@ class CpSatPlacer(Placer):
             seen[server.kind] += 1
         # x[m] : server index -> literal, only for servers that can hold the model
         x: list[dict[int, cp_model.IntVar]] = []
+        on_server: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in instance.servers]
+        total = _num_literals(instance, kind_rank)
+        done = 0
+        began = time.perf_counter()
         for m in range(instance.num_models):
+            if m % 16 == 0:
+                now = time.perf_counter()
+                # Give up as soon as the literals built so far show the rest will not be built in
+                # time: a model given up on late is also slow to free (a tenth of its build time).
+                if now >= deadline or (done and now + (now - began) * (total - done) / done > deadline):
+                    return None
+                if should_cancel():
+                    raise PlacementCancelled("placement cancelled while building the ILP")
             row = {
                 s: model.new_bool_var(f"x_{m}_{s}")
                 for s in range(instance.num_servers)
@@ -148,32 +207,39 @@ class CpSatPlacer(Placer):
             }
             model.add_exactly_one(row.values())
             x.append(row)
+            for s, var in row.items():
+                on_server[s].append((m, var))
+            done += len(row)
         total_abs = sum(abs(w) for w in instance.weights)
         m_mem = model.new_int_var(instance.memory_lower_bound(), max(total_abs, 0), "max_mem")
         m_role = model.new_int_var(instance.role_lower_bound(), instance.num_models, "max_role")
-        for s in range(instance.num_servers):
-            here = [(m, x[m][s]) for m in range(instance.num_models) if s in x[m]]
-            model.add(sum(instance.tps[m] * v for m, v in here) <= instance.capacities[s])
-            mem = sum(instance.weights[m] * v for m, v in here)
-            role = sum(instance.roles[m] * v for m, v in here)
+        weighted_sum = cp_model.LinearExpr.weighted_sum
+        for s, here in enumerate(on_server):
+            if time.perf_counter() >= deadline:
+                return None
+            lits = [v for _, v in here]
+            model.add(weighted_sum(lits, [instance.tps[m] for m, _ in here]) <= instance.capacities[s])
+            mem = weighted_sum(lits, [instance.weights[m] for m, _ in here])
+            role = weighted_sum(lits, [instance.roles[m] for m, _ in here])
             model.add(m_mem >= mem)
             model.add(m_mem >= -mem)
             model.add(m_role >= role)
             model.add(m_role >= -role)
         model.minimize(m_mem + instance.role_weight * m_role)
 
-        hint = self._hint(instance, should_cancel)
         if hint is not None:
+            # straight into the proto: add_hint per literal took over a second for 260k literals
+            hinted = model.proto.solution_hint
             for m, row in enumerate(x):
-                for s, var in row.items():
-                    model.add_hint(var, s == hint[m])
-        return model, x, hint
+                hinted.vars.extend(var.index for var in row.values())
+                hinted.values.extend(int(s == hint[m]) for s in row)
+        return model, x
 
-    def _hint(self, instance: PlacementInstance, should_cancel: CancelFn) -> list[int] | None:
+    def _hint(self, instance: PlacementInstance, should_cancel: CancelFn, started: float) -> list[int] | None:
         """The better of the naive greedy and the local-search solution, canonically relabelled;
         None if neither packs the models (CP-SAT then searches unhinted)."""
         candidates: list[list[int]] = []
-        deadline = time.perf_counter() + self.config.time_limit_s * _LOCAL_SEARCH_SHARE
+        deadline = started + self.config.time_limit_s * _LOCAL_SEARCH_SHARE
         for build in (greedy_assignment, spread_greedy):
             try:
                 candidates.append(build(instance))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from serving.placement.assemble import assemble_plan
 from serving.placement.base import CancelFn, Placer, ProgressFn
 from serving.placement.inputs import PlacementCancelled, PlacementError
@@ -20,15 +22,21 @@ from serving.placement.registry import register_placer
 def greedy_assignment(instance: PlacementInstance, should_cancel: CancelFn | None = None) -> list[int]:
     """Server index per model (instance order), built greedily.
 
+    Each step scores every server at once (numpy): the CP-SAT placer builds its hint with this
+    within its time limit, and a loop over servers per model took over a second on 2300 models and
+    500 servers.
+
     Raises:
         PlacementError: Some model finds no server with enough free GPUs (greedy packing can fail
             on instances an exact solver still packs).
         PlacementCancelled: `should_cancel` returned True.
     """
     n_servers = instance.num_servers
-    mem = [0] * n_servers
-    role = [0] * n_servers
-    used = [0] * n_servers
+    mem = np.zeros(n_servers, dtype=np.int64)
+    role = np.zeros(n_servers, dtype=np.int64)
+    used = np.zeros(n_servers, dtype=np.int64)
+    cap = np.array(instance.capacities, dtype=np.int64)
+    index = np.arange(n_servers)
     out = [-1] * instance.num_models
     order = sorted(
         range(instance.num_models),
@@ -39,22 +47,18 @@ def greedy_assignment(instance: PlacementInstance, should_cancel: CancelFn | Non
         if should_cancel is not None and k % 64 == 0 and should_cancel():
             raise PlacementCancelled("placement cancelled during the greedy pass")
         w, r, tp = instance.weights[m], instance.roles[m], instance.tps[m]
-        best: tuple[int, int, int] | None = None
-        mem_top, role_top = _top2_abs(mem), _top2_abs(role)
-        for s in range(n_servers):
-            if used[s] + tp > instance.capacities[s]:
-                continue
-            new_mem, new_role = mem[s] + w, role[s] + r
-            worst_mem = max(abs(new_mem), _other(mem_top, s))
-            worst_role = max(abs(new_role), _other(role_top, s))
-            key = (worst_mem + rw * worst_role, abs(new_mem) + rw * abs(new_role), s)
-            if best is None or key < best:
-                best = key
-        if best is None:
+        room = used + tp <= cap
+        if not room.any():
             raise PlacementError(
                 f"greedy placement found no server with {tp} free GPUs for model {instance.models[m].name!r}"
             )
-        s = best[2]
+        new_mem, new_role = np.abs(mem + w), np.abs(role + r)
+        worst_mem = np.maximum(new_mem, _max_of_others(np.abs(mem), index))
+        worst_role = np.maximum(new_role, _max_of_others(np.abs(role), index))
+        # the lowest (objective after placing, that server's own imbalance, server index)
+        first = np.where(room, worst_mem + rw * worst_role, np.iinfo(np.int64).max)
+        second = np.where(room & (first == first.min()), new_mem + rw * new_role, np.iinfo(np.int64).max)
+        s = int(np.argmin(second))  # the first of equal keys: the lowest index
         out[m] = s
         mem[s] += w
         role[s] += r
@@ -62,17 +66,13 @@ def greedy_assignment(instance: PlacementInstance, should_cancel: CancelFn | Non
     return out
 
 
-def _top2_abs(values: list[int]) -> list[tuple[int, int]]:
-    """The two largest (|value|, index) pairs, largest first."""
-    return sorted(((abs(v), i) for i, v in enumerate(values)), key=lambda t: (-t[0], t[1]))[:2]
-
-
-def _other(top2: list[tuple[int, int]], skip: int) -> int:
-    """max |value| over all indices except `skip`, from `_top2_abs`."""
-    for value, index in top2:
-        if index != skip:
-            return value
-    return 0
+def _max_of_others(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """For each server s, max(values) over every other server (0 when there is none)."""
+    top = int(np.argmax(values))
+    if len(values) == 1:
+        return np.zeros(1, dtype=values.dtype)
+    second = max(values[:top].max(initial=0), values[top + 1 :].max(initial=0))
+    return np.where(index == top, second, values[top])
 
 
 @register_placer("greedy")

@@ -142,6 +142,7 @@ class PlacementInstance:
             )
             for sign in (1, -1)
         }
+        capacities = sorted(set(self.capacities))  # per distinct size: O(models x sizes), not x servers
         for m in range(self.num_models):
             if not self.roles[m]:
                 continue  # a neutral model moves no balance
@@ -149,7 +150,7 @@ class PlacementInstance:
             worst_case = min(
                 (
                     abs(self.weights[m]) - offset[cap - self.tps[m]]
-                    for cap in self.capacities
+                    for cap in capacities
                     if cap >= self.tps[m]
                 ),
                 default=0,

@@ -138,12 +138,15 @@ def _better(new: tuple[float, float], cur: tuple[float, float]) -> bool:
 
 
 def spread_greedy(instance: PlacementInstance) -> list[int]:
-    """Construction step (module docstring). Raises PlacementError if some model does not fit."""
+    """Construction step (module docstring). Raises PlacementError if some model does not fit.
+    Each step scores every server at once (numpy), as greedy.greedy_assignment does."""
     n = instance.num_servers
     mem_mean = sum(instance.weights) / n
     role_mean = sum(instance.roles) / n
     rw2 = instance.role_weight**2
-    mem, role, used = [0.0] * n, [0.0] * n, [0] * n
+    mem, role = np.zeros(n), np.zeros(n)
+    used = np.zeros(n, dtype=np.int64)
+    cap = np.array(instance.capacities, dtype=np.int64)
     out = [-1] * instance.num_models
     order = sorted(
         range(instance.num_models),
@@ -151,18 +154,16 @@ def spread_greedy(instance: PlacementInstance) -> list[int]:
     )
     for m in order:
         w, r, tp = instance.weights[m], instance.roles[m], instance.tps[m]
-        best: tuple[float, int] | None = None
-        for s in range(n):
-            if used[s] + tp > instance.capacities[s]:
-                continue
-            # increase of the spread if m goes to s
-            delta = w * (2 * (mem[s] - mem_mean) + w) + rw2 * r * (2 * (role[s] - role_mean) + r)
-            if best is None or (delta, s) < best:
-                best = (delta, s)
-        if best is None:
+        room = used + tp <= cap
+        if not room.any():
             raise PlacementError(f"no server has {tp} free GPUs for model {instance.models[m].name!r}")
-        s = best[1]
-        out[m], mem[s], role[s], used[s] = s, mem[s] + w, role[s] + r, used[s] + tp
+        # increase of the spread if m goes to s
+        delta = w * (2 * (mem - mem_mean) + w) + rw2 * r * (2 * (role - role_mean) + r)
+        s = int(np.argmin(np.where(room, delta, np.inf)))  # the first of equal deltas: the lowest index
+        out[m] = s
+        mem[s] += w
+        role[s] += r
+        used[s] += tp
     return out
 
 
