@@ -40,7 +40,15 @@ from jobs.models import Job, JobStatus
 from registry.models import ServedModel
 
 from planning.models import PlacementPlan
-from planning.placing import current_placement, fingerprint, gpus_by_host, host_spec, running_deployments
+from planning.placing import (
+    current_placement,
+    fingerprint,
+    gpus_by_host,
+    host_spec,
+    running_deployments,
+    second_deployments,
+    stop_moves,
+)
 from serving.placement import Plan, ServerSpec, diff
 
 
@@ -108,6 +116,7 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
         row.save(update_fields=["applied_at", "applied_by"])
         return ApplyOutcome(False, [], "The deployments already match this plan; nothing changed.")
     moves, extras, targets = checked
+    done = [m.to_dict() for m in moves + stop_moves(extras)]  # as the place job listed them
     try:
         _execute(moves, extras, targets)
     except deployments.PlacementError as exc:
@@ -115,9 +124,6 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
         raise PlanConflict(f"The deployments refused the plan: {exc}") from None
     row.applied_at, row.applied_by = timezone.now(), user
     row.save(update_fields=["applied_at", "applied_by"])
-    done = [m.to_dict() for m in moves] + [
-        {"model": d.model.name, "kind": "stop", "from_server": d.host.name, "to_server": None} for d in extras
-    ]
     return ApplyOutcome(True, done, f"Applied {len(done)} change(s).")
 
 
@@ -156,13 +162,7 @@ def _check(row: PlacementPlan, plan: Plan) -> _Checked | None:
     """
     planned = set(plan.assignments)
     _check_same_models(row)
-    seen: set[str] = set()
-    extras: list[Deployment] = []  # second running deployments of planned models
-    for d in running_deployments():
-        if d.model.name in planned:
-            if d.model.name in seen:
-                extras.append(d)
-            seen.add(d.model.name)
+    extras = second_deployments(planned)  # second running deployments of planned models
     moves = diff(current_placement(planned), plan)
     if not moves and not extras:
         return None

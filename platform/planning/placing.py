@@ -17,7 +17,9 @@ another SLO or tensor-parallel size than the model's current one, a burst level 
 an infeasible instance) fails the job with a message naming it, and nothing is stored or applied.
 
 The plan is relabelled for the fewest moves against the deployments meant to run now
-(`serving.placement.relabel_for_fewest_moves`) and stored as a `PlacementPlan` with a fingerprint
+(`serving.placement.relabel_for_fewest_moves`); its moves are the diff against them plus a "stop"
+for each planned model's second running deployment (a plan runs each model once; applying it stops
+those), and it is stored as a `PlacementPlan` with a fingerprint
 of those deployments, so that applying it later can tell whether they changed (applying.py).
 """
 
@@ -40,6 +42,7 @@ from planning.jobctx import cancel_fn, job_id_of, progress_fn
 from planning.models import ModelProfile, PlacementPlan
 from serving.placement import ModelProfile as PlacerProfile
 from serving.placement import (
+    Move,
     PlacementCancelled,
     PlacementError,
     PlacerConfig,
@@ -160,6 +163,27 @@ def current_placement(models: set[str]) -> dict[str, tuple[str, list[int]]]:
     return current
 
 
+def second_deployments(planned: set[str]) -> list[Deployment]:
+    """The running deployments of `planned` models after each one's first (by id): a plan places
+    each model once, so applying it stops these (planning/applying.py)."""
+    seen: set[str] = set()
+    out: list[Deployment] = []
+    for d in running_deployments():
+        if d.model.name in planned:
+            if d.model.name in seen:
+                out.append(d)
+            seen.add(d.model.name)
+    return out
+
+
+def stop_moves(deployments: list[Deployment]) -> list[Move]:
+    """The "stop" moves of `deployments` (a model's second deployments), as a plan's moves list them."""
+    return [
+        Move(d.model.name, "stop", d.host.name, tuple(sorted(dev.index for dev in d.devices.all())), None, ())
+        for d in deployments
+    ]
+
+
 def fingerprint() -> str:
     """Digest of every running deployment's (id, model, host, devices): changes when any does."""
     rows = [
@@ -261,7 +285,9 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise JobCancelled(job_id_of(ctx)) from None
     plan = relabel_for_fewest_moves(_in_placer_numbers(current, indices), plan)
     plan = _to_device_gpus(plan, indices, whole)
-    moves = diff(current, plan)
+    # What Apply does: the moves to the plan, then stopping planned models' second deployments
+    # (without them, a plan that stops a replica showed no change for its model).
+    moves = diff(current, plan) + stop_moves(second_deployments(planned))
     result = {
         "plan": plan.to_dict(),
         "moves": [m.to_dict() for m in moves],
