@@ -1,7 +1,8 @@
 """One-to-one producer -> consumer pairing inside one server (NVLink domain).
 
 A producer may lend to a consumer only if its lendable bytes cover the consumer's whole need
-(Aqua allocates a consumer's region all-or-nothing). Among such pairs we solve an exact maximum
+(Aqua allocates a consumer's region all-or-nothing); it lends at most the memory of its own GPUs on
+the server. Among such pairs we solve an exact maximum
 weight bipartite matching (scipy's linear_sum_assignment, Hungarian/Jonker-Volgenant) with weight
 BIG + needed_bytes, BIG > the sum of all needs: the matching first pairs as many consumers as
 possible, then, among those, covers the most bytes, so the consumers left to host DRAM are the
@@ -46,7 +47,11 @@ def pair_within_server(
         )
         return [], [_fallback(server, c, reason) for c in consumers]
 
-    lend = np.array([p.lendable_bytes for p, _ in producers], dtype=np.float64)
+    # What a producer can lend here: its profile's figure, at most the memory of its GPUs on this
+    # server (a profile measured on larger GPUs, e.g. a simulator preset of an 80 GB H100, lent
+    # 40 GiB from one 24 GB GPU).
+    lendable = [min(p.lendable_bytes, p.tp * server.gpu_memory_bytes) for p, _ in producers]
+    lend = np.array(lendable, dtype=np.float64)
     need = np.array([c.needed_bytes for c, _ in consumers], dtype=np.float64)
     big = float(need.sum()) + 1.0
     covers = lend[:, None] >= need[None, :]  # producer i covers consumer j
@@ -59,11 +64,9 @@ def pair_within_server(
         if not covers[i, j]:
             continue  # a zero-weight "pair" is no pair
         (p, p_gpus), (c, c_gpus) = producers[i], consumers[j]
-        pairings.append(
-            Pairing(server.name, p.name, p_gpus, c.name, c_gpus, c.needed_bytes, p.lendable_bytes)
-        )
+        pairings.append(Pairing(server.name, p.name, p_gpus, c.name, c_gpus, c.needed_bytes, lendable[i]))
         paired.add(j)
-    largest = int(lend.max())
+    largest = max(lendable)
     fallbacks = []
     for j, c in enumerate(consumers):
         if j in paired:

@@ -33,7 +33,8 @@ class Pairing:
         borrower: The consumer model.
         borrower_gpus: The consumer's GPUs.
         nbytes: Bytes lent: the consumer's need, which the lender covers.
-        lendable_bytes: What the lender could lend in all (>= nbytes).
+        lendable_bytes: What the lender could lend in all (>= nbytes): its profile's figure, at most
+            the memory of its GPUs on the server.
     """
 
     server: str

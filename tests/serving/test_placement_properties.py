@@ -73,6 +73,7 @@ def check(plan: Plan, models: list[ModelProfile], servers: list[ServerSpec]) -> 
         lender, borrower = by_name[p.lender], by_name[p.borrower]
         assert (lender.role, borrower.role) == ("producer", "consumer")
         assert p.nbytes == borrower.needed_bytes <= lender.lendable_bytes
+        assert p.nbytes <= p.lendable_bytes <= lender.tp * spec[p.server].gpu_memory_bytes  # GPUs' memory
         assert plan.server_of(p.lender) == plan.server_of(p.borrower) == p.server
         assert spec[p.server].nvlink
     fallbacks = [f.model for f in plan.dram_fallbacks]
@@ -101,3 +102,20 @@ def test_every_plan_keeps_its_invariants_and_repeats(
         first = plan.to_dict()
         first.pop("solve_seconds"), again.pop("solve_seconds")
         assert again == first  # the models' order does not matter either
+
+
+def test_a_producer_lends_no_more_than_its_gpus_hold() -> None:
+    # A profile measured on bigger GPUs (a simulator preset of an 80 GB H100) lends 40 GiB; on a
+    # server of 24 GiB GPUs its one GPU cannot hold a 30 GiB loan: the consumer falls back to DRAM.
+    models = [
+        ModelProfile("p", "producer", 1, lendable_bytes=40 * GIB),
+        ModelProfile("c", "consumer", 1, needed_bytes=30 * GIB),
+        ModelProfile("c2", "consumer", 1, needed_bytes=20 * GIB),
+    ]
+    plan = get_placer("cp-sat").place(models, [ServerSpec("small", 4, 24 * GIB)])
+    assert [(p.lender, p.borrower, p.lendable_bytes) for p in plan.pairings] == [("p", "c2", 24 * GIB)]
+    assert [f.model for f in plan.dram_fallbacks] == ["c"]
+    assert "largest lendable 25769803776 bytes" in plan.dram_fallbacks[0].reason
+    # on 80 GiB GPUs its figure stands
+    plan = get_placer("cp-sat").place(models, [ServerSpec("big", 4, 80 * GIB)])
+    assert [(p.lender, p.borrower, p.lendable_bytes) for p in plan.pairings] == [("p", "c", 40 * GIB)]
