@@ -118,7 +118,8 @@ class PlacerConfig:
     """Solver settings.
 
     Attributes:
-        time_limit_s: Wall-clock cap on the CP-SAT search.
+        time_limit_s: Wall-clock cap on the CP-SAT placer's whole solve (hint, ILP and search);
+            its search stops earlier, after a deterministic amount of work (serving/placement/cpsat.py).
         num_workers: CP-SAT search workers (threads).
         balance_unit_bytes: Byte sizes are divided by this and rounded to integers for the ILP
             (CP-SAT is integer-only); pairing uses exact bytes.

@@ -313,6 +313,22 @@ def test_its_plans_repeat_exactly_with_one_worker() -> None:
     assert run() == run()
 
 
+def test_its_plans_repeat_exactly_with_its_default_parallel_workers() -> None:
+    # What a place job runs (two workers). Their search stopped by the wall clock returned another
+    # optimal assignment on each run of this instance (3 runs, 3 plans).
+    servers = make_servers(6, 4)
+    models = make_models(11, 16, max_tp=4, gpu_budget=22)
+
+    def run() -> dict:
+        data = get_placer("cp-sat", PlacerConfig(time_limit_s=5)).place(models, servers).to_dict()
+        data.pop("solve_seconds")
+        return data
+
+    first = run()
+    assert first["status"] == "optimal" and first["objective"] < first["hint_objective"]  # it searched
+    assert run() == first and run() == first
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_its_local_search_hint_never_worsens_its_start(seed: int) -> None:
     from serving.placement.greedy import greedy_assignment
