@@ -4,7 +4,9 @@ A prompt becomes a fixed-width vector:
   [0]            1 (intercept)
   [1]            log(1 + prompt words)
   [2]            log(1 + the first number in the prompt), 0 if none (explicit length requests:
-                 "in about 400 words")
+                 "in about 400 words"); a number is a word of decimal digits (any script: "400",
+                 "٤٠٠"; not "²", which int() refuses), read up to NUMBER_CAP (a 5,000-digit word
+                 would not fit a float, nor Python's int-from-string limit)
   [3]            1 if the prompt contains a number, else 0
   [4 : 4 + D]    hashed bag of words: word w adds 1 / sqrt(words) to column crc32(w) mod D, and so
                  does each of the first 4 words again in a second hashed "opener" space (the
@@ -24,6 +26,8 @@ import numpy as np
 DEFAULT_HASH_DIM = 256
 _DENSE = 4
 _OPENER_WORDS = 4
+# Numbers beyond this read as it: no length request is anywhere near, and log1p needs a float.
+NUMBER_CAP = 10**12
 
 
 def num_features(hash_dim: int = DEFAULT_HASH_DIM) -> int:
@@ -33,8 +37,11 @@ def num_features(hash_dim: int = DEFAULT_HASH_DIM) -> int:
 
 def _first_number(words: Sequence[str]) -> int | None:
     for w in words:
-        if w.isdigit():
-            return int(w)
+        # isdecimal, not isdigit: superscripts and circled digits ("²", "①") are digits that int()
+        # refuses. Only the leading digits past the cap's length are parsed.
+        if w.isdecimal():
+            digits = w.lstrip("0") or "0"
+            return NUMBER_CAP if len(digits) > len(str(NUMBER_CAP)) else min(int(digits), NUMBER_CAP)
     return None
 
 

@@ -5,6 +5,11 @@ log space predicts something close to the conditional median, which is what mini
 error. Ridge (L2) regularisation keeps the hashed bag-of-words weights small; the intercept is not
 penalised. Solved in closed form with numpy: w = (X'X + alpha * I') ^ -1 X'y.
 
+Predictions are capped at `max_prediction` tokens (default 2^20, the longest length any
+serving/workload distribution draws): a prompt far outside the training data (a 50-digit
+"length request") extrapolates to exp(hundreds), which as int64 wrapped to a NEGATIVE length in
+bucket 0, the shortest.
+
 Buckets are half-open token ranges [edge_k, edge_k+1); EcoServe batches generation tasks by the
 bucket of their predicted length.
 """
@@ -21,6 +26,7 @@ import numpy as np
 from serving.predictor.features import DEFAULT_HASH_DIM, featurize
 
 DEFAULT_BUCKET_EDGES: tuple[int, ...] = (0, 64, 128, 256, 512, 1024)
+DEFAULT_MAX_PREDICTION = 1 << 20
 
 
 def bucket_of(tokens: float, edges: Sequence[int] = DEFAULT_BUCKET_EDGES) -> int:
@@ -65,14 +71,20 @@ class LengthPredictor:
         alpha: float = 0.3,
         hash_dim: int = DEFAULT_HASH_DIM,
         bucket_edges: Sequence[int] = DEFAULT_BUCKET_EDGES,
+        max_prediction: int = DEFAULT_MAX_PREDICTION,
     ) -> None:
         if not 0 < alpha < math.inf:
             raise ValueError(f"{alpha=} must be positive and finite")
+        if hash_dim < 1:
+            raise ValueError(f"{hash_dim=} must be positive")
+        if not 1 <= max_prediction <= 1 << 53:
+            raise ValueError(f"{max_prediction=} must be in 1..2**53")
         if list(bucket_edges) != sorted(set(bucket_edges)) or not bucket_edges or bucket_edges[0] != 0:
             raise ValueError(f"{bucket_edges=} must be strictly increasing and start at 0")
         self.alpha = alpha
         self.hash_dim = hash_dim
         self.bucket_edges = tuple(bucket_edges)
+        self.max_prediction = max_prediction
         self.weights: np.ndarray | None = None
         self.train_mean = 0.0
 
@@ -87,11 +99,12 @@ class LengthPredictor:
         return self
 
     def predict(self, texts: Sequence[str]) -> np.ndarray:
-        """Predicted response lengths (int64 tokens, >= 1), one per prompt."""
+        """Predicted response lengths (int64 tokens in 1..max_prediction), one per prompt."""
         if self.weights is None:
             raise RuntimeError("predict() before fit()")
-        raw = np.expm1(featurize(texts, self.hash_dim) @ self.weights)
-        return np.maximum(1, np.rint(raw)).astype(np.int64)
+        # Clipped in log space, before expm1 can overflow to inf.
+        log_len = np.minimum(featurize(texts, self.hash_dim) @ self.weights, math.log1p(self.max_prediction))
+        return np.clip(np.rint(np.expm1(log_len)), 1, self.max_prediction).astype(np.int64)
 
     def predict_buckets(self, texts: Sequence[str]) -> list[int]:
         """Bucket index of each predicted length (see `bucket_of`)."""

@@ -100,3 +100,36 @@ def test_evaluate_rejects_what_fit_rejects(texts: list[str], lengths: list[int])
     fitted = LengthPredictor().fit(["write a poem", "hi"], [200, 5])
     with pytest.raises(ValueError, match="as many output lengths as prompts"):
         fitted.evaluate(texts, lengths)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Write an essay of about ² words",  # "²".isdigit() but int("²") raised ValueError
+        "Write an essay of about " + "9" * 400 + " words",  # log1p(int) raised OverflowError
+        "Write an essay of about " + "9" * 5000 + " words",  # int() refuses over 4,300 digits
+        "",
+        "日本語で短い詩を書いてください 🙂",
+    ],
+    ids=["superscript", "400-digit", "5000-digit", "empty", "non-ascii"],
+)
+def test_it_predicts_an_in_range_length_for_any_prompt(predictor: LengthPredictor, text: str) -> None:
+    [length] = predictor.predict([text]).tolist()
+    assert 1 <= length <= predictor.max_prediction
+    assert 0 <= predictor.predict_buckets([text])[0] < len(predictor.bucket_edges)
+
+
+def test_a_huge_length_request_predicts_the_longest_bucket(predictor: LengthPredictor) -> None:
+    # A 50-digit request extrapolated to exp(~100) tokens, which wrapped to -2**63 as int64: a length
+    # of less than 1 token, in bucket 0 (the shortest). Now it is capped, and in the last bucket.
+    asks = [f"Write an essay of about {n} words about travel" for n in ("900", "9" * 20, "9" * 50)]
+    lengths = predictor.predict(asks).tolist()
+    assert lengths == sorted(lengths) and lengths[-1] == predictor.max_prediction
+    assert predictor.predict_buckets(asks)[1:] == [len(predictor.bucket_edges) - 1] * 2
+
+
+def test_numbers_in_other_scripts_read_as_numbers() -> None:
+    from serving.predictor.features import featurize
+
+    arabic, ascii_ = featurize(["write about ٤٠٠ words", "write about 400 words"])[:, 2:4]
+    assert arabic.tolist() == ascii_.tolist() and ascii_[1] == 1.0
