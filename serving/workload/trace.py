@@ -36,9 +36,18 @@ def _norm(name: str) -> str:
     return name.strip().lower().replace(" ", "_").replace("-", "_")
 
 
+def _plain(text: str) -> bool:
+    """ASCII, no digit-group underscores: int() and float() also take "1_000" and "٣" (Python's
+    literal syntax and other scripts' digits), which no CSV writer produces for a count."""
+    return text.isascii() and "_" not in text
+
+
 def _parse_int(raw: str, where: str, column: str) -> int:
+    text = raw.strip()
     try:
-        value = int(raw.strip())
+        if not _plain(text):
+            raise ValueError
+        value = int(text)
     except ValueError:
         raise ValueError(f"{where}, column {column!r}: expected an integer, got {raw!r}") from None
     if value < 0:
@@ -47,8 +56,11 @@ def _parse_int(raw: str, where: str, column: str) -> int:
 
 
 def _parse_time(raw: str, where: str, column: str) -> float:
+    text = raw.strip()
     try:
-        value = float(raw.strip())
+        if not _plain(text):
+            raise ValueError
+        value = float(text)
     except ValueError:
         raise ValueError(f"{where}, column {column!r}: expected a number, got {raw!r}") from None
     if not math.isfinite(value) or value < 0:
@@ -81,7 +93,11 @@ def load_trace(
         raise ValueError(f"{time_scale=} must be a positive finite number")
     path = Path(path)
     with path.open(newline="", encoding="utf-8") as f:
-        return _read(csv.reader(f), str(path), time_scale, duration_s, max_requests)
+        reader = csv.reader(f)
+        try:
+            return _read(reader, str(path), time_scale, duration_s, max_requests)
+        except csv.Error as exc:  # a field over csv.field_size_limit(), a quote left open, ...
+            raise ValueError(f"{path} line {reader.line_num}: not a readable CSV row ({exc})") from None
 
 
 def _read(

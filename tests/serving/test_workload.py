@@ -242,6 +242,15 @@ def test_it_rescales_a_trace_to_a_target_rate() -> None:
         ("Timestamp,Model,Request tokens,Response tokens\n1,x,5,-3\n", "line 2, column 'Response tokens'"),
         ("time,prompt\n1,2\n", "line 1: header"),
         ("", "line 1: empty file"),
+        # int() and float() read these; no CSV writer writes a count or a time so
+        ("timestamp,input_tokens,output_tokens\n1.0,1_000,5\n", "line 2, column 'input_tokens'"),
+        ("timestamp,input_tokens,output_tokens\n1.0,10,\u0665\n", "line 2, column 'output_tokens'"),
+        ("timestamp,input_tokens,output_tokens\n1_5,10,5\n", "line 2, column 'timestamp'"),
+        # csv.Error (field over the field size limit) was a traceback naming neither file nor line
+        (
+            'timestamp,input_tokens,output_tokens\n1,10,5\n2,"' + "x" * 200_000 + '",5\n',
+            "line 3: not a readable",
+        ),
     ],
 )
 def test_it_names_the_line_and_column_of_bad_csv(tmp_path: Path, body: str, match: str) -> None:
