@@ -23,7 +23,11 @@ F peak dense BF16 FLOP/s, B HBM bytes/s; efficiencies from `Efficiency`):
 
 With tensor parallelism over `tp` GPUs, W, the FLOPs and the KV reads split over tp devices and each
 layer adds two all-reduces of the activations (ring: 2 (tp-1)/tp of the bytes over NVLink) plus a
-fixed latency per all-reduce.
+fixed latency per all-reduce. tp must divide the query heads (vLLM refuses other degrees: "Total
+number of attention heads must be divisible by tensor parallel size"). A KV head cannot be split:
+with tp > kv_heads (grouped-query attention, e.g. Llama-3-8B's 8 KV heads on 16 GPUs) each GPU holds
+a replica of one KV head (vLLM replicates them), so the group stores and reads tp / kv_heads times
+the model's KV bytes per token (`kv_replication`).
 
 Efficiencies (assumed, typical of vLLM on these parts): prefill MFU 0.55, attention 0.45 of peak,
 decode MFU 0.5, 80% of peak HBM bandwidth, 1 ms overhead.
@@ -85,6 +89,19 @@ def fits(model: ModelConfig, gpu: GpuSpec, tp: int = 1, eff: Efficiency = DEFAUL
     return model.weight_bytes() <= eff.weight_headroom * gpu.memory_bytes * tp
 
 
+def check_tp(model: ModelConfig, tp: int) -> None:
+    """Raise ValueError unless `tp` is a tensor-parallel degree `model` can be sharded over."""
+    if tp < 1:
+        raise ValueError(f"{tp=} must be >= 1")
+    if model.num_heads % tp:
+        raise ValueError(f"{tp=} does not divide the {model.num_heads} attention heads of {model.name}")
+
+
+def kv_replication(model: ModelConfig, tp: int) -> float:
+    """Copies of each KV head a tp-GPU group stores: tp / kv_heads when tp > kv_heads, else 1."""
+    return max(1.0, tp / model.num_kv_heads)
+
+
 def derive_cost_model(
     model: ModelConfig,
     gpu: GpuSpec,
@@ -95,10 +112,9 @@ def derive_cost_model(
     """A CostModel for `model` on `tp` GPUs of kind `gpu`, by the derivation in the module docstring.
 
     Raises:
-        ValueError: tp < 1, or the weights do not fit.
+        ValueError: tp < 1 or not a divisor of the heads, or the weights do not fit.
     """
-    if tp < 1:
-        raise ValueError(f"{tp=} must be >= 1")
+    check_tp(model, tp)
     if not fits(model, gpu, tp, eff):
         raise ValueError(
             f"{model.name} weights ({model.weight_bytes() / 1e9:.1f} GB) do not fit on {tp} x {gpu.name}; "
@@ -121,7 +137,7 @@ def derive_cost_model(
     )
     decode = PhaseCoeffs(
         a,
-        model.kv_bytes_per_token() / bw,
+        model.kv_bytes_per_token() * kv_replication(model, tp) / bw,
         2 * model.num_params / (flops * eff.decode_mfu) + per_token_comm,
     )
     label = f"{model.name}@{gpu.name}" + (f"x{tp}" if tp > 1 else "")
@@ -143,13 +159,22 @@ def get_preset(model: str, gpu: str, tp: int = 1) -> CostModel:
 
 
 def kv_capacity_tokens(
-    model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1, mem_util: float = 0.9
+    model: str | ModelConfig, gpu: str | GpuSpec, tp: int = 1, mem_util: float = 0.9, pp: int = 1
 ) -> int:
-    """KV tokens that fit beside the weights in `mem_util` of the memory of `tp` GPUs (vLLM's
-    gpu_memory_utilization; activations and CUDA graphs are ignored)."""
+    """KV tokens that fit beside the weights in `mem_util` of the memory of tp x pp GPUs (vLLM's
+    gpu_memory_utilization; activations and CUDA graphs are ignored): pp pipeline stages, each
+    sharded over tp GPUs. KV heads replicated over tp > kv_heads GPUs count once per replica.
+
+    Raises:
+        ValueError: Unknown model or gpu, mem_util outside (0, 1], tp not a divisor of the heads,
+            or pp < 1.
+    """
     mc = get_model_config(model) if isinstance(model, str) else model
     gs = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if not 0 < mem_util <= 1:
         raise ValueError(f"{mem_util=} must be in (0, 1]")
-    free = gs.memory_bytes * tp * mem_util - mc.weight_bytes()
-    return max(0, int(free // mc.kv_bytes_per_token()))
+    check_tp(mc, tp)
+    if pp < 1:
+        raise ValueError(f"{pp=} must be >= 1")
+    free = gs.memory_bytes * tp * pp * mem_util - mc.weight_bytes()
+    return max(0, int(free // (mc.kv_bytes_per_token() * kv_replication(mc, tp))))

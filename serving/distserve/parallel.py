@@ -17,7 +17,8 @@ Inter-op (PP) splits the layers: one stage costs what a model of L / pp layers a
     own batches with the full pipeline latency and holds 1 / pp of the instance's KV cache; the
     instance's requests are spread round-robin over its lanes. Pipeline bubbles from uneven
     micro-batches are not modelled (lanes never wait for one another), which favours PP slightly.
-KV capacity: `kv_capacity_tokens` over all tp x pp GPUs (90% of memory minus the weights).
+KV capacity: `kv_capacity_tokens` over all tp x pp GPUs (90% of memory minus the weights; KV heads
+replicated when tp exceeds them). tp must divide the model's attention heads.
 """
 
 from __future__ import annotations
@@ -70,12 +71,13 @@ class LaneModel:
 
 
 def feasible(model: str, gpu: str, par: Parallelism) -> bool:
-    """Whether a stage's weights fit its tp GPUs and the layers split evenly into pp stages."""
+    """Whether tp divides the heads, the layers split evenly into pp stages, a stage's weights fit
+    its tp GPUs and KV has room beside them."""
     mc = get_model_config(model)
-    if mc.num_layers % par.pp:
+    if mc.num_layers % par.pp or mc.num_heads % par.tp:
         return False
     stage = replace(mc, num_layers=mc.num_layers // par.pp, num_params=mc.num_params // par.pp)
-    return fits(stage, get_gpu(gpu), par.tp) and kv_capacity_tokens(model, gpu, par.gpus) > 0
+    return fits(stage, get_gpu(gpu), par.tp) and kv_capacity_tokens(model, gpu, par.tp, pp=par.pp) > 0
 
 
 def lane_model(model: str, gpu: str, par: Parallelism, stage_link: Link = NVLINK3) -> LaneModel:
@@ -97,4 +99,4 @@ def lane_model(model: str, gpu: str, par: Parallelism, stage_link: Link = NVLINK
     prefill = PhaseCoeffs(pp * p.a + hop_a, pp * p.b + hops * hop_token, pp * p.c)
     decode = PhaseCoeffs(pp * d.a + hop_a, pp * d.b, pp * d.c + hops * hop_token)
     cost = CostModel(prefill, decode, mc.kv_bytes_per_token(), f"{model}@{gpu}/tp{par.tp}pp{par.pp}")
-    return LaneModel(cost, pp, kv_capacity_tokens(model, gpu, par.gpus) // pp)
+    return LaneModel(cost, pp, kv_capacity_tokens(model, gpu, par.tp, pp=par.pp) // pp)

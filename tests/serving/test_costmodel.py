@@ -163,3 +163,34 @@ def test_it_sizes_the_kv_cache_beside_the_weights() -> None:
     assert kv_capacity_tokens("llama-3-8b", "h100") == want
     assert kv_capacity_tokens("llama-3-8b", "h200") > want
     assert kv_capacity_tokens("llama-3-70b", "h100") == 0
+
+
+@pytest.mark.parametrize(("model", "tp"), [("llama-3-8b", 3), ("llama-2-13b", 16), ("llama-3-70b", 48)])
+def test_it_refuses_a_tensor_parallel_degree_that_does_not_divide_the_heads(model: str, tp: int) -> None:
+    # vLLM refuses these; tp=3 on llama-3-8b (32 heads) used to be priced as 3 equal shards.
+    with pytest.raises(ValueError, match="does not divide"):
+        get_preset(model, "h100", tp)
+    with pytest.raises(ValueError, match="does not divide"):
+        kv_capacity_tokens(model, "h100", tp)
+
+
+def test_kv_heads_are_replicated_not_split_beyond_their_count() -> None:
+    # Llama-3-8B has 8 KV heads: on 16 GPUs each holds a copy of one, so a token takes twice the
+    # model's 131,072 KV bytes across the group, and each GPU reads all of its head's KV per step
+    # (measured before: 9,273,064 tokens at tp=16, as if each GPU held half a head).
+    h100 = get_gpu("h100")
+    free16 = h100.memory_bytes * 16 * 0.9 - LLAMA_3_8B.weight_bytes()
+    assert kv_capacity_tokens("llama-3-8b", "h100", 16) == int(free16 // (2 * 131072))
+    tp8, tp16 = get_preset("llama-3-8b", "h100", 8), get_preset("llama-3-8b", "h100", 16)
+    assert tp16.decode.b == pytest.approx(tp8.decode.b)  # KV read per GPU per context token: one head
+    assert get_preset("llama-2-13b", "h100", 8).decode.b == pytest.approx(
+        get_preset("llama-2-13b", "h100", 1).decode.b / 8
+    )  # 40 KV heads: 5 per GPU
+
+
+def test_pipeline_stages_add_their_memory_to_the_kv_cache() -> None:
+    h100 = get_gpu("h100")
+    free = h100.memory_bytes * 2 * 4 * 0.9 - LLAMA_3_8B.weight_bytes()
+    # 8 GPUs as 2-way TP x 4 stages hold as many KV tokens as 8-way TP (neither replicates a KV head)
+    assert kv_capacity_tokens("llama-3-8b", "h100", 2, pp=4) == int(free // 131072)
+    assert kv_capacity_tokens("llama-3-8b", "h100", 2, pp=4) == kv_capacity_tokens("llama-3-8b", "h100", 8)

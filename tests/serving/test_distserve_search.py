@@ -130,3 +130,13 @@ def test_low_affinity_search_considers_segments_that_fit_only_when_pipelined() -
     # tp 4 segments need 8 GPUs): one unit of 2 x (2 + 2) GPUs.
     got = low_affinity_search(RandomTableOracle(table, table, probed=False, model=model), 2, 4)
     assert got.per_gpu_goodput == 10 / 8
+
+
+def test_it_never_places_a_tensor_parallel_degree_that_does_not_divide_the_heads() -> None:
+    # llama-2-13b has 40 heads: on 16-GPU nodes tp=16 was feasible and enumerated.
+    assert not feasible(MODEL, GPU, Parallelism(16, 1))
+    pars = [Parallelism(tp, pp) for tp in (1, 2, 4, 8, 16) for pp in (1, 2, 4)]
+    table = {p: 100 * p.tp for p in pars}  # goodput grows with tp: tp=16 would win if offered
+    for search in (high_affinity_search, low_affinity_search):
+        placed = search(RandomTableOracle(table, table, probed=False), 2, 16)
+        assert placed.prefill.par.tp <= 8 and placed.decode.par.tp <= 8
