@@ -8,6 +8,10 @@ instances sustains min(n_p g_p, n_d g_d), from the per-instance phase goodputs g
 High node-affinity (Algorithm 1): the cluster's network is fast enough to move KV between any two
     GPUs (InfiniBand), so the prefill and decode parallelism are chosen independently: every
     feasible (tp, pp) with tp x pp <= GPUs per node, every instance count that fits the cluster.
+    An instance sits inside one node (its stages talk over NVLink), so "fits" means the instances
+    pack into the nodes, not only that their GPUs add up to at most the cluster's: three 4-GPU
+    instances do not fit two 6-GPU nodes (`_max_decodes`). With node sizes and instance widths
+    that are powers of two (8-GPU nodes) the two agree.
 Low node-affinity (Algorithm 2): KV may only cross NVLink, so the prefill and decode instances
     share the pipeline depth pp and the stage-k segments of both sit in one node: a node holds
     n_p prefill segments of tp_p GPUs and n_d decode segments of tp_d GPUs with
@@ -82,6 +86,26 @@ def _parallelisms(model: str, gpu: str, max_tp: int, max_pp: int, max_gpus: int)
             if par.gpus <= max_gpus and feasible(model, gpu, par):
                 out.append(par)
     return out
+
+
+def _max_decodes(p_width: int, d_width: int, nodes: int, per_node: int) -> list[int]:
+    """out[n_p]: most instances of `d_width` GPUs that fit beside n_p of `p_width` GPUs when every
+    instance must sit inside one of `nodes` nodes of `per_node` GPUs; -1 where n_p do not fit.
+
+    A max-plus convolution over the nodes of one node's options (i prefill instances leave room
+    for (per_node - i p_width) // d_width decode instances); fewer decodes always fit too.
+    """
+    per = [(per_node - i * p_width) // d_width for i in range(per_node // p_width + 1)]
+    best = [0]  # best[n_p] over the nodes placed so far
+    for _ in range(nodes):
+        nxt = [-1] * (len(best) + len(per) - 1)
+        for n, have in enumerate(best):
+            if have < 0:
+                continue
+            for i, room in enumerate(per):
+                nxt[n + i] = max(nxt[n + i], have + room)
+        best = nxt
+    return best
 
 
 @dataclass
@@ -166,20 +190,26 @@ def high_affinity_search(
     `prune=False` simulates every phase goodput to the end (the exhaustive search); the answer is
     the same either way.
     """
-    total = nodes * gpus_per_node
     pars = _parallelisms(oracle.model, oracle.gpu, gpus_per_node, max_pp, gpus_per_node)
     opts = _new_options()
     for pp_par in pars:
         gp = oracle.prefill_bracket(pp_par, NVLINK3)
         for dp_par in pars:
             gd = oracle.decode_bracket(dp_par, NVLINK3, kv_link)
-            for n_p in range(1, total // pp_par.gpus + 1):
-                left = total - n_p * pp_par.gpus
-                for n_d in range(1, left // dp_par.gpus + 1):
+            max_d = _max_decodes(pp_par.gpus, dp_par.gpus, nodes, gpus_per_node)
+            for n_p in range(1, len(max_d)):
+                for n_d in range(1, max_d[n_p] + 1):
                     gpus = n_p * pp_par.gpus + n_d * dp_par.gpus
                     opts.add(gp, gd, PhaseSpec(pp_par, n_p), PhaseSpec(dp_par, n_d), gpus)
     (ps, ds), per_gpu = _choose(opts, prune)
-    return Placement("high", ps, ds, total // (ps.gpus + ds.gpus), per_gpu, kv_link, NVLINK3)
+    # Copies of the unit: as many as pack into the nodes (total // unit GPUs where widths divide).
+    max_d = _max_decodes(ps.par.gpus, ds.par.gpus, nodes, gpus_per_node)
+    units = 1
+    while (units + 1) * ps.instances < len(max_d) and max_d[(units + 1) * ps.instances] >= (
+        units + 1
+    ) * ds.instances:
+        units += 1
+    return Placement("high", ps, ds, units, per_gpu, kv_link, NVLINK3)
 
 
 def low_affinity_search(

@@ -7,6 +7,7 @@ then fewer GPUs), and pruning must not change the answer when goodputs are found
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from hypothesis import given, settings
@@ -140,3 +141,45 @@ def test_it_never_places_a_tensor_parallel_degree_that_does_not_divide_the_heads
     for search in (high_affinity_search, low_affinity_search):
         placed = search(RandomTableOracle(table, table, probed=False), 2, 16)
         assert placed.prefill.par.tp <= 8 and placed.decode.par.tp <= 8
+
+
+def _packs(widths: list[int], nodes: int, per_node: int) -> bool:
+    """Whether instances of these GPU widths fit `nodes` nodes, each inside one node (exhaustive)."""
+    order = sorted(widths, reverse=True)
+
+    @functools.cache
+    def place(i: int, free: tuple[int, ...]) -> bool:
+        if i == len(order):
+            return True
+        for f in set(free):
+            if f >= order[i]:
+                rest = list(free)
+                rest.remove(f)
+                if place(i + 1, tuple(sorted([*rest, f - order[i]]))):
+                    return True
+        return False
+
+    return place(0, (per_node,) * nodes)
+
+
+@settings(max_examples=30, deadline=None)
+@given(table_p=tables, table_d=tables, shape=st.sampled_from([(3, 6), (2, 6), (3, 5), (2, 3)]))
+def test_high_affinity_placements_pack_into_the_nodes(
+    table_p: dict[Parallelism, int], table_d: dict[Parallelism, int], shape: tuple[int, int]
+) -> None:
+    # Every instance sits inside one node. On 3 nodes of 6 GPUs the search used to place four 4-GPU
+    # prefill instances and two 1-GPU decode ones (18 GPUs, but one 4-GPU instance per node).
+    nodes, per_node = shape
+    got = high_affinity_search(RandomTableOracle(table_p, table_d, probed=False), nodes, per_node, max_pp=4)
+    p, d = got.prefill, got.decode
+    widths = [p.par.gpus] * (p.instances * got.units) + [d.par.gpus] * (d.instances * got.units)
+    assert _packs(widths, nodes, per_node)
+    assert not _packs(widths + [p.par.gpus] * p.instances + [d.par.gpus] * d.instances, nodes, per_node)
+
+
+def test_it_does_not_place_more_instances_than_the_nodes_hold() -> None:
+    table_p = {par: (1000 if par == Parallelism(4, 1) else 1) for par in PARS}
+    table_d = {par: (2000 if par == Parallelism(1, 1) else 1) for par in PARS}
+    got = high_affinity_search(RandomTableOracle(table_p, table_d, probed=False), 3, 6)
+    assert got.prefill.par == Parallelism(4, 1) and got.decode.par == Parallelism(1, 1)
+    assert got.prefill.instances * got.units <= 3  # one 4-GPU instance per 6-GPU node
