@@ -11,13 +11,23 @@ from serving.costmodel.presets import (
     get_preset,
     kv_capacity_tokens,
 )
-from serving.costmodel.transfer import HOST_MEMCPY, NVLINK4, PCIE5_X16, Link, kv_bytes, kv_transfer_seconds
+from serving.costmodel.transfer import (
+    HOST_MEMCPY,
+    NVLINK3,
+    NVLINK4,
+    PCIE5_X16,
+    Link,
+    kv_bytes,
+    kv_transfer_seconds,
+    nvlink,
+)
 
 __all__ = [
     "HOST_MEMCPY",
     "LLAMA_2_13B",
     "LLAMA_3_8B",
     "LLAMA_3_70B",
+    "NVLINK3",
     "NVLINK4",
     "PCIE5_X16",
     "CostModel",
@@ -37,4 +47,5 @@ __all__ = [
     "kv_bytes",
     "kv_capacity_tokens",
     "kv_transfer_seconds",
+    "nvlink",
 ]

@@ -22,7 +22,8 @@ F peak dense BF16 FLOP/s, B HBM bytes/s; efficiencies from `Efficiency`):
       The GEMM work for one more token in the batch.
 
 With tensor parallelism over `tp` GPUs, W, the FLOPs and the KV reads split over tp devices and each
-layer adds two all-reduces of the activations (ring: 2 (tp-1)/tp of the bytes over NVLink) plus a
+layer adds two all-reduces of the activations (ring: 2 (tp-1)/tp of the bytes over the GPU's NVLink:
+3 on A100, 4 on H100/H200) plus a
 fixed latency per all-reduce. tp must divide the query heads (vLLM refuses other degrees: "Total
 number of attention heads must be divisible by tensor parallel size"). A KV head cannot be split:
 with tp > kv_heads (grouped-query attention, e.g. Llama-3-8B's 8 KV heads on 16 GPUs) each GPU holds
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from serving.costmodel.config import MODEL_CONFIGS, ModelConfig, get_model_config
 from serving.costmodel.gpus import GPU_SPECS, GpuSpec, get_gpu
 from serving.costmodel.model import CostModel, PhaseCoeffs
-from serving.costmodel.transfer import NVLINK4, Link
+from serving.costmodel.transfer import Link, nvlink
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +108,12 @@ def derive_cost_model(
     gpu: GpuSpec,
     tp: int = 1,
     eff: Efficiency = DEFAULT_EFFICIENCY,
-    link: Link = NVLINK4,
+    link: Link | None = None,
 ) -> CostModel:
     """A CostModel for `model` on `tp` GPUs of kind `gpu`, by the derivation in the module docstring.
+
+    `link` carries the all-reduces; by default the GPU's NVLink (`transfer.nvlink`: NVLink 3 on
+    the A100, which the presets once priced at the H100's NVLink 4 bandwidth).
 
     Raises:
         ValueError: tp < 1 or not a divisor of the heads, or the weights do not fit.
@@ -129,7 +133,7 @@ def derive_cost_model(
         a += 2 * model.num_layers * eff.allreduce_latency_s
         per_token_comm = (
             2 * model.num_layers * model.hidden_size * model.dtype_bytes * 2 * (tp - 1) / tp
-        ) / link.bandwidth_bytes_per_s
+        ) / (link or nvlink(gpu.name)).bandwidth_bytes_per_s
     prefill = PhaseCoeffs(
         a,
         2 * model.num_params / (flops * eff.prefill_mfu) + per_token_comm,

@@ -1,6 +1,7 @@
 """Cost of moving bytes over a link: bytes / bandwidth + fixed latency.
 
 Defaults: NVLink 4 at 450 GB/s per direction (H100/H200 SXM: 900 GB/s bidirectional, NVIDIA H100
+datasheet); NVLink 3 at 300 GB/s per direction (A100 SXM4: 600 GB/s bidirectional, NVIDIA A100
 datasheet); PCIe Gen5 x16 at 64 GB/s per direction (PCI-SIG: 32 GT/s x 16 lanes, 128b/130b);
 host memcpy at 20 GB/s (a single-threaded DRAM-to-DRAM copy on a server CPU; measure yours with
 benchmarks/aqua_burst.py).
@@ -42,6 +43,17 @@ class Link:
 
 
 NVLINK4 = Link("nvlink4", 450e9, 5e-6)
+NVLINK3 = Link("nvlink3", 300e9, 5e-6)
+# gpu name -> the NVLink between two such GPUs of one node
+_NVLINK: dict[str, Link] = {"a100": NVLINK3, "h100": NVLINK4, "h200": NVLINK4}
+
+
+def nvlink(gpu: str) -> Link:
+    """The NVLink between two GPUs called `gpu` (serving/costmodel/gpus.py) in one node; NVLink 4
+    for a GPU this table does not know."""
+    return _NVLINK.get(gpu, NVLINK4)
+
+
 PCIE5_X16 = Link("pcie5-x16", 64e9, 10e-6)
 HOST_MEMCPY = Link("host-memcpy", 20e9, 1e-6)
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 
 from serving.costmodel import CostModel, Link, PhaseCoeffs, get_gpu, get_model_config, kv_capacity_tokens
 from serving.costmodel.presets import derive_cost_model, fits
+from serving.costmodel.transfer import NVLINK3, nvlink
 
-# A100 SXM4 NVLink 3: 600 GB/s bidirectional, 300 GB/s per direction (NVIDIA A100 datasheet).
-NVLINK3 = Link("nvlink3", 300e9, 5e-6)
+__all__ = ["IB_HDR", "NVLINK3", "LaneModel", "Parallelism", "feasible", "lane_model", "nvlink"]
 # InfiniBand HDR: 200 Gb/s = 25 GB/s per NIC and direction (one NIC per GPU pair on DGX A100).
 IB_HDR = Link("ib-hdr200", 25e9, 5e-6)
 
@@ -80,17 +80,22 @@ def feasible(model: str, gpu: str, par: Parallelism) -> bool:
     return fits(stage, get_gpu(gpu), par.tp) and kv_capacity_tokens(model, gpu, par.tp, pp=par.pp) > 0
 
 
-def lane_model(model: str, gpu: str, par: Parallelism, stage_link: Link = NVLINK3) -> LaneModel:
+def lane_model(model: str, gpu: str, par: Parallelism, stage_link: Link | None = None) -> LaneModel:
     """The lane cost model and KV split of an instance with parallelism `par`.
+
+    Args:
+        stage_link: Link between pipeline stages; by default the GPU's NVLink (`nvlink`).
 
     Raises:
         ValueError: The configuration is not `feasible`.
     """
     if not feasible(model, gpu, par):
         raise ValueError(f"{model} on {par.tp} x {par.pp} {gpu} GPUs is not feasible")
+    if stage_link is None:
+        stage_link = nvlink(gpu)
     mc = get_model_config(model)
     stage = replace(mc, num_layers=mc.num_layers // par.pp, num_params=mc.num_params // par.pp)
-    sc = derive_cost_model(stage, get_gpu(gpu), par.tp, link=NVLINK3)
+    sc = derive_cost_model(stage, get_gpu(gpu), par.tp)  # all-reduces over the GPU's NVLink
     hops = par.pp - 1
     hop_token = mc.hidden_size * mc.dtype_bytes / stage_link.bandwidth_bytes_per_s
     pp = par.pp

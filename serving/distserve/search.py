@@ -40,7 +40,7 @@ import numpy as np
 from serving.costmodel import Link
 from serving.distserve.disagg import PhaseSpec
 from serving.distserve.oracle import Bisection, PhaseOracle
-from serving.distserve.parallel import IB_HDR, NVLINK3, Parallelism, feasible
+from serving.distserve.parallel import IB_HDR, Parallelism, feasible, nvlink
 
 
 @dataclass(frozen=True)
@@ -191,11 +191,12 @@ def high_affinity_search(
     the same either way.
     """
     pars = _parallelisms(oracle.model, oracle.gpu, gpus_per_node, max_pp, gpus_per_node)
+    node_link = nvlink(oracle.gpu)
     opts = _new_options()
     for pp_par in pars:
-        gp = oracle.prefill_bracket(pp_par, NVLINK3)
+        gp = oracle.prefill_bracket(pp_par, node_link)
         for dp_par in pars:
-            gd = oracle.decode_bracket(dp_par, NVLINK3, kv_link)
+            gd = oracle.decode_bracket(dp_par, node_link, kv_link)
             max_d = _max_decodes(pp_par.gpus, dp_par.gpus, nodes, gpus_per_node)
             for n_p in range(1, len(max_d)):
                 for n_d in range(1, max_d[n_p] + 1):
@@ -209,7 +210,7 @@ def high_affinity_search(
         units + 1
     ) * ds.instances:
         units += 1
-    return Placement("high", ps, ds, units, per_gpu, kv_link, NVLINK3)
+    return Placement("high", ps, ds, units, per_gpu, kv_link, node_link)
 
 
 def low_affinity_search(
@@ -225,6 +226,7 @@ def low_affinity_search(
     `prune=False` simulates every phase goodput to the end (the exhaustive search); the answer is
     the same either way.
     """
+    node_link = nvlink(oracle.gpu)
     opts = _new_options()
     for pp in range(1, min(max_pp, nodes) + 1):
         # Every segment width whose pipelined instance fits, not only those that fit unpipelined:
@@ -237,10 +239,10 @@ def low_affinity_search(
         for ps in segs:
             gp = oracle.prefill_bracket(ps, stage_link)
             for ds in segs:
-                gd = oracle.decode_bracket(ds, stage_link, NVLINK3)
+                gd = oracle.decode_bracket(ds, stage_link, node_link)
                 for n_p in range(1, gpus_per_node // ps.tp + 1):
                     for n_d in range(1, (gpus_per_node - n_p * ps.tp) // ds.tp + 1):
                         gpus = pp * (n_p * ps.tp + n_d * ds.tp)
                         opts.add(gp, gd, PhaseSpec(ps, n_p), PhaseSpec(ds, n_d), gpus)
     (p_spec, d_spec), per_gpu = _choose(opts, prune)
-    return Placement("low", p_spec, d_spec, nodes // p_spec.par.pp, per_gpu, NVLINK3, stage_link)
+    return Placement("low", p_spec, d_spec, nodes // p_spec.par.pp, per_gpu, node_link, stage_link)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving.costmodel import Link, get_preset
+from serving.costmodel import NVLINK4, Link, get_preset, nvlink
 from serving.distserve import (
     IB_HDR,
     NVLINK3,
@@ -124,6 +124,20 @@ def test_pipeline_lanes_keep_latency_and_split_the_kv_cache() -> None:
     assert tp_only.cost.decode_time([600] * 8) < lane_model(MODEL, GPU, Parallelism(1, 1)).cost.decode_time(
         [600] * 8
     )
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "h200"])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_an_unpipelined_lane_costs_what_the_preset_of_its_gpu_costs(gpu: str, tp: int) -> None:
+    # The lane's all-reduces ran over NVLink 3 on every GPU (the H100/H200 have NVLink 4), and the
+    # presets' over NVLink 4 on every GPU (the A100 has NVLink 3): the two models of one tp-GPU
+    # instance disagreed (measured: llama-2-13b on 8 H100s, a 2048-token prefill 25.5 ms as a lane,
+    # 22.3 ms as the preset; on 8 A100s the preset's 8192-token prefill was 209.7 ms, now 222.8 ms).
+    lane = lane_model(MODEL, gpu, Parallelism(tp, 1))
+    preset = get_preset(MODEL, gpu, tp)
+    assert (lane.cost.prefill, lane.cost.decode) == (preset.prefill, preset.decode)
+    link = NVLINK3 if gpu == "a100" else NVLINK4
+    assert nvlink(gpu) == link
 
 
 @dataclass
