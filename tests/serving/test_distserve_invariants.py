@@ -9,7 +9,8 @@
 - a disaggregated deployment (and the co-simulation of any prefill and decode lanes, with prefill
   KV small enough for held KV to block admissions) prefills every request once (on one prefill
   lane) and decodes it fully, with one KV transfer per request that has tokens left to decode;
-- the placement each goodput search returns fits the cluster and serves a workload end to end.
+- the placement each goodput search returns fits the cluster and serves a workload end to end;
+- the decode bracket's batch bound is the largest batch whose step fits the TPOT.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.costmodel import Link
+from serving.costmodel import CostModel, Link, PhaseCoeffs
 from serving.distserve import (
     IB_HDR,
     NVLINK3,
@@ -42,6 +43,7 @@ from serving.distserve import (
     run_disaggregated,
 )
 from serving.distserve.disagg import co_simulate
+from serving.distserve.oracle import largest_batch
 from serving.distserve.prefill import PrefillLaneSim
 from serving.metrics.records import RequestRecord
 from serving.sim.config import EngineConfig
@@ -362,3 +364,32 @@ def test_an_idle_decode_lane_waits_for_a_landing_when_the_ready_request_lacks_bl
     lane.run([Handoff(0.0, a), Handoff(0.0, b)])
     landed = SLOW.seconds(8 * make_cost().kv_bytes_per_token)
     assert landed < a.token_times[1] < b.token_times[1]  # B is pulled only once A has finished
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    a=st.floats(0.0, 0.05),
+    b=st.floats(0.0, 1e-6),
+    c=st.floats(1e-6, 1e-3),
+    context=st.integers(1, 8192),
+    limit=st.floats(1e-4, 2.0),
+)
+def test_the_decode_bracket_batch_is_the_largest_that_fits_the_tpot(
+    a: float, b: float, c: float, context: int, limit: float
+) -> None:
+    # The oracle scanned k = 2, 3, ... building a list of k contexts per try (quadratic: a TPOT of
+    # 1000 s would have scanned ~2 million batches); the search must give the scan's answer.
+    cost = CostModel(PhaseCoeffs(a, b, c), PhaseCoeffs(a, b, c), 1)
+    scan = 1
+    while scan < 5000 and cost.decode_time([context] * (scan + 1)) <= limit:
+        scan += 1
+    if scan < 5000:
+        assert largest_batch(cost.decode, context, limit) == scan
+
+
+def test_a_loose_tpot_bounds_the_batch_without_scanning_it() -> None:
+    d = PhaseCoeffs(0.017, 2.5e-7, 1.7e-4)  # about llama-2-13b@a100
+    k = largest_batch(d, 544, 1000.0)  # ~2.3 million: the scan would take hours (extrapolated)
+    assert d.a + d.b * 544 * k + d.c * k <= 1000.0 < d.a + d.b * 544 * (k + 1) + d.c * (k + 1)
+    with pytest.raises(ValueError, match="does not grow"):
+        largest_batch(PhaseCoeffs(0.01, 0.0, 0.0), 544, 1.0)
