@@ -20,6 +20,10 @@ import numpy as np
 
 # float64 arrival times an array can hold at all (numpy: "Maximum allowed dimension exceeded")
 _MAX_ARRIVALS = np.iinfo(np.intp).max // 8
+# Smallest gamma shape (gap CV 10), as the control plane's profile jobs allow: below it numpy's gamma
+# draws underflow to exactly 0 more and more often (about half of them at 1e-3), piling arrivals onto
+# one instant, and near 1e-9 every draw is 0 and the arrival loop never leaves its window.
+MIN_GAMMA_SHAPE = 0.01
 
 
 def _check_rate_duration(rate: float, duration_s: float) -> None:
@@ -65,12 +69,12 @@ def gamma_arrivals(rate: float, duration_s: float, shape: float, rng: np.random.
     Args:
         rate: Mean arrival rate (requests/s).
         duration_s: Length of the window.
-        shape: Burstiness; CV of the gaps is 1 / sqrt(shape). Must be positive.
+        shape: Burstiness; CV of the gaps is 1 / sqrt(shape). At least MIN_GAMMA_SHAPE.
         rng: Seeded generator.
     """
     _check_rate_duration(rate, duration_s)
-    if not shape > 0 or math.isinf(shape):
-        raise ValueError(f"{shape=} must be a positive finite number")
+    if not shape >= MIN_GAMMA_SHAPE or math.isinf(shape):
+        raise ValueError(f"{shape=} must be a finite number >= {MIN_GAMMA_SHAPE} (gap CV <= 10)")
     scale = 1.0 / (rate * shape)
     return _renewal(lambda n: rng.gamma(shape, scale, size=n), rate, 0.0, duration_s)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.workload.arrivals import gamma_arrivals, on_off_arrivals, poisson_arrivals
+from serving.workload.arrivals import MIN_GAMMA_SHAPE, gamma_arrivals, on_off_arrivals, poisson_arrivals
 from serving.workload.datasets import get_length_dist
 from serving.workload.lengths import LengthDistribution
 from serving.workload.request import Request
@@ -122,7 +122,10 @@ def make_workload(
         if kind == "poisson":
             arrivals = poisson_arrivals(rate, duration_s, rng)
         elif kind == "gamma":
-            arrivals = gamma_arrivals(rate, duration_s, kw.get("burstiness", 0.5), rng)
+            shape = kw.get("burstiness", 0.5)
+            if not shape >= MIN_GAMMA_SHAPE or math.isinf(shape):  # named as the caller named it
+                raise ValueError(f"burstiness={shape} must be a finite number >= {MIN_GAMMA_SHAPE}")
+            arrivals = gamma_arrivals(rate, duration_s, shape, rng)
         else:
             burst_kw = {k: kw[k] for k in _KIND_KWARGS["burst"] if k in kw}
             arrivals = on_off_arrivals(rate, duration_s, rng, **burst_kw)

@@ -97,6 +97,12 @@ def test_it_validates_arrival_parameters() -> None:
         poisson_arrivals(0.0, 10.0, rng)
     with pytest.raises(ValueError, match="shape"):
         gamma_arrivals(1.0, 10.0, 0.0, rng)
+    # 1e-12 used to hang: every gamma draw underflowed to 0, so the arrivals never left t = 0
+    with pytest.raises(ValueError, match="shape=1e-12"):
+        gamma_arrivals(1.0, 10.0, 1e-12, rng)
+    with pytest.raises(ValueError, match="burstiness=1e-12"):
+        make_workload("gamma", 1.0, 10.0, burstiness=1e-12)
+    assert len(gamma_arrivals(10.0, 100.0, 0.01, rng)) > 0
     with pytest.raises(ValueError, match="burst_duration_s"):
         on_off_arrivals(1.0, 10.0, rng, burst_duration_s=90.0, period_s=60.0)
     with pytest.raises(ValueError, match="burst_factor"):
