@@ -33,7 +33,7 @@ from serving.sim.config import PREEMPTION_MODES, EngineConfig
 from serving.sim.engine import EngineSim
 from serving.sim.events import PEER_CAPACITY, TimedChange
 from serving.sim.report import render_report
-from serving.workload.datasets import available_length_dists
+from serving.workload.datasets import available_length_dists, get_length_dist
 from serving.workload.factory import WORKLOAD_KINDS, make_workload
 from serving.workload.request import Request
 
@@ -137,7 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             preemption_mode=a.preemption_mode,
             peer_capacity_bytes=int(a.peer_memory_gib * GIB),
         )
-        kw: dict[str, Any] = {"path": a.trace} if a.workload == "trace" else {}
+        kw: dict[str, Any] = {"path": a.trace}
+        if a.workload != "trace":
+            # Generated prompts are cut to the model's context window, as the dataset module does
+            # for its own window (LongBench truncates a document that exceeds it); without this a
+            # longbench run on llama-2-13b (4,096 tokens) simulated 8,700-token prompts.
+            window = min(get_model_config(a.model).max_context, get_length_dist(a.dataset).max_context)
+            kw = {"max_context": window}
         requests: list[Request] = make_workload(a.workload, a.rate, a.duration, a.dataset, a.seed, **kw)
         slo = SLO(a.ttft_slo_ms / 1e3, a.tbt_slo_ms / 1e3)
     except UnicodeDecodeError as exc:
@@ -179,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rate": a.rate, "duration_s": a.duration, "dataset": a.dataset, "seed": a.seed, "predict": a.predict,
         "ttft_slo_s": slo.ttft_s, "tbt_slo_s": slo.tbt_s, "preemption_mode": a.preemption_mode,
         "kv_blocks": blocks, "block_size": a.block_size, "max_num_batched_tokens": a.max_num_batched_tokens,
-        "max_num_seqs": a.max_num_seqs, "simulated_s": engine.now, "wall_s": wall,
+        "max_num_seqs": a.max_num_seqs, "max_context": kw.get("max_context"),
+        "simulated_s": engine.now, "wall_s": wall,
         "iterations": engine.stats.iterations, "rejected": engine.stats.rejected,
     }  # fmt: skip
     doc: dict[str, Any] = {k: (None if math.isnan(v) else v) for k, v in summary.items()}

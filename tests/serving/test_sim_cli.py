@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from serving.metrics.records import RequestRecord
 from serving.sim.cli import main
 from serving.sim.report import binned_percentiles, build_figure
+from serving.workload.request import Request
 
 REQUIRED = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "throughput_tokens_per_s", "attainment")
 
@@ -122,3 +124,24 @@ def test_a_reclaim_after_the_last_request_does_not_dilute_throughput(tmp_path: P
     late = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert late["run"]["simulated_s"] == 1000.0
     assert late["throughput_tokens_per_s"] == plain["throughput_tokens_per_s"] > 0
+
+
+def test_generated_prompts_fit_the_models_context_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # longbench prompts (~8,700 tokens) were simulated whole on llama-2-13b, whose window is 4,096.
+    import serving.sim.cli as cli
+
+    drawn: list[Request] = []
+    real = cli.make_workload
+
+    def capture(*args: Any, **kw: Any) -> list[Request]:
+        out = real(*args, **kw)
+        drawn.extend(out)
+        return out
+
+    monkeypatch.setattr(cli, "make_workload", capture)
+    argv = ["--model", "llama-2-13b", "--gpu", "a100", "--dataset", "longbench", "--rate", "0.5"]
+    assert main([*argv, "--duration", "20", "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    assert drawn and max(r.prompt_tokens + r.output_tokens for r in drawn) <= 4096
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["run"]["max_context"] == 4096
