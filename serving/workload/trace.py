@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import math
+import numbers
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,6 +92,13 @@ def load_trace(
     """
     if not time_scale > 0 or math.isinf(time_scale):
         raise ValueError(f"{time_scale=} must be a positive finite number")
+    # A negative or NaN limit used to read as "keep nothing" / "keep everything", silently.
+    if duration_s is not None and not duration_s >= 0:
+        raise ValueError(f"{duration_s=} must be >= 0")
+    if max_requests is not None and (
+        isinstance(max_requests, bool) or not isinstance(max_requests, numbers.Integral) or max_requests < 0
+    ):
+        raise ValueError(f"{max_requests=} must be an integer >= 0")
     path = Path(path)
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.reader(f)

@@ -282,3 +282,21 @@ def test_it_rejects_invalid_length_distributions() -> None:
         LengthDistribution("x", LogNormalLength(1.0, 0.5), LogNormalLength(1.0, 0.5), max_context=1)
     with pytest.raises(ValueError, match="sigma"):
         LogNormalLength(1.0, -0.1)
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"max_requests": -1}, "max_requests"),
+        ({"max_requests": 2.5}, "max_requests"),
+        ({"duration_s": -5.0}, "duration_s"),
+        ({"duration_s": float("nan")}, "duration_s"),
+    ],
+)
+def test_a_trace_refuses_a_negative_or_nan_limit(kw: dict[str, Any], named: str) -> None:
+    # They were taken: -1 requests or -5 s kept nothing, 2.5 requests kept 3, a NaN duration all.
+    with pytest.raises(ValueError, match=named):
+        load_trace(DATA / "trace_generic.csv", **kw)
+    if named == "max_requests":
+        with pytest.raises(ValueError, match=named):
+            make_workload("trace", None, 100.0, path=DATA / "trace_generic.csv", **kw)
