@@ -225,3 +225,36 @@ def test_pipeline_stages_add_their_memory_to_the_kv_cache() -> None:
     # 8 GPUs as 2-way TP x 4 stages hold as many KV tokens as 8-way TP (neither replicates a KV head)
     assert kv_capacity_tokens("llama-3-8b", "h100", 2, pp=4) == int(free // 131072)
     assert kv_capacity_tokens("llama-3-8b", "h100", 2, pp=4) == kv_capacity_tokens("llama-3-8b", "h100", 8)
+
+
+PRESETS = [
+    (m, g, tp)
+    for m, g in [("llama-3-8b", "h100"), ("llama-2-13b", "a100"), ("llama-3-70b", "h200")]
+    for tp in (1, 2, 4, 8)
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    preset=st.sampled_from([p for p in PRESETS if p[0] != "llama-3-70b" or p[2] >= 2]),
+    chunks=st.lists(st.integers(1, 8192), min_size=1, max_size=8),
+    contexts=st.lists(st.integers(1, 8192), min_size=1, max_size=64),
+    extra=st.integers(1, 4096),
+)
+def test_presets_cost_more_for_more_work_and_less_on_more_gpus(
+    preset: tuple[str, str, int], chunks: list[int], contexts: list[int], extra: int
+) -> None:
+    model, gpu, tp = preset
+    cost = get_preset(model, gpu, tp)
+    # positive, and growing with every token, chunk, context and sequence added
+    assert 0 < cost.prefill_time(chunks) < cost.prefill_time([*chunks[:-1], chunks[-1] + extra])
+    assert cost.prefill_time(chunks) < cost.prefill_time([*chunks, extra])
+    assert 0 < cost.decode_time(contexts) < cost.decode_time([*contexts[:-1], contexts[-1] + extra])
+    assert cost.decode_time(contexts) < cost.decode_time([*contexts, extra])
+    mixed = cost.iteration_time(chunks, contexts)
+    assert max(cost.prefill_time(chunks), cost.decode_time(contexts)) < mixed
+    # twice the GPUs never slows an iteration down
+    if tp < 8:
+        wider = get_preset(model, gpu, 2 * tp)
+        assert wider.prefill_time(chunks) < cost.prefill_time(chunks)
+        assert wider.decode_time(contexts) < cost.decode_time(contexts)
