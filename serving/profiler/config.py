@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serving.workload import get_length_dist, make_workload
+from serving.workload.arrivals import MIN_GAMMA_SHAPE
 from serving.workload.request import Request
 
 
@@ -76,6 +77,8 @@ class WorkloadSpec:
         if self.num_requests < 1:
             raise ValueError(f"{self.num_requests=} must be positive")
         _positive_finite("burstiness", self.burstiness)
+        if self.burstiness < MIN_GAMMA_SHAPE:  # caught here, not at the first probe's make_workload
+            raise ValueError(f"burstiness={self.burstiness} must be >= {MIN_GAMMA_SHAPE} (gap CV <= 10)")
         _positive_finite("burst_duration_s", self.burst_duration_s)
         get_length_dist(self.dataset)  # an unknown dataset fails here, listing the known ones
 

@@ -147,6 +147,8 @@ def test_it_rejects_a_bad_workload_or_config_up_front() -> None:
         WorkloadSpec(dataset="nosuchdata")
     with pytest.raises(ValueError, match="num_requests"):
         WorkloadSpec(num_requests=0)
+    with pytest.raises(ValueError, match="burstiness=1e-12"):  # hung the first probe's arrivals
+        WorkloadSpec(kind="gamma", burstiness=1e-12)
     with pytest.raises(ValueError, match="initial_rate"):
         ProfilerConfig(initial_rate=0.0)
     with pytest.raises(ValueError, match="safety_margin"):
