@@ -9,10 +9,10 @@ Two layouts are recognised by their header row:
             Session ID and Elapsed time columns is read the same way, by header name). Timestamps
             are seconds. Rows with 0 response tokens (failed requests) or 0 request tokens are
             SKIPPED, since they produce no work to schedule; other bad values raise as above.
-Header names are matched case-insensitively with spaces and dashes read as underscores; extra
-columns are ignored. Rows are ordered by (timestamp, line) and req_ids are assigned densely in that
-order. Timestamps are shifted so the first kept request arrives at 0 and then multiplied by
-`time_scale` (0.5 replays twice as fast).
+The file is UTF-8, with or without a byte-order mark. Header names are matched case-insensitively
+with spaces and dashes read as underscores; extra columns are ignored. Rows are ordered by
+(timestamp, line) and req_ids are assigned densely in that order. Timestamps are shifted so the
+first kept request arrives at 0 and then multiplied by `time_scale` (0.5 replays twice as fast).
 """
 
 from __future__ import annotations
@@ -100,7 +100,9 @@ def load_trace(
     ):
         raise ValueError(f"{max_requests=} must be an integer >= 0")
     path = Path(path)
-    with path.open(newline="", encoding="utf-8") as f:
+    # utf-8-sig: a spreadsheet's "CSV UTF-8" export starts with a byte-order mark, which utf-8 kept
+    # in the first header name ('\ufefftimestamp'), so the header matched neither layout.
+    with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         try:
             return _read(reader, str(path), time_scale, duration_s, max_requests)

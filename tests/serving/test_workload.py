@@ -300,3 +300,11 @@ def test_a_trace_refuses_a_negative_or_nan_limit(kw: dict[str, Any], named: str)
     if named == "max_requests":
         with pytest.raises(ValueError, match=named):
             make_workload("trace", None, 100.0, path=DATA / "trace_generic.csv", **kw)
+
+
+def test_it_reads_a_trace_saved_with_a_byte_order_mark(tmp_path: Path) -> None:
+    # Spreadsheets export "CSV UTF-8" with a BOM; its header was refused as matching no layout.
+    p = tmp_path / "excel.csv"
+    p.write_bytes(b"\xef\xbb\xbftimestamp,input_tokens,output_tokens\r\n0,10,5\r\n1,20,3\r\n")
+    got = [(r.arrival, r.prompt_tokens, r.output_tokens) for r in load_trace(p)]
+    assert got == [(0.0, 10, 5), (1.0, 20, 3)]
