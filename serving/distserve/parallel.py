@@ -29,7 +29,17 @@ from serving.costmodel import CostModel, Link, PhaseCoeffs, get_gpu, get_model_c
 from serving.costmodel.presets import derive_cost_model, fits
 from serving.costmodel.transfer import NVLINK3, nvlink
 
-__all__ = ["IB_HDR", "NVLINK3", "LaneModel", "Parallelism", "feasible", "lane_model", "nvlink"]
+__all__ = [
+    "IB_HDR",
+    "NVLINK3",
+    "LaneModel",
+    "Parallelism",
+    "feasible",
+    "infeasibility",
+    "lane_model",
+    "nvlink",
+]
+
 # InfiniBand HDR: 200 Gb/s = 25 GB/s per NIC and direction (one NIC per GPU pair on DGX A100).
 IB_HDR = Link("ib-hdr200", 25e9, 5e-6)
 
@@ -70,14 +80,25 @@ class LaneModel:
     kv_tokens_per_lane: int
 
 
+def infeasibility(model: str, gpu: str, par: Parallelism) -> str | None:
+    """Why an instance of `par` cannot run `model` on `gpu` GPUs, or None when it can."""
+    mc = get_model_config(model)
+    if mc.num_heads % par.tp:
+        return f"tp {par.tp} does not divide its {mc.num_heads} attention heads"
+    if mc.num_layers % par.pp:
+        return f"pp {par.pp} does not divide its {mc.num_layers} layers into equal stages"
+    stage = replace(mc, num_layers=mc.num_layers // par.pp, num_params=mc.num_params // par.pp)
+    if not fits(stage, get_gpu(gpu), par.tp):
+        return f"a stage's weights ({stage.weight_bytes() / 1e9:.1f} GB) do not fit {par.tp} GPU(s)"
+    if kv_capacity_tokens(model, gpu, par.tp, pp=par.pp) <= 0:
+        return "no memory is left for the KV cache beside the weights"
+    return None
+
+
 def feasible(model: str, gpu: str, par: Parallelism) -> bool:
     """Whether tp divides the heads, the layers split evenly into pp stages, a stage's weights fit
     its tp GPUs and KV has room beside them."""
-    mc = get_model_config(model)
-    if mc.num_layers % par.pp or mc.num_heads % par.tp:
-        return False
-    stage = replace(mc, num_layers=mc.num_layers // par.pp, num_params=mc.num_params // par.pp)
-    return fits(stage, get_gpu(gpu), par.tp) and kv_capacity_tokens(model, gpu, par.tp, pp=par.pp) > 0
+    return infeasibility(model, gpu, par) is None
 
 
 def lane_model(model: str, gpu: str, par: Parallelism, stage_link: Link | None = None) -> LaneModel:
@@ -89,8 +110,9 @@ def lane_model(model: str, gpu: str, par: Parallelism, stage_link: Link | None =
     Raises:
         ValueError: The configuration is not `feasible`.
     """
-    if not feasible(model, gpu, par):
-        raise ValueError(f"{model} on {par.tp} x {par.pp} {gpu} GPUs is not feasible")
+    why = infeasibility(model, gpu, par)
+    if why is not None:
+        raise ValueError(f"{model} on {par.tp} x {par.pp} {gpu} GPUs is not feasible: {why}")
     if stage_link is None:
         stage_link = nvlink(gpu)
     mc = get_model_config(model)

@@ -286,3 +286,18 @@ def test_the_oracle_names_a_workload_with_no_requests() -> None:
     oracle = PhaseOracle(MODEL, GPU, lambda r: [], 0.4, 0.04)
     with pytest.raises(ValueError, match="no requests"):
         oracle.prefill(Parallelism(1, 1), NVLINK3)
+
+
+@pytest.mark.parametrize(
+    ("model", "par", "why"),
+    [
+        ("llama-2-13b", Parallelism(3, 1), "tp 3 does not divide its 40 attention heads"),
+        ("llama-2-13b", Parallelism(1, 3), "pp 3 does not divide its 40 layers"),
+        ("llama-2-13b", Parallelism(1, 41), "pp 41 does not divide its 40 layers"),  # PP > layers
+        ("llama-3-70b", Parallelism(1, 1), "do not fit 1 GPU"),
+    ],
+)
+def test_an_infeasible_instance_is_refused_saying_why(model: str, par: Parallelism, why: str) -> None:
+    # The message was "... is not feasible", naming neither the heads, the layers nor the memory.
+    with pytest.raises(ValueError, match=why):
+        lane_model(model, GPU, par)
