@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 
@@ -40,3 +41,27 @@ def loads(text: str | bytes) -> Any:
             or an integer of more digits than int() reads (4300); RecursionError: nested too deep.
     """
     return _DECODER.decode(text.decode() if isinstance(text, bytes) else text)
+
+
+# A surrogate code point (U+D800 to U+DFFF) in a decoded string: JSON's "\ud800" escape without
+# its pair decodes to one (a pair decodes to the one character it encodes). No UTF-8 text holds
+# one: PostgreSQL refuses it (in text and jsonb), and encoding a response that echoes it fails.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """A lone surrogate of a decoded JSON value (in a key or a string, at any depth) as its escape
+    (``"\\ud800"``), or None when it has none."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found:
+                return f"\\u{ord(found.group()):04x}"
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None

@@ -54,7 +54,7 @@ class JsonInputError(ValueError):
 def _json_field(field: str, text: str) -> Any:
     """``text`` read as strict JSON (as the API's parser reads a body); `JsonInputError` otherwise."""
     try:
-        return strict.loads(text)
+        value = strict.loads(text)
     except json.JSONDecodeError as exc:
         raise JsonInputError(
             field, f"Not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
@@ -68,6 +68,10 @@ def _json_field(field: str, text: str) -> Any:
         raise JsonInputError(field, "A number in it has too many digits.") from None
     except RecursionError:
         raise JsonInputError(field, "Nested too deeply.") from None
+    surrogate = strict.lone_surrogate(value)
+    if surrogate is not None:  # the API's parser refuses it too: no text holds one
+        raise JsonInputError(field, f"A lone surrogate {surrogate} (half of a UTF-16 pair) is no text.")
+    return value
 
 
 def model_data(post: QueryDict, skip: frozenset[str] = frozenset(), editing: bool = False) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -116,6 +117,13 @@ def validate_engine_options(value: Any) -> None:
     """Engine options are a JSON object of the known options (ENGINE_OPTIONS), each of its type."""
     if not isinstance(value, dict):
         raise ValidationError("Engine options must be a JSON object.")
+    # Checked first: PostgreSQL's jsonb refuses both (saving them was a 500), and the messages
+    # below name the keys as given, which a response could not encode with a lone surrogate.
+    if _holds_unstorable(value):
+        raise ValidationError(
+            "Engine options must not contain a NUL character (\\u0000) or a lone surrogate "
+            "(\\ud800 to \\udfff, half of a UTF-16 pair) in a key or string."
+        )
     unknown = sorted(str(key) for key in value if key not in ENGINE_OPTIONS)
     if unknown:
         raise ValidationError(
@@ -128,17 +136,22 @@ def validate_engine_options(value: Any) -> None:
             errors.append(f"{key} must be {expected}, not {option!r}.")
     if errors:
         raise ValidationError(" ".join(errors))
-    if _holds_nul(value):  # PostgreSQL's jsonb cannot store \u0000: saving it would fail (a 500)
-        raise ValidationError("Engine options must not contain a NUL character (\\u0000) in a key or string.")
 
 
-def _holds_nul(value: Any) -> bool:
-    """Whether a JSON value has a string (a key or a value, at any depth) holding a NUL."""
+# What no jsonb string can hold: NUL, and a surrogate code point. JSON's "\ud800" escape without
+# its pair decodes to one (a pair decodes to the one character it encodes); PostgreSQL refuses it
+# ("Unicode low surrogate must follow a high surrogate"), and SQLite stored it.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _holds_unstorable(value: Any) -> bool:
+    """Whether a JSON value has a string (a key or a value, at any depth) holding a NUL or a
+    lone surrogate (`_UNSTORABLE`)."""
     pending = [value]
     while pending:
         item = pending.pop()
         if isinstance(item, str):
-            if "\x00" in item:
+            if _UNSTORABLE.search(item):
                 return True
         elif isinstance(item, dict):
             pending.extend(item.keys())

@@ -190,3 +190,15 @@ def test_it_bounds_the_context_length_below_what_any_database_column_holds(
     with pytest.raises(ModelValidationError) as raised:
         model.full_clean()
     assert set(raised.value.message_dict) == {"max_context_length"}
+
+
+def test_engine_options_holding_a_lone_surrogate_are_refused_without_echoing_it(
+    model_payload: dict[str, Any],
+) -> None:
+    """The model field's check (the Django admin's form; the API's parser refuses them first):
+    jsonb cannot store one, and a message naming the unknown key could not be encoded."""
+    model = ServedModel(**{**model_payload, "engine_options": {"\ud800": 1, "aqua_options": {"k": "\udc00"}}})
+    with pytest.raises(ModelValidationError) as raised:
+        model.full_clean()
+    [message] = raised.value.message_dict["engine_options"]
+    assert "lone surrogate" in message and "\ud800" not in message

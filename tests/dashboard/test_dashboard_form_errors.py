@@ -132,6 +132,10 @@ def test_a_profile_job_refused_when_stored_shows_the_form_again(
         ('{"aqua_options": {"x": NaN}}', "Not a finite JSON number: NaN (JSON has no NaN or Infinity)."),
         ('{"aqua_options": {"x": 1e400}}', "Not a finite JSON number: 1e400 (JSON has no NaN or Infinity)."),
         ("-Infinity", "Not a finite JSON number: -Infinity (JSON has no NaN or Infinity)."),
+        # Half of a UTF-16 pair: PostgreSQL's jsonb refused to store it (a 500), and an unknown
+        # option's name holding one could not be encoded in the page naming it (a 500 on SQLite too).
+        ('{"extra_args": ["\\ud800"]}', "A lone surrogate \\ud800 (half of a UTF-16 pair) is no text."),
+        ('{"\\udfff": 1}', "A lone surrogate \\udfff (half of a UTF-16 pair) is no text."),
     ],
 )
 def test_a_json_textarea_python_reads_but_json_does_not_is_a_field_error(

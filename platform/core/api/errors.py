@@ -3,6 +3,9 @@ in JSON with a status that says what went wrong.
 
 * JSON nested deeper than Python's recursion limit: json raises RecursionError, not ValueError,
   so DRF's parser lets it escape (a 500). Here it is a 400 like any other malformed body.
+* JSON holding a lone surrogate escape (``"\\ud800"`` without its pair): a string no UTF-8 text
+  holds. Stored, PostgreSQL refused it (a 500); echoed in a field error (an unknown field's name,
+  a choice), the response could not be encoded (a 500). Here it is a 400 naming the escape.
 * A body over DATA_UPLOAD_MAX_MEMORY_SIZE: Django raises RequestDataTooBig when the body is read,
   and its handler answers an empty HTML 400. Here it is a 413 naming the limit.
 * Deleting a row that protected foreign keys still point at (a model with deployments, say):
@@ -26,17 +29,25 @@ from rest_framework import parsers, status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.response import Response
 
+from core.strict_json import lone_surrogate
 from core.unavailable import RETRY_AFTER_S, BrokerUnavailable, backing_service_unavailable
 
 
 class JSONParser(parsers.JSONParser):
-    """DRF's JSON parser; a body nested too deeply to parse is a ParseError (400)."""
+    """DRF's JSON parser; a body nested too deeply to parse, or holding a lone surrogate, is a
+    ParseError (400)."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         try:
-            return super().parse(stream, media_type, parser_context)
+            data = super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError("JSON parse error - nested too deeply") from None
+        surrogate = lone_surrogate(data)
+        if surrogate is not None:
+            raise ParseError(
+                f"JSON parse error - a lone surrogate {surrogate} (half of a UTF-16 pair) is no text"
+            )
+        return data
 
 
 class PayloadTooLarge(APIException):
