@@ -47,6 +47,15 @@ def test_it_lists_hosts_with_their_devices(viewer_client: APIClient, gpu_host: H
     assert viewer_client.get("/api/v1/devices/", {"host": "other"}).data["results"] == []
 
 
+def test_a_host_filter_holding_a_nul_is_a_400_naming_it(viewer_client: APIClient, gpu_host: Host) -> None:
+    # PostgreSQL text cannot hold NUL: the lookup was a 500 (DataError) there.
+    for value in ("\x00", "gpu-a\x00"):
+        response = viewer_client.get("/api/v1/devices/", {"host": value})
+        assert response.status_code == 400, response.content
+        assert response.json() == {"host": ["Null characters are not allowed."]}
+    assert viewer_client.get("/api/v1/devices/?host=gpu-a%00").status_code == 400
+
+
 def test_it_refuses_writes_to_hosts(
     admin_client: APIClient, viewer_client: APIClient, gpu_host: Host
 ) -> None:
