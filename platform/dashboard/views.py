@@ -18,7 +18,7 @@ from accounts.roles import is_admin, role_of
 from deployments.models import Deployment
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
@@ -157,6 +157,8 @@ def _model_form(request: HttpRequest, instance: ServedModel | None) -> HttpRespo
                 model = serializer.save()
             except ValidationError as exc:  # a concurrent request took the name since is_valid()
                 errors = forms.field_errors(exc.detail)
+            except ServedModel.DoesNotExist:  # an edit of a model deleted since it was read
+                raise Http404("No such model.") from None
             else:
                 return HttpResponseRedirect(reverse("dashboard:model-detail", args=[model.pk]))
         values = {name: request.POST.get(name, "") for name in forms.MODEL_FIELDS}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from inventory.models import Device, Host
 from registry.models import ServedModel
@@ -49,11 +49,42 @@ def check_placement(
         raise PlacementError("devices", f"Devices already used by: {', '.join(taken)}.")
 
 
-def _lock_host(host_id: int) -> None:
+def _lock_host(host_id: int) -> bool:
     """Serialise placements on one host until the transaction ends: the device check and the write
     must not interleave with another request's, or two deployments could take the same devices.
-    A row lock on PostgreSQL; on SQLite (the single-process development database) it does nothing."""
-    Host.objects.select_for_update().filter(pk=host_id).first()
+    A row lock on PostgreSQL; on SQLite (the single-process development database) it does nothing.
+    Returns whether the host still exists."""
+    return Host.objects.select_for_update().filter(pk=host_id).first() is not None
+
+
+def _hold_placement_rows(model: ServedModel, host: Host, devices: Sequence[Device]) -> None:
+    """Before a deployment of ``model`` is written onto ``devices`` of ``host`` (held by
+    `_lock_host`): raise ``PlacementError`` when one of them was deleted since the request read
+    it, and keep the model from being deleted until the transaction ends.
+
+    Writing the deployment anyway failed on its foreign keys (IntegrityError: a 500), or, on a
+    model deleted before this transaction began, reading its size did (DoesNotExist). The model
+    row is locked FOR KEY SHARE, as the insert's own foreign-key check would lock it, only
+    earlier: a model delete holding the row (``registry.models.lock_for_delete``) is waited for and
+    then seen; one that comes later waits for this deployment, and refuses to delete a model in
+    use (409). FOR KEY SHARE lets an edit of the model (FOR NO KEY UPDATE) go on. A device is
+    deleted by its host's agent registering without it, which holds the host's row first (the
+    ``Host`` update of ``agents.services.register``), or with its host, which ``Host.delete``
+    locks first: either committed before the host's lock here was granted, and is seen."""
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(ServedModel._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR KEY SHARE", [model.pk])
+            model_exists = cursor.fetchone() is not None
+    else:
+        model_exists = ServedModel.objects.filter(pk=model.pk).exists()
+    if not model_exists:
+        raise PlacementError("model", f"Model {model.name} was deleted meanwhile.")
+    ids = [device.pk for device in devices]
+    present = set(Device.objects.filter(pk__in=ids).values_list("pk", flat=True))
+    gone = sorted(device.uuid for device in devices if device.pk not in present)
+    if gone:
+        raise PlacementError("devices", f"Devices deleted meanwhile (by their agent): {', '.join(gone)}.")
 
 
 def _lock_all_hosts() -> None:
@@ -83,7 +114,9 @@ def _engine_spec(devices: list[int], settings: dict[str, Any]) -> dict[str, Any]
 def create_deployment(
     model: ServedModel, host: Host, devices: Sequence[Device], desired_state: str = DesiredState.RUNNING
 ) -> Deployment:
-    _lock_host(host.pk)
+    if not _lock_host(host.pk):
+        raise PlacementError("host", f"Host {host.name} was deleted meanwhile.")
+    _hold_placement_rows(model, host, devices)
     # Read under the host lock: a tensor-parallel size edit holds every host until it commits.
     model.refresh_from_db(fields=["tensor_parallel_size"])
     check_placement(model, host, devices)
@@ -114,6 +147,8 @@ def update_deployment(
     if devices is not None or deployment.desired_state == DesiredState.RUNNING:
         chosen = list(devices) if devices is not None else list(deployment.devices.order_by("index"))
         model = ServedModel.objects.get(pk=deployment.model_id)  # as of now, under the host lock
+        if devices is not None:
+            _hold_placement_rows(model, deployment.host, chosen)
         check_placement(model, deployment.host, chosen, exclude=deployment)
         if devices is not None:
             before = sorted(deployment.devices.values_list("index", flat=True))

@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from core.secret_admin import IssuedSecretAdmin
-from inventory.models import AgentToken, Device, Host, lock_devices_for_delete
+from inventory.models import AgentToken, Device, Host, lock_devices_for_delete, lock_hosts_for_delete
 from inventory.services import agent_tokens_revoked
 
 
@@ -26,8 +26,9 @@ class HostAdmin(admin.ModelAdmin):
     inlines = [DeviceInline]
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
-        """The bulk delete locks the hosts' devices first, as ``Host.delete`` does."""
+        """The bulk delete locks the hosts, then their devices first, as ``Host.delete`` does."""
         with transaction.atomic():
+            lock_hosts_for_delete(queryset.values_list("pk", flat=True))
             lock_devices_for_delete(Device.objects.filter(host__in=queryset).values_list("pk", flat=True))
             super().delete_queryset(request, queryset)
 

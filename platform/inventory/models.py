@@ -51,8 +51,20 @@ class Host(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         with transaction.atomic():
+            lock_hosts_for_delete([self.pk])
             lock_devices_for_delete(Device.objects.filter(host=self).values_list("pk", flat=True))
             return super().delete(*args, **kwargs)
+
+
+def lock_hosts_for_delete(pks: Iterable[Any]) -> None:
+    """Lock these hosts' rows FOR UPDATE, in primary-key order, until the caller's transaction
+    ends, before a delete looks for the deployments that protect them. Placing a deployment holds
+    its host's row (``deployments.services.create_deployment``): one placed meanwhile is committed
+    first and refuses the delete (ProtectedError), and one placed later finds the host gone (a
+    400). Without it a deploy that took the host's row while the delete held the devices waited
+    for a device's row as the delete waited for the host's: PostgreSQL aborted the deploy as a
+    deadlock."""
+    list(Host.objects.select_for_update().filter(pk__in=list(pks)).order_by("pk").values_list("pk"))
 
 
 class Device(models.Model):

@@ -33,7 +33,9 @@ def update_served_model(model: ServedModel, changes: Mapping[str, Any]) -> Serve
     Raises:
         PlacementError: ``changes`` change the tensor-parallel size while deployments of the model
             run (`deployments.services.check_tensor_parallel_change`, checked under the locks);
-            nothing is saved."""
+            nothing is saved.
+        ServedModel.DoesNotExist: the model was deleted since ``model`` was read; nothing is saved
+            (the API answers 404, as for a model that never was)."""
     ServedModel.objects.select_for_update(no_key=True).filter(pk=model.pk).first()
     model.refresh_from_db()
     before = engine_settings(model)
