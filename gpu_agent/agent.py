@@ -293,7 +293,7 @@ class Agent:
             except Exception as exc:  # report, don't leave the control plane waiting
                 log.exception("Probe %s failed", frame.probe_id)
                 report = failed(frame, f"{type(exc).__name__}: {exc} ({self.name})")
-        if report.error is not None and "\x00" in report.error:
+        if report.error is not None and without_nul(report.error) != report.error:
             report = dataclasses.replace(report, error=without_nul(report.error))
         if target is not None:
             log.info("%s", probe_summary(report))
@@ -333,9 +333,10 @@ class Agent:
 
 
 def _clean_status(status: DeploymentStatus) -> DeploymentStatus:
-    """The status with NUL characters of its `error` (an engine's last log lines, which may hold
-    any byte) replaced: the control plane refuses a string with NUL, and the status with it."""
-    if status.error is None or "\x00" not in status.error:
+    """The status with NUL characters and lone surrogates of its `error` (an engine's last log
+    lines, which may hold any byte; an exception's message naming a file by its undecodable bytes)
+    replaced: the control plane refuses a string with either, and the status with it."""
+    if status.error is None or without_nul(status.error) == status.error:
         return status
     return dataclasses.replace(status, error=without_nul(status.error))
 

@@ -5,9 +5,11 @@ a decoder built once per class (see `_decoder`; telemetry frames arrive many tim
 `int` (never a bool), `float` (an int is accepted and widened), `str`, `bool`, `list[X]`,
 `dict[str, Any]` (any JSON object), `Literal[...]`, `X | None` and nested dataclasses. Unknown keys
 and missing required keys are errors. Integers must fit in a signed 64-bit integer, floats must
-be finite, and strings (and object keys) must not contain NUL (U+0000): the receiver stores them in
+be finite, and strings (and object keys) must not contain NUL (U+0000) or a lone surrogate (U+D800
+to U+DFFF, what JSON's "\\ud800" escape without its pair decodes to): the receiver stores them in
 database columns and builds datetimes from them, where such a value raises far from the parser (an
-`OverflowError` in the database driver; PostgreSQL refuses NUL in text and jsonb). Every
+`OverflowError` in the database driver; PostgreSQL refuses NUL in text and jsonb, and no UTF-8
+text, so no database, holds a lone surrogate: encoding it raised UnicodeEncodeError). Every
 error is a `ProtocolError` whose `field` is the dotted path of the offending value, e.g.
 ``devices[2].memory_total_bytes``.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -151,8 +154,9 @@ def _dict_decoder(item: Decoder) -> Decoder:
             raise ProtocolError("", "expected an object with string keys")
         out = {}
         for k, v in value.items():
-            if "\x00" in k:
-                raise ProtocolError("", NUL_REASON)
+            unfit = _unfit_text(k)
+            if unfit:
+                raise ProtocolError("", unfit)
             try:
                 out[k] = item(v)
             except ProtocolError as exc:
@@ -223,20 +227,33 @@ def _float(value: Any) -> float:
 
 
 NUL_REASON = "must not contain a NUL character (U+0000)"
+SURROGATE_REASON = "must not contain a lone surrogate (U+D800 to U+DFFF, half of a UTF-16 pair)"
+# What no frame's string may hold: NUL, and a surrogate code point (a pair decodes to the one
+# character it encodes, so one left in a decoded string is a lone half).
+_UNFIT = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unfit_text(value: str) -> str:
+    """Why ``value`` cannot be a string of a frame (`NUL_REASON`, `SURROGATE_REASON`), or ""."""
+    if _UNFIT.search(value) is None:
+        return ""
+    return NUL_REASON if "\x00" in value else SURROGATE_REASON
 
 
 def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise ProtocolError("", f"expected a string, got {type(value).__name__}")
-    if "\x00" in value:  # the message never echoes the value: it would carry the NUL back
-        raise ProtocolError("", NUL_REASON)
+    unfit = _unfit_text(value)
+    if unfit:  # the message never echoes the value: it would carry the character back
+        raise ProtocolError("", unfit)
     return value
 
 
 def without_nul(text: str) -> str:
-    """``text`` with every NUL replaced by U+FFFD, for text a sender takes from elsewhere (an
-    engine's log lines, an exception's message) before it puts it in a frame the peer would refuse."""
-    return text.replace("\x00", "\ufffd")
+    """``text`` with every NUL and lone surrogate replaced by U+FFFD, for text a sender takes from
+    elsewhere (an engine's log lines, an exception's message, which names a file by its bytes
+    decoded with surrogateescape) before it puts it in a frame the peer would refuse."""
+    return _UNFIT.sub("\ufffd", text)
 
 
 _SCALARS: dict[Any, Decoder] = {bool: _bool, int: _int, float: _float, str: _str}

@@ -15,6 +15,7 @@ from gpu_agent.protocol import (
     MAX_HEARTBEAT_INTERVAL_S,
     Command,
     DeploymentStatus,
+    LogTail,
     ProtocolError,
     Register,
     dumps,
@@ -72,6 +73,35 @@ def test_it_refuses_a_nul_character_in_any_string_of_an_agent_frame(
         parse_frame(json.loads(json.dumps(frame)), sender="agent")
     assert refused.value.field == field
     assert "NUL" in refused.value.reason and "\x00" not in str(refused.value)  # never echoed back
+
+
+@pytest.mark.parametrize(
+    ("frame", "field"),
+    [
+        (
+            {"v": 1, "type": "deployment_status", "deployment_id": "1", "state": "failed", "ts": 1.0}
+            | {"error": "no such file: /m/\udcff"},
+            "error",
+        ),
+        (register(devices=[{**REGISTER.to_dict()["devices"][0], "name": "H100\ud800"}]), "devices[0].name"),
+        ({"v": 1, "type": "log_tail", "deployment_id": "1", "lines": ["\udc80"]}, "lines[0]"),
+    ],
+)
+def test_it_refuses_a_lone_surrogate_in_any_string_of_an_agent_frame(
+    frame: dict[str, Any], field: str
+) -> None:
+    # JSON's "\ud800" escape without its pair: no UTF-8 text holds it, so storing it raised
+    # UnicodeEncodeError in the agent's consumer, which ended the link (1011).
+    with pytest.raises(ProtocolError) as refused:
+        parse_frame(json.loads(json.dumps(frame)), sender="agent")
+    assert refused.value.field == field
+    assert "lone surrogate" in refused.value.reason
+
+
+def test_a_surrogate_pair_is_the_character_it_encodes_and_stands() -> None:
+    frame = {"v": 1, "type": "log_tail", "deployment_id": "1", "lines": ["\ud83d\ude00"]}
+    parsed = parse_frame(json.loads(json.dumps(frame)), sender="agent")
+    assert isinstance(parsed, LogTail) and parsed.lines == ["\U0001f600"]
 
 
 def test_it_refuses_a_nul_character_in_an_object_key_and_never_echoes_it() -> None:
@@ -168,10 +198,15 @@ async def test_the_agent_replaces_nul_in_the_log_lines_and_status_errors_it_send
         await wait_for(lambda: agent.link.connected)
         await server.push(dumps(Command("c1", "tail_log", "d1", lines=10)))
         agent._statuses.put_nowait(DeploymentStatus("d9", "failed", 1.0, error="engine died: \x00\x01"))
-        await wait_for(lambda: server.of_type("log_tail") and server.of_type("deployment_status"))
+        # An OSError's message names a file by its undecodable bytes as lone surrogates.
+        bad_path = b"/models/\xff".decode(errors="surrogateescape")
+        agent._statuses.put_nowait(DeploymentStatus("d8", "failed", 1.0, error=f"no such file: {bad_path}"))
+        await wait_for(lambda: server.of_type("log_tail") and len(server.of_type("deployment_status")) >= 2)
     (tail,) = server.of_type("log_tail")
     assert tail["lines"] == ["starting", "binary \ufffd garbage"]
     status = next(s for s in server.of_type("deployment_status") if s["deployment_id"] == "d9")
     assert status["error"] == "engine died: \ufffd\x01"
-    for frame in (tail, status):  # what the control plane accepts
+    named = next(s for s in server.of_type("deployment_status") if s["deployment_id"] == "d8")
+    assert named["error"] == "no such file: /models/\ufffd"
+    for frame in (tail, status, named):  # what the control plane accepts
         parse_frame(frame, sender="agent")

@@ -4,6 +4,7 @@ a `probe_result` the database refuses. A refused `probe_result` fails the probe 
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,11 +13,13 @@ import pytest_asyncio
 from agents import consumers
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from deployments.models import Deployment
 from django.db import DataError
 from django.test import override_settings
 from inventory.models import Device, Host
 from planning.models import ProbeRequest, ProbeStatus
 from planning.relay import store_probe_result
+from registry.models import ServedModel
 
 from config.asgi import application
 from gpu_agent.protocol import ProbeReport
@@ -92,6 +95,29 @@ async def test_a_nul_character_in_a_registered_device_is_refused_before_the_data
         Device.objects.order_by("index").values_list("name", flat=True)
     )
     assert names == ["NVIDIA H100", "NVIDIA H100"]  # the first registration's, untouched
+    await still_up(link)
+
+
+async def test_a_lone_surrogate_in_a_status_or_a_device_is_answered_and_keeps_the_link(
+    agent_host: AgentHost, link: WebsocketCommunicator, served_model: ServedModel
+) -> None:
+    # JSON's "\ud800" escape without its pair: storing it raised UnicodeEncodeError (no UTF-8
+    # text holds it), which ended the link (1011); the agent re-sent the status on reconnecting.
+    deployment = await database_sync_to_async(Deployment.objects.create)(
+        model=served_model, host=agent_host.host, desired_state="stopped"
+    )
+    status = {"v": 1, "type": "deployment_status", "deployment_id": str(deployment.pk), "state": "failed"}
+    await link.send_json_to({**status, "ts": time.time(), "error": "no such file: /models/\udcff"})
+    answer = await link.receive_json_from(timeout=5)
+    assert (answer["type"], answer["code"], answer["field"]) == ("error", "bad_frame", "error")
+    assert "lone surrogate" in answer["message"]
+    frame = register_frame()
+    frame["devices"][1]["name"] = "NVIDIA\ud800H100"
+    await link.send_json_to(frame)
+    answer = await link.receive_json_from(timeout=5)
+    assert (answer["type"], answer["field"]) == ("error", "devices[1].name")
+    await deployment.arefresh_from_db()
+    assert (deployment.observed_state, deployment.observed_message) == ("pending", "")  # nothing stored
     await still_up(link)
 
 
