@@ -3,8 +3,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
 from core.secret_admin import IssuedSecretAdmin
@@ -12,9 +14,36 @@ from inventory.models import AgentToken, Device, Host, lock_devices_for_delete, 
 from inventory.services import agent_tokens_revoked
 
 
+class DeviceFormSet(BaseInlineFormSet):
+    def clean(self) -> None:
+        """Refuse deleting a device a deployment uses, as the agent's register keeps it: the
+        deployment's devices lost it silently (a running one was sent to its agent on fewer devices
+        than its tensor-parallel size, or, with none left, a desired list the link failed on)."""
+        super().clean()
+        for form in self.deleted_forms:
+            device = form.instance
+            if device.pk is None:
+                continue
+            used = sorted(device.deployments.values_list("pk", flat=True))
+            if used:
+                raise ValidationError(
+                    f"Device {device.index} ({device.uuid}) is used by deployment(s) "
+                    f"{', '.join(map(str, used))}: delete those first."
+                )
+
+
 class DeviceInline(admin.TabularInline):
+    """A host's devices, as its agent registered them: shown, not edited (the agent's next
+    register overwrites them, and a changed index or host moved a running deployment's engine
+    without its agent being told). A device no deployment uses may be deleted."""
+
     model = Device
+    formset = DeviceFormSet
     extra = 0
+    readonly_fields = ("index", "uuid", "name", "kind", "memory_total_bytes", "nvlink_peers")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # devices come from the host's agent
 
 
 @admin.register(Host)

@@ -90,8 +90,18 @@ class Device(models.Model):
         return f"{self.host.name}:{self.index} ({self.name})"
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        """Delete the device unless a deployment uses it (then ``ProtectedError``: deleting it
+        took it out of the deployment's devices). Its host's row is held first, as placing a
+        deployment holds it, so that a deployment placed meanwhile is seen."""
         with transaction.atomic():
+            lock_hosts_for_delete([self.host_id])
             lock_devices_for_delete([self.pk])
+            used = sorted(self.deployments.values_list("pk", flat=True))
+            if used:
+                raise models.ProtectedError(
+                    f"Device {self.pk} is used by deployment(s) {', '.join(map(str, used))}.",
+                    set(self.deployments.all()),
+                )
             return super().delete(*args, **kwargs)
 
 

@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 from accounts.models import User
+from deployments.services import create_deployment
+from django.db.models import ProtectedError
 from django.test import Client
-from inventory.models import AgentToken, Host, HostStatus
+from inventory.models import AgentToken, Device, Host, HostStatus
 from inventory.services import agent_tokens_revoked, authenticate_agent, issue_agent_token, register_host
+from registry.models import ServedModel
 
 
 @pytest.mark.django_db
@@ -56,3 +59,44 @@ def test_the_admin_cannot_move_an_agent_token_to_another_host_or_revive_it() -> 
     assert client.post(url, {}).status_code == 302  # un-ticking "revoked"
     assert AgentToken.objects.get(pk=issued.record.pk).revoked  # stays revoked
     assert client.get("/admin/inventory/agenttoken/add/").status_code == 403
+
+
+def inline_form(host: Host, delete: set[int]) -> dict[str, str]:
+    """The host's change form as the admin posts it, ticking "delete" for the devices in ``delete``."""
+    devices = list(host.devices.order_by("index"))
+    form = {"name": host.name, "address": host.address}
+    form |= {"devices-TOTAL_FORMS": str(len(devices)), "devices-INITIAL_FORMS": str(len(devices))}
+    for i, device in enumerate(devices):
+        form[f"devices-{i}-id"] = str(device.pk)
+        form[f"devices-{i}-host"] = str(host.pk)
+        if device.pk in delete:
+            form[f"devices-{i}-DELETE"] = "on"
+    return form
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_a_hosts_devices_and_deletes_only_those_no_deployment_uses() -> None:
+    host = register_host("gpu-a", "10.0.0.5")
+    used, spare = (
+        Device.objects.create(host=host, index=i, uuid=f"GPU-{i}", name="H100", memory_total_bytes=80 << 30)
+        for i in range(2)
+    )
+    model = ServedModel.objects.create(
+        name="m", source="/m", max_context_length=256, slo_ttft_p99_ms=1.0, slo_tbt_p99_ms=1.0
+    )
+    deployment = create_deployment(model, host, [used])
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="root-pw-8d1x"))
+    url = f"/admin/inventory/host/{host.pk}/change/"
+    html = client.get(url).content.decode()
+    assert 'name="devices-0-index"' not in html and 'name="devices-0-uuid"' not in html  # shown only
+    # Deleting it took it out of the running deployment: its agent was sent a spec with no devices.
+    refused = client.post(url, inline_form(host, {used.pk}))
+    assert refused.status_code == 200
+    assert f"is used by deployment(s) {deployment.pk}: delete those first." in refused.content.decode()
+    assert list(deployment.devices.all()) == [used]
+    assert client.post(url, inline_form(host, {spare.pk})).status_code == 302
+    assert list(Device.objects.filter(host=host)) == [used]
+    with pytest.raises(ProtectedError):  # the rule holds below the admin's form too
+        Device.objects.get(pk=used.pk).delete()
+    assert list(deployment.devices.all()) == [used]
