@@ -13,7 +13,9 @@ a CUDA IPC buffer on GPU I. Events go to stdout as JSON lines, flushed:
                                             a new one answers)
 
 SIGUSR1 (or --reclaim-after) starts the reclaim: request it, poll until every consumer allocation
-is freed, unlease, release the memory, exit 0. SIGTERM/SIGINT do the same. If consumers do not
+is freed, unlease, release the memory, exit 0. SIGTERM/SIGINT/SIGHUP do the same: a hang-up (the
+terminal or ssh session closed) reaches the whole process group, the multiprocessing resource
+tracker included, so nothing else would unlink the segment. If consumers do not
 give the region back within --reclaim-timeout the agent exits 3 anyway; its disconnect withdraws
 the region (consumers see it in pending_reclaims with withdrawn=True). A reclaim while nothing is
 lent (the coordinator is gone) exits 0 at once; one whose coordinator goes away midway exits 3.
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--call-timeout {args.call_timeout} must be positive")
 
     go = threading.Event()
-    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: go.set())
     try:
         agent = LenderAgent(

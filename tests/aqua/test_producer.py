@@ -139,3 +139,26 @@ def test_a_huge_cpu_region_is_refused_before_anything_is_leased(sock_path: str) 
     assert "Traceback" not in out.stderr and out.stdout == ""
     with AquaClient(sock_path) as client:
         assert client.stats()["regions"] == []
+
+
+@pytest.mark.usefixtures("server")
+def test_a_hang_up_of_its_process_group_unlinks_its_segment(sock_path: str) -> None:
+    # A closed terminal or ssh session sends SIGHUP to the whole process group, which kills the
+    # multiprocessing resource tracker too: only the producer itself can unlink the segment.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serving.aqua.producer", "--socket", sock_path, "--nbytes", "65536"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    leased = next_event(proc)
+    segment = os.path.join("/dev/shm", leased["handle"]["name"])
+    assert os.path.exists(segment)
+    try:
+        os.killpg(proc.pid, signal.SIGHUP)
+        assert proc.wait(10) == 0
+    finally:
+        if os.path.exists(segment):
+            os.unlink(segment)
+            pytest.fail(f"{segment} was left in /dev/shm")
