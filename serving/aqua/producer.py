@@ -29,6 +29,7 @@ not yet noticed the restart may still have the old memory mapped, so it is never
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -178,7 +179,16 @@ def _create_region(device: str, nbytes: int) -> Region:
 
 
 def _emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    """Print one event. Once stdout is gone (its reader exited, or a hang-up closed the terminal:
+    EPIPE, EIO) events are dropped: failing here would skip the reclaim, and with it the unlink."""
+    if sys.stdout is None:
+        return
+    try:
+        print(json.dumps({"event": event, **fields}), flush=True)
+    except OSError:
+        with contextlib.suppress(OSError):
+            sys.stdout.close()  # unflushed: the exit's flush would fail (and exit 120) again
+        sys.stdout = None
 
 
 def _seconds(text: str) -> float:

@@ -162,3 +162,28 @@ def test_a_hang_up_of_its_process_group_unlinks_its_segment(sock_path: str) -> N
         if os.path.exists(segment):
             os.unlink(segment)
             pytest.fail(f"{segment} was left in /dev/shm")
+
+
+@pytest.mark.usefixtures("server")
+def test_it_still_unlinks_its_segment_when_its_stdout_is_gone(sock_path: str) -> None:
+    # After a hang-up the terminal refuses writes (EIO), as a pipe whose reader exited does (EPIPE):
+    # the events cannot be printed, but the reclaim must still run to the unlink.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serving.aqua.producer", "--socket", sock_path, "--nbytes", "65536"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    leased = next_event(proc)
+    segment = os.path.join("/dev/shm", leased["handle"]["name"])
+    assert proc.stdout is not None
+    proc.stdout.close()
+    try:
+        os.killpg(proc.pid, signal.SIGHUP)
+        assert proc.wait(10) == 0
+    finally:
+        if os.path.exists(segment):
+            os.unlink(segment)
+            pytest.fail(f"{segment} was left in /dev/shm")
