@@ -95,3 +95,20 @@ def test_the_step_poll_makes_no_coordinator_call(
         assert store.poll() == ["req-1"] and calls == ["pending_reclaims"]
     finally:
         store.close()
+
+
+@pytest.mark.usefixtures("server")
+def test_an_allocation_beyond_the_attached_memory_is_given_back_not_raised(sock_path: str) -> None:
+    # A handle without "nbytes" lets a lease exceed its segment (the coordinator cannot know).
+    small = ShmRegion.create(4096)
+    handle = {k: v for k, v in small.handle().items() if k != "nbytes"}
+    producer = AquaClient(sock_path, name="producer")
+    producer.lease("producer", "cpu0", NBYTES, handle)
+    store = LentRegionStore(sock_path, "c1", NBYTES)
+    try:
+        assert store.reserve("req-1", 100) is None  # the next tier holds it
+        wait_until(lambda: producer.stats()["regions"][0]["allocations"] == 0, what="the free")
+    finally:
+        store.close()
+        producer.close()
+        small.close()

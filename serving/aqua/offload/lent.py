@@ -215,11 +215,24 @@ class LentRegionStore(KVStore):
             if alloc is None:
                 return None
             try:
-                return alloc, open_region(alloc.handle)
+                region = open_region(alloc.handle)
             except Exception as exc:
                 logger.warning("aqua: cannot attach lent region %s: %s", alloc.region_id, exc)
-                self._unattachable[alloc.region_id] = time.monotonic() + ATTACH_RETRY_S
-                self._frees.append((client, alloc))  # never attached: nothing to detach first
+            else:
+                # A handle that does not state its memory's size lets a lease exceed the memory:
+                # the coordinator cannot check it, so the piece is checked against what attached.
+                if alloc.end <= region.nbytes:
+                    return alloc, region
+                logger.warning(
+                    "aqua: lent region %s: allocation [%d, %d) exceeds its %d attached bytes",
+                    alloc.region_id,
+                    alloc.offset,
+                    alloc.end,
+                    region.nbytes,
+                )
+                region.close()
+            self._unattachable[alloc.region_id] = time.monotonic() + ATTACH_RETRY_S
+            self._frees.append((client, alloc))  # never used: nothing to detach first
         return None
 
     def _allocate(self, client: AquaClient, need: int, least: int) -> Allocation | None:
