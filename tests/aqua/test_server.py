@@ -239,6 +239,28 @@ def test_it_refuses_a_client_used_after_fork(server: CoordinatorServer, sock_pat
     client.close()
 
 
+def test_a_forked_child_does_not_keep_its_parents_session_open(
+    server: CoordinatorServer, sock_path: str
+) -> None:
+    lender = AquaClient(sock_path, name="lender")
+    lender.lease("p", "cpu0", 4096, SHM)
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child (a worker, a compile pool): outlives the lender, never uses its client
+        os.close(go_w)
+        os.read(go_r, 1)
+        os._exit(0 if not lender.connected() else 1)
+    os.close(go_r)
+    try:
+        with AquaClient(sock_path) as watcher:
+            lender.close()  # the lender is gone: its lease must be withdrawn now
+            wait_until(lambda: watcher.stats()["regions"] == [], timeout=3.0, what="the withdrawal")
+    finally:
+        os.close(go_w)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_it_fails_fast_with_a_typed_error_when_no_server_listens(sock_path: str) -> None:
     with pytest.raises(CoordinatorUnavailable):
         AquaClient(sock_path, connect_timeout=0.2)

@@ -3,7 +3,10 @@
 One client is one Unix-socket connection, i.e. one coordinator *session* (see
 `serving.aqua.coordinator.coordinator` for what a session owns and what its disconnect does).
 Threads may share a client: calls are serialised on the connection. A client must not be used
-across `fork()`: the child raises CoordinatorUnavailable and must open its own.
+across `fork()`: the child raises CoordinatorUnavailable and must open its own. The child's copy of
+every connection is closed as it starts: a forked child (a worker, a compile pool) outliving its
+parent would otherwise hold the parent's session open, its leases lendable and its allocations
+held, until the child exits.
 
 Primitives:
     producer:  lease, resize, unlease, request_reclaim, reclaim_status, wait_reclaimed
@@ -19,12 +22,14 @@ Never read lent data after it: fall back (recompute) instead.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -65,6 +70,7 @@ class AquaClient:
         self._sock = _connect(self.socket_path, connect_timeout)
         self._sock.settimeout(timeout)
         self._reader = self._sock.makefile("rb")
+        _CLIENTS.add(self)
         hello = self._call("hello", name=name, pid=self._pid)
         self.session: str = hello["session"]
 
@@ -204,6 +210,22 @@ class AquaClient:
             return reply.get("result")
         err = reply.get("error") or {}
         raise error_from_code(str(err.get("code")), str(err.get("message")))
+
+
+_CLIENTS: weakref.WeakSet[AquaClient] = weakref.WeakSet()
+
+
+def _close_in_child() -> None:
+    """In a forked child, close its copies of the parent's connections (the parent's stay open),
+    so that the parent's sessions end when the parent does. The lock may have been copied held by
+    a parent thread that does not exist here: each client gets a fresh one."""
+    for client in list(_CLIENTS):
+        client._lock = threading.Lock()
+        with contextlib.suppress(OSError):
+            os.close(client._sock.detach())
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 def _connect(path: str, timeout: float) -> socket.socket:
