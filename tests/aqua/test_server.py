@@ -261,6 +261,33 @@ def test_a_forked_child_does_not_keep_its_parents_session_open(
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def test_it_refuses_to_start_over_a_hung_server_whose_backlog_is_full(sock_path: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a hung server: never accepts
+    listener.bind(sock_path)
+    listener.listen(0)
+    queued: list[socket.socket] = []
+    try:
+        while True:  # fill its backlog
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.setblocking(False)
+            queued.append(conn)
+            try:
+                conn.connect(sock_path)
+            except BlockingIOError:
+                break
+        second = CoordinatorServer(sock_path)
+        with pytest.raises(RuntimeError, match="already listening"):
+            second.start(timeout=3.0)
+        assert second._thread is not None
+        second._thread.join(3.0)
+        assert not second._thread.is_alive()  # not left blocked in a connect
+        assert os.path.exists(sock_path)  # the live server's socket is kept
+    finally:
+        for conn in queued:
+            conn.close()
+        listener.close()
+
+
 def test_it_fails_fast_with_a_typed_error_when_no_server_listens(sock_path: str) -> None:
     with pytest.raises(CoordinatorUnavailable):
         AquaClient(sock_path, connect_timeout=0.2)

@@ -34,6 +34,8 @@ T = TypeVar("T")
 # At stop, how long connections may take to flush their last replies before they are cut (well
 # under the host agent's 2 s stop timeout).
 FLUSH_GRACE_S = 0.5
+# The longest the check for a live server on the socket path may take.
+PROBE_TIMEOUT_S = 1.0
 
 
 class CoordinatorServer:
@@ -275,8 +277,13 @@ def _claim_socket_path(path: str) -> None:
     if not stat.S_ISSOCK(mode):
         raise FileExistsError(f"{path} exists and is not a socket")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Not blocking: a blocking connect to a listener whose backlog is full (a hung server that
+    # accepts nothing) would hold this thread for ever; with a timeout it fails at once (EAGAIN).
+    probe.settimeout(PROBE_TIMEOUT_S)
     try:
         probe.connect(path)
+    except (BlockingIOError, TimeoutError):
+        raise FileExistsError(f"a coordinator is already listening on {path} (not accepting)") from None
     except OSError:
         os.unlink(path)  # nobody listening: a leftover
     else:
