@@ -356,10 +356,15 @@ def test_it_refuses_oversized_frames(server: CoordinatorServer, sock_path: str) 
         client.ping()  # refused before sending: the connection is intact
     raw = socket.socket(socket.AF_UNIX)
     raw.connect(sock_path)
-    raw.sendall(b"x" * (MAX_FRAME + 10) + b"\n")
     f = raw.makefile("rb")
+    lease = {"producer_id": "p1", "device": "cpu0", "nbytes": 10, "handle": SHM}
+    raw.sendall(encode({"id": 1, "op": "lease", "args": lease}))
+    region_id = decode(f.readline())["result"]
+    raw.sendall(b"x" * (MAX_FRAME + 10) + b"\n")
     assert decode(f.readline())["error"]["code"] == "ProtocolError"
-    assert f.readline() == b""  # and the server hangs up
+    # The oversized frame is dropped, not the session: its lease stands and it is still answered.
+    raw.sendall(encode({"id": 2, "op": "reclaim_status", "args": {"region_id": region_id}}))
+    assert decode(f.readline()) == {"id": 2, "ok": True, "result": "none"}
     raw.close()
 
 

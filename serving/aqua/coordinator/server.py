@@ -174,14 +174,14 @@ class CoordinatorServer:
         self._writers.add(writer)
         try:
             while True:
-                try:
-                    line = await reader.readline()
-                except (ValueError, asyncio.LimitOverrunError):
-                    writer.write(encode(_error_reply(None, ProtocolError("frame too long"))))
+                line = await _read_frame(reader)
+                if line is None:  # skipped: the session goes on, as after any bad frame
+                    reply = _error_reply(None, ProtocolError(f"frame exceeds the {MAX_FRAME}-byte limit"))
+                    writer.write(encode(reply))
+                elif not line:
                     break
-                if not line:
-                    break
-                writer.write(self._reply(session, line))
+                else:
+                    writer.write(self._reply(session, line))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -262,6 +262,26 @@ class CoordinatorServer:
 # What encoding a reply raises when it cannot be sent: over MAX_FRAME (ProtocolError), an int of
 # more than 4300 digits (ValueError), nested deeper than the recursion limit (RecursionError).
 _UNSENDABLE = (ProtocolError, ValueError, RecursionError)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes | None:
+    """The next frame's line (b"" at end of stream), or None for one over `MAX_FRAME` bytes, which
+    is read through its newline and dropped: ending the connection over it would end the session,
+    freeing its allocations and withdrawing its leases, over one bad request."""
+    try:
+        return await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:  # end of stream, perhaps after an unended frame
+        return exc.partial
+    except asyncio.LimitOverrunError:
+        pass
+    while True:
+        try:
+            await reader.readuntil(b"\n")
+            return None
+        except asyncio.LimitOverrunError as exc:  # left in the buffer: drop what it says is checked
+            await reader.readexactly(exc.consumed)
+        except asyncio.IncompleteReadError:
+            return b""
 
 
 def _error_reply(req_id: object, exc: CoordinatorError) -> dict[str, Any]:
