@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -286,6 +288,37 @@ def test_it_refuses_to_start_over_a_hung_server_whose_backlog_is_full(sock_path:
         for conn in queued:
             conn.close()
         listener.close()
+
+
+def test_something_else_on_the_path_is_no_coordinator_not_a_crash(sock_path: str) -> None:
+    from serving.aqua.coordinator.session import CoordinatorSession
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # another program on the path
+    listener.bind(sock_path)
+    listener.listen()
+    conns: list[socket.socket] = []
+
+    def answer_garbage() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn = listener.accept()[0]
+                conns.append(conn)
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.0 400 Bad Request\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(CoordinatorUnavailable, match="did not answer as a coordinator"):
+            AquaClient(sock_path, connect_timeout=0)
+        # The session (an engine's watcher thread, a lender) backs off instead of raising.
+        assert CoordinatorSession(sock_path).ensure() is None
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(5)
+        for conn in conns:
+            conn.close()
 
 
 def test_it_fails_fast_with_a_typed_error_when_no_server_listens(sock_path: str) -> None:

@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from serving.aqua.coordinator.errors import (
+    CoordinatorError,
     CoordinatorUnavailable,
     InsufficientMemory,
     ProtocolError,
@@ -71,8 +72,17 @@ class AquaClient:
         self._sock.settimeout(timeout)
         self._reader = self._sock.makefile("rb")
         _CLIENTS.add(self)
-        hello = self._call("hello", name=name, pid=self._pid)
-        self.session: str = hello["session"]
+        try:
+            hello = self._call("hello", name=name, pid=self._pid)
+            self.session: str = hello["session"]
+        except (CoordinatorError, KeyError, TypeError) as exc:
+            # Whatever answers on the path is no coordinator (another program, a bad reply): for
+            # the caller, as for `CoordinatorSession`'s backoff, that is no coordinator there.
+            self.close()
+            if isinstance(exc, CoordinatorUnavailable):
+                raise
+            what = f"{self.socket_path} did not answer as a coordinator"
+            raise CoordinatorUnavailable(f"{what}: {exc}") from exc
 
     # ----------------------------------------------------------------- producer
     def lease(self, producer_id: str, device: str, nbytes: int, handle: dict[str, Any]) -> str:
