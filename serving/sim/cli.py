@@ -162,11 +162,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         a.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         parser.error(f"--out {a.out}: cannot create it ({exc.strerror})")
+    # The arrival window: --duration for a generated workload; a trace's ends with its last arrival
+    # (--duration, 300 s by default, only cuts it), so a 10 s trace is not measured over 300 s.
+    window = a.duration if a.workload != "trace" else min(a.duration, requests[-1].arrival)
     changes = [] if a.reclaim_at is None else [TimedChange(a.reclaim_at, PEER_CAPACITY, 0, 0)]
     engine = EngineSim(cost, config, get_policy(a.policy))
     t0 = time.perf_counter()
     with tqdm(
-        total=round(a.duration), unit="sim-s", disable=a.no_progress, file=sys.stderr, desc=cost.name
+        total=round(window), unit="sim-s", disable=a.no_progress, file=sys.stderr, desc=cost.name
     ) as bar:
 
         def progress(now: float) -> None:
@@ -178,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     # The run ends with its last token, not at a later --reclaim-at the engine idled to apply.
     last_token = max((r.token_times[-1] for r in records if r.token_times), default=0.0)
-    span = max(last_token, a.duration)
+    # (A trace whose requests all arrive at 0 and are refused has no span: its throughput is 0.)
+    span = max(last_token, window) or a.duration
     summary = summarize(records, span, slo)
     run_info = {
         "model": a.model, "gpu": a.gpu, "tp": a.tp, "policy": a.policy, "workload": a.workload,

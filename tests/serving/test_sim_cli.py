@@ -145,3 +145,21 @@ def test_generated_prompts_fit_the_models_context_window(
     assert main([*argv, "--duration", "20", "--out", str(tmp_path / "o"), "--no-progress"]) == 0
     assert drawn and max(r.prompt_tokens + r.output_tokens for r in drawn) <= 4096
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["run"]["max_context"] == 4096
+
+
+def test_a_trace_is_measured_over_its_own_span_not_the_default_duration(tmp_path: Path) -> None:
+    # 40 requests over 10 s replayed with the default --duration (300 s): throughput was divided by
+    # 300 s instead of the ~11 s the run took (measured 16.4 instead of 442.5 tokens/s).
+    trace = tmp_path / "t.csv"
+    rows = [f"{0.25 * i:.2f},{100 + 7 * i},{50 + 3 * i}" for i in range(40)]
+    trace.write_text("timestamp,input_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    base = ["--workload", "trace", "--trace", str(trace), "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0
+    assert main([*base, "--duration", "20", "--out", str(tmp_path / "b")]) == 0
+    default = json.loads((tmp_path / "a" / "summary.json").read_text())
+    covering = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert default["finished"] == covering["finished"] == 40
+    tokens = sum(50 + 3 * i for i in range(40))
+    # every token was emitted by the end of the simulated run, and none after it
+    assert default["throughput_tokens_per_s"] >= tokens / default["run"]["simulated_s"]
+    assert default["throughput_tokens_per_s"] == covering["throughput_tokens_per_s"]
