@@ -114,6 +114,9 @@ class EngineSim:
             while ei < ne and evs[ei].time <= now:
                 self._apply(evs[ei])
                 cap_tokens = self.kv.total * self.kv.block_size
+                # V0's watermark grows with the cache: a sequence fitting only under the old one
+                # would wait for ever (the engine stalled) once the cache grew.
+                wm_tokens = watermark_blocks(self.kv.total) * self.kv.block_size if self._v0 else 0
                 ei += 1
             while ai < na and reqs[ai].arrival_time <= now:
                 r = reqs[ai]

@@ -9,6 +9,7 @@ import pytest
 
 from serving.metrics.records import RequestRecord
 from serving.sim.config import EngineConfig
+from serving.sim.events import KV_GROW, TimedChange
 from serving.workload.request import Request
 from tests.serving.conftest import make_cost, make_engine, make_requests
 
@@ -57,6 +58,15 @@ def test_it_refuses_a_sequence_that_only_fits_below_the_watermark() -> None:
     engine = make_engine(scheduler="v0", num_kv_blocks=200, max_num_batched_tokens=4096)
     (rec,) = engine.run([Request(0, 0.0, 199 * 16, 1)])
     assert not rec.token_times and engine.stats.rejected == 1
+
+
+def test_the_watermark_follows_a_grown_cache() -> None:
+    # 100 blocks (watermark 1) grow to 200 (watermark 2): a 199-block prompt fits below the old
+    # watermark only. It was accepted and waited for ever: RuntimeError "engine stalled".
+    engine = make_engine(scheduler="v0", num_kv_blocks=100, block_size=1, max_num_batched_tokens=512)
+    grow = TimedChange(0.0, KV_GROW, 0, 100)
+    too_long, fits = engine.run([Request(0, 0.0, 199, 1), Request(1, 0.0, 198, 1)], changes=[grow])
+    assert not too_long.token_times and fits.finished and engine.stats.rejected == 1
 
 
 def test_it_preempts_by_recompute_and_still_finishes_everything() -> None:
