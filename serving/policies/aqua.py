@@ -43,10 +43,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from serving.policies.base import (
+    IdKey,
     R,
     SchedContext,
     SchedRequest,
     SchedulingPolicy,
+    id_key,
     kv_blocks_freed_by_preemption,
     kv_blocks_taken_by_admission,
 )
@@ -59,8 +61,8 @@ def service(r: SchedRequest) -> int:
     return (r.num_prompt_tokens if generated > 0 else r.num_computed_prompt_tokens) + generated
 
 
-def _key(r: SchedRequest) -> tuple[int, float, str]:
-    return (service(r), r.arrival_time, str(r.req_id))
+def _key(r: SchedRequest) -> tuple[int, float, IdKey]:
+    return (service(r), r.arrival_time, id_key(r.req_id))
 
 
 def _blocks(tokens: int, ctx: SchedContext) -> int:

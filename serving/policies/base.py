@@ -117,6 +117,18 @@ class SchedContext:
     max_running: int
 
 
+IdKey = tuple[int, int | str]
+
+
+def id_key(req_id: Hashable) -> IdKey:
+    """A request id as the last tie-breaker of an order: integers (the simulator's dense ids, in
+    arrival order) by value, any other id (vLLM's strings) by its text. Comparing str(req_id) alone
+    put request 10 before request 2 among requests that arrived at the same time."""
+    if isinstance(req_id, int) and not isinstance(req_id, bool):
+        return (0, req_id)
+    return (1, str(req_id))
+
+
 def kv_blocks_freed_by_preemption(
     r: SchedRequest, preempted: Sequence[SchedRequest], ctx: SchedContext
 ) -> int:

@@ -54,7 +54,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from serving.costmodel.model import CostModel
-from serving.policies.base import R, SchedContext, SchedRequest, SchedulingPolicy
+from serving.policies.base import IdKey, R, SchedContext, SchedRequest, SchedulingPolicy, id_key
 from serving.policies.registry import register_policy
 from serving.predictor.model import DEFAULT_BUCKET_EDGES, bucket_of
 
@@ -158,14 +158,14 @@ class EcoServePolicy(SchedulingPolicy):
     def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         now = ctx.now
 
-        def key(r: R) -> tuple[int, int, float, int, float, str]:
+        def key(r: R) -> tuple[int, int, float, int, float, IdKey]:
             if r.num_output_tokens > 0:  # a preempted GT: TTFT is behind it, its TPOT is at stake
-                return (0, 0, 0.0, 0, r.arrival_time, str(r.req_id))
+                return (0, 0, 0.0, 0, r.arrival_time, id_key(r.req_id))
             slack = self.ttft_slack(r, now)
             if slack < 0:
-                return (2, 0, 0.0, 0, r.arrival_time, str(r.req_id))
+                return (2, 0, 0.0, 0, r.arrival_time, id_key(r.req_id))
             bucket = bucket_of(self.predicted_output(r), self.bucket_edges)
-            return (1, bucket, slack, r.num_prompt_tokens, r.arrival_time, str(r.req_id))
+            return (1, bucket, slack, r.num_prompt_tokens, r.arrival_time, id_key(r.req_id))
 
         return sorted(waiting, key=key)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from serving.policies.base import R, SchedContext, SchedulingPolicy
+from serving.policies.base import R, SchedContext, SchedulingPolicy, id_key
 from serving.policies.registry import register_policy
 
 
@@ -18,7 +18,7 @@ class FCFSPolicy(SchedulingPolicy):
 
     def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         # Preempted requests keep their original arrival time and so go back to the front.
-        return sorted(waiting, key=lambda r: (r.arrival_time, str(r.req_id)))
+        return sorted(waiting, key=lambda r: (r.arrival_time, id_key(r.req_id)))
 
     def order_running(self, running: Sequence[R], ctx: SchedContext) -> list[R]:
         return sorted(running, key=lambda r: r.admission_seq)

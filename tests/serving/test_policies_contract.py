@@ -12,6 +12,7 @@ import random
 import pytest
 
 from serving.policies import SchedContext, available_policies, get_policy
+from serving.policies.base import id_key
 from serving.sim.state import RUNNING, SimRequest
 from serving.workload.request import Request
 from tests.serving.conftest import make_engine, make_requests
@@ -116,6 +117,21 @@ def test_fcfs_puts_a_preempted_request_back_ahead_of_later_arrivals() -> None:
     assert b.preemptions == 1 and b.token_times[4] < c.arrival < a.token_times[-1]
     assert c.token_times[0] > a.token_times[-1]
     assert c.token_times[0] >= b.token_times[5]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_requests_arriving_together_are_served_in_id_order(name: str) -> None:
+    # Twelve identical requests at t=0, one at a time: every policy served 0, 1, 10, 11, 2, ... (ids
+    # compared as text), so request 2 waited behind requests 10 and 11 that came with it.
+    engine = make_engine(name, max_num_seqs=1)
+    recs = engine.run([Request(i, 0.0, 100, 5) for i in range(12)])
+    assert [r.req_id for r in sorted(recs, key=lambda r: r.token_times[0])] == list(range(12))
+
+
+def test_non_integer_ids_are_ordered_by_their_text() -> None:
+    # vLLM's request ids are strings; they keep the text order (and never compare with an int).
+    assert sorted(["b", "a10", "a2"], key=id_key) == ["a10", "a2", "b"]
+    assert sorted([10, "x", 2], key=id_key) == [2, 10, "x"]
 
 
 @pytest.mark.parametrize("name", POLICIES)
