@@ -48,14 +48,20 @@ def decode_run(engine: EngineSim, stop_time: float) -> int:
     limit = min(r.target_output_tokens - r.num_output_tokens for r in running)
     if limit <= 0 or n > engine.config.max_num_batched_tokens:
         return 0
-    allocs = [0] * bs  # allocs[(j - 1) % bs]: blocks the batch allocates at iteration j
+    # allocs[(j - 1) % bs]: blocks the batch allocates at iteration j. The run has at most `limit`
+    # iterations, so a list of min(bs, limit) covers them (a list of bs entries took a block size of
+    # 10**20 tokens: OverflowError, or gigabytes for 10**9).
+    size = min(bs, limit)
+    allocs = [0] * size
     total_ctx = 0
     for r in running:
         seq = r.num_prompt_tokens + r.num_output_tokens
         if r.computed != seq - 1 or not r.num_output_tokens:
             return 0  # mid-prefill: not a decode-only batch
         total_ctx += seq
-        allocs[r.blocks * bs - seq + 1] += 1
+        first = r.blocks * bs - seq + 1  # (its first allocation is at iteration first + 1)
+        if first < size:
+            allocs[first] += 1
     d = engine.cost.decode
     a, b, c = d.a, d.b, d.c
     free = engine.kv.free

@@ -103,6 +103,18 @@ def test_it_fast_forwards_to_exactly_the_stepped_result(mode: str) -> None:
     ]
 
 
+def test_it_fast_forwards_with_a_block_larger_than_any_sequence() -> None:
+    # Fast forward kept one counter per token of a block: a block of 10**20 tokens raised
+    # OverflowError ("cannot fit 'int' into an index-sized integer").
+    reqs = make_requests(40, rate=20, seed=3)
+    base = EngineConfig(block_size=10**20, num_kv_blocks=1)
+    fast = make_engine(**dataclasses.asdict(base))
+    slow = make_engine(**{**dataclasses.asdict(base), "fast_forward": False})
+    a, b = fast.run(reqs), slow.run(reqs)
+    assert fast.stats.fast_forwarded_iterations > 0
+    assert [r.token_times for r in a] == [r.token_times for r in b] and all(r.finished for r in a)
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
