@@ -106,6 +106,8 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--gpu-memory-utilization {a.gpu_memory_utilization} must be in (0, 1]")
     if a.peer_memory_gib and a.preemption_mode != "offload_peer":
         p.error(f"--peer-memory-gib {a.peer_memory_gib} needs --preemption-mode offload_peer")
+    if math.isinf(a.peer_memory_gib * GIB):  # 1e300 GiB is no byte count (int() of inf raised)
+        p.error(f"--peer-memory-gib {a.peer_memory_gib} is too large to count in bytes")
     if a.reclaim_at is not None and not a.peer_memory_gib:
         p.error("--reclaim-at needs --peer-memory-gib")
     try:

@@ -71,6 +71,8 @@ def test_it_simulates_offload_to_lent_memory_with_a_reclaim(tmp_path: Path) -> N
         (["--workload", "trace"], "--trace"),
         (["--gpu-memory-utilization", "1.5"], "1.5"),
         (["--peer-memory-gib", "2"], "offload_peer"),
+        # An OverflowError traceback (its bytes overflow a float).
+        (["--peer-memory-gib", "1e300", "--preemption-mode", "offload_peer"], "--peer-memory-gib 1e+300"),
         (["--kv-blocks", "0"], "'0'"),
         # Accepted and simulated (10**30 GPUs' worth of KV cache).
         (["--tp", str(10**30)], f"--tp: '{10**30}' must be in 1..64"),
