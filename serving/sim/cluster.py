@@ -7,7 +7,8 @@ one at a time, which is exact and keeps memory and run time linear in the number
 
 A reclaim at time t lowers what the lender lends to its borrower from C to C': the borrower's KV
 held in the reclaimed part moves to host DRAM over PCIe (`PeerStore.set_capacity`, the cost added
-to the borrower's next iteration), and the lender's engine gains (C - C') // block bytes KV blocks.
+to the borrower's next iteration), and the lender's engine gains (C - C') // block bytes KV blocks
+(counted over all reclaims so far, so several partial reclaims give back whole blocks of the total).
 """
 
 from __future__ import annotations
@@ -202,11 +203,15 @@ class ClusterSim:
             peer_capacity[ln.borrower] = ln.capacity_bytes
             lender = by_name[ln.lender]
             block_bytes = lender.config.block_size * lender.cost.kv_bytes_per_token
-            prev = ln.capacity_bytes
+            # Whole blocks of all that was reclaimed by then, less those already given back: a
+            # reclaim of 1.5 blocks gave 1 each time, so lending 3 and reclaiming it in two halves
+            # gave the lender 2 blocks back, not 3.
+            given = 0
             for t, cap in ln.reclaims:
                 changes[ln.borrower].append(TimedChange(t, PEER_CAPACITY, k, cap))
-                changes[ln.lender].append(TimedChange(t, KV_GROW, k, (prev - cap) // block_bytes))
-                prev = cap
+                blocks = (ln.capacity_bytes - cap) // block_bytes
+                changes[ln.lender].append(TimedChange(t, KV_GROW, k, blocks - given))
+                given = blocks
         result = ClusterResult()
         for spec in self.engines:
             config = spec.config

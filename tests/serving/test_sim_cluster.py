@@ -81,6 +81,16 @@ def test_reclaim_moves_borrowed_kv_to_dram_and_the_run_completes() -> None:
     assert result.stats["borrower"].transfer_seconds >= PCIE5_X16.seconds(store.evacuated_bytes) * 0.999
 
 
+def test_reclaims_in_parts_give_the_lender_every_whole_block_back() -> None:
+    # 3 blocks lent, reclaimed 1.5 blocks at a time: each reclaim gave 1 block, 2 of the 3 in all.
+    borrower = spec("borrower", (1,), num_kv_blocks=120, preemption_mode="offload_peer")
+    half = BLOCK_BYTES * 3 // 2
+    ln = Lending("lender", "borrower", 3 * BLOCK_BYTES, ((1.0, half), (2.0, 0)))
+    cluster = ClusterSim({"s0": 2}, [spec("lender", (0,), num_kv_blocks=100), borrower], [ln])
+    result = cluster.run(workloads={"m": [Request(0, 0.0, 10, 5), Request(1, 3.0, 10, 5)]})
+    assert result.engines["lender"].kv.total == 100 + 3
+
+
 def test_without_reclaim_the_borrower_keeps_using_lent_memory() -> None:
     borrower = spec("borrower", (1,), num_kv_blocks=120, preemption_mode="offload_peer")
     reqs = [Request(i, 0.01 * i, 200, 300) for i in range(60)]
