@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given
@@ -198,3 +199,35 @@ def test_it_orders_summary_percentiles(recs: list[RequestRecord]) -> None:
         assert math.isnan(s[lo]) == math.isnan(s[hi])
         assert math.isnan(s[lo]) or s[lo] <= s[hi] + 1e-12
     assert s["finished"] <= s["requests"] == len(recs)
+
+
+@given(
+    lo=st.floats(0.01, 10),
+    span=st.floats(1.01, 100),
+    position=st.floats(0.001, 1),
+    rel_tol=st.sampled_from([0.001, 0.01, 0.1]),
+)
+def test_goodput_finds_a_monotone_thresholds_rate_within_tolerance(
+    lo: float, span: float, position: float, rel_tol: float
+) -> None:
+    # Attainment falls below the target past `threshold`, anywhere from lo / 1000 up to hi.
+    hi = lo * span
+    threshold = lo / 1000 + position * (hi - lo / 1000)
+    probe = Probe(threshold)
+    g = goodput(probe, target=0.9, lo=lo, hi=hi, rel_tol=rel_tol)
+    assert threshold / (1 + rel_tol) <= g <= threshold  # measured to meet, and within tolerance
+    assert g in probe.calls and len(probe.calls) == len(set(probe.calls))
+
+
+@given(seed=st.integers(0, 2**32), target=st.sampled_from([0.5, 0.9, 0.99]))
+def test_goodput_returns_a_rate_measured_to_meet_even_when_attainment_is_not_monotone(
+    seed: int, target: float
+) -> None:
+    seen: dict[float, float] = {}
+
+    def noisy(rate: float) -> float:
+        seen[rate] = random.Random(f"{seed}/{rate!r}").random()
+        return seen[rate]
+
+    g = goodput(noisy, target=target, lo=1.0, hi=8.0, rel_tol=0.01)
+    assert g == 0.0 or seen[g] >= target
