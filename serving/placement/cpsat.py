@@ -22,7 +22,7 @@ projected from the literals built so far), or leaves no time to search, the hint
 
 Reproducibility: the hint is deterministic (unless its local search hits its deadline); when the
 search does not beat it, the hint is the plan. The search is deterministic too: it stops after a
-deterministic amount of work (CP-SAT's deterministic time, a quarter of the seconds left) and runs
+deterministic amount of work (CP-SAT's deterministic time, a quarter of the time limit) and runs
 its workers interleaved (CP-SAT's interleave_search), so one input gives one plan however loaded
 the machine is, unless the wall-clock limit, a cap, stops the search first.
 """
@@ -48,10 +48,11 @@ from serving.placement.registry import register_placer
 _POLL_S = 0.05  # how often cancellation is polled
 _PROGRESS_EVERY_S = 0.5  # how often progress is reported while searching
 _LOCAL_SEARCH_SHARE = 0.5  # of the time limit, at most, spent on the hint's local search
-# CP-SAT's deterministic time (about seconds of one core's work) allowed per second left of the time
-# limit when the search starts: low enough that the deterministic stop, not the wall clock, ends the
-# search on a loaded machine (interleaved workers checked it only between batches, overshooting it
-# by up to 2x, at 0.3 to 0.7 deterministic seconds per wall-clock second on 2 shared cores).
+# CP-SAT's deterministic time (about seconds of one core's work) allowed per second of the time
+# limit (not of the seconds left when the search starts, which vary with the load): low enough that
+# the deterministic stop, not the wall clock, ends the search on a loaded machine (interleaved
+# workers checked it only between batches, overshooting it by up to 2x, at 0.3 to 0.7
+# deterministic seconds per wall-clock second on 2 shared cores).
 _DETERMINISTIC_SHARE = 0.25
 
 
@@ -131,7 +132,11 @@ class CpSatPlacer(Placer):
         # only a cap. Stopped by the wall clock, parallel workers returned a different plan on each
         # run of one input (measured: 128 models, 10 s, 2 workers: objectives 44966, 44765, 44897;
         # interleaved: 19199 on each run, in 4 to 7 s).
-        params.max_deterministic_time = remaining * _DETERMINISTIC_SHARE
+        # The budget is a share of the configured limit, not of the seconds left: those depend on
+        # how long the hint and the ILP took on this machine, and a budget drawn from them made
+        # the deterministic stop (and so the plan) move with the load (measured: 0.499 vs 0.398
+        # deterministic seconds for one input, its hint 0.4 s slower on the second run).
+        params.max_deterministic_time = self.config.time_limit_s * _DETERMINISTIC_SHARE
         params.num_workers = self.config.num_workers
         params.interleave_search = self.config.num_workers > 1
         params.random_seed = self.config.seed

@@ -113,3 +113,36 @@ def _loop_spread(inst: PlacementInstance) -> list[int]:
         )[1]
         out[m], mem[s], role[s], used[s] = s, mem[s] + w, role[s] + r, used[s] + tp
     return out
+
+
+def test_its_search_budget_does_not_depend_on_how_long_its_hint_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The search stops after a deterministic amount of work so that one input gives one plan: that
+    # amount must not be drawn from the wall-clock seconds left after the hint (they vary with the
+    # machine's load), or a slower hint moves the stop and so the plan.
+    from ortools.sat.python import cp_model
+
+    from serving.placement import cpsat
+
+    budgets: list[float] = []
+    solve = cp_model.CpSolver.solve
+
+    def recording(
+        self: cp_model.CpSolver,
+        model: cp_model.CpModel,
+        callback: cp_model.CpSolverSolutionCallback | None = None,
+    ) -> object:
+        budgets.append(self.parameters.max_deterministic_time)
+        return solve(self, model, callback)
+
+    monkeypatch.setattr(cp_model.CpSolver, "solve", recording)
+    models, servers = cluster(4, 12)
+    config = PlacerConfig(time_limit_s=2.0, num_workers=1)
+    get_placer("cp-sat", config).place(models, servers)
+
+    def slow_spread_greedy(instance: PlacementInstance) -> list[int]:
+        time.sleep(0.4)  # a loaded machine
+        return spread_greedy(instance)
+
+    monkeypatch.setattr(cpsat, "spread_greedy", slow_spread_greedy)
+    get_placer("cp-sat", config).place(models, servers)
+    assert len(budgets) == 2 and budgets[0] == budgets[1] > 0
