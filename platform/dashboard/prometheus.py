@@ -19,7 +19,7 @@ Prometheus sends it with ``authorization: {credentials: <token>}`` in the scrape
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +37,9 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from registry.models import ServedModel
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import BaseParser
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -190,8 +193,28 @@ def fleet_metrics() -> bytes:
     return generate_latest(registry)
 
 
+class TextWhateverAccepted(BaseContentNegotiation):
+    """The answer is the text format (errors: JSON) whatever the scraper's Accept header says.
+
+    DRF's negotiation matches Accept against the view's renderers (JSON, the browsable API) and
+    answered 406 to a scraper that asks for the text format only: Telegraf's prometheus input
+    (protobuf or ``text/plain;version=0.0.4``), ``curl -H 'Accept: text/plain'``."""
+
+    def select_parser(self, request: Request, parsers: Iterable[BaseParser]) -> BaseParser | None:
+        return next(iter(parsers), None)
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
+
+
 class PrometheusView(APIView):
     """``GET /api/v1/metrics/``: the fleet's metrics for Prometheus (any platform role)."""
+
+    content_negotiation_class = TextWhateverAccepted
+    renderer_classes = [JSONRenderer]  # for errors (401, 403); the metrics are a plain response
 
     @extend_schema(responses={(200, "text/plain"): OpenApiResponse(OpenApiTypes.STR)})
     def get(self, request: Request) -> HttpResponse:

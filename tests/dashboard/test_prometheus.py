@@ -142,3 +142,27 @@ def test_a_scrape_costs_the_same_queries_whatever_the_fleet_size(
         more.devices.set([device])
         add_engine_sample(more, timezone.now())
     assert queries() == small
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "text/plain",
+        "text/plain;version=0.0.4",
+        # Telegraf's prometheus input: protobuf or the text format, nothing else
+        "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,"
+        "text/plain;version=0.0.4;q=0.3",
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    ],
+)
+def test_a_scraper_asking_for_the_text_format_gets_it(viewer_client: Client, accept: str) -> None:
+    response = viewer_client.get("/api/v1/metrics/", headers={"Accept": accept})
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+    families = text_string_to_metric_families(response.content.decode())
+    assert "llmp_jobs" in {family.name for family in families}
+
+
+def test_an_unauthenticated_scrape_asking_for_text_is_still_a_401(viewer_user: User) -> None:
+    response = Client().get("/api/v1/metrics/", headers={"Accept": "text/plain;version=0.0.4"})
+    assert response.status_code == 401
