@@ -320,8 +320,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         """Fail the open probe ``probe_id`` of the host, whose `probe_result` was refused (``why``):
         its profiling worker polls the probe's row and would otherwise wait out the probe's timeout
         (ten minutes by default) for an answer that has come. Nothing to do when the id cannot be
-        one this control plane issued (not a string, empty, or holding NUL): no probe matches it."""
-        if not isinstance(probe_id, str) or not probe_id or "\x00" in probe_id:
+        one this control plane issued (not a string, empty, or holding NUL or a lone surrogate, which
+        no database can even be asked for: UnicodeEncodeError): no probe matches it."""
+        if not isinstance(probe_id, str) or not probe_id or without_nul(probe_id) != probe_id:
             return
         dep = deployment_id if isinstance(deployment_id, str) else ""
         reason = f"the control plane refused the agent's probe_result: {why}"

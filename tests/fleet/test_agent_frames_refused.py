@@ -83,6 +83,15 @@ async def test_a_nul_character_in_a_probe_id_is_answered_with_an_error(link: Web
     await still_up(link)
 
 
+async def test_a_lone_surrogate_in_a_probe_id_is_answered_with_an_error(link: WebsocketCommunicator) -> None:
+    # The refused answer's probe was looked up to fail it: no database encodes the id (SQLite and
+    # PostgreSQL raised UnicodeEncodeError, which ended the link with 1011).
+    await link.send_json_to(probe_result("p\ud800", ok=False))
+    answer = await link.receive_json_from(timeout=5)
+    assert (answer["type"], answer["code"], answer["field"]) == ("error", "bad_frame", "probe_id")
+    await still_up(link)
+
+
 async def test_a_nul_character_in_a_registered_device_is_refused_before_the_database(
     agent_host: AgentHost, link: WebsocketCommunicator
 ) -> None:
