@@ -300,18 +300,18 @@ def test_an_unhandled_exception_is_json_in_the_api_and_a_page_elsewhere(
 
 def test_a_page_500_is_answered_when_the_template_engine_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     # A template engine that cannot load (a template tag library failing to import, no file
-    # handle left to read 500.html) failed every page, and then the 500 page itself: Django let
-    # that second exception out of the handler, and the client got no page of ours.
+    # handle left to read a template) failed every page; a 500 page rendered through it failed
+    # too, and Django let that second exception out of the handler: no page of ours.
     from django.contrib.auth.views import LoginView
     from django.core.exceptions import ImproperlyConfigured
-
-    import core.server_error
+    from django.template import loader
 
     def fail(*args: object, **kwargs: object) -> None:
         raise ImproperlyConfigured("templates: a tag library failed to import")
 
     monkeypatch.setattr(LoginView, "get", fail)
-    monkeypatch.setattr(core.server_error.loader, "get_template", fail)
+    monkeypatch.setattr(loader, "get_template", fail)
+    monkeypatch.setattr(loader, "render_to_string", fail)
     page = Client(raise_request_exception=False).get("/accounts/login/")
     assert page.status_code == 500 and page["Content-Type"].startswith("text/html")
     body = page.content.decode()
