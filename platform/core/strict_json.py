@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -49,19 +50,25 @@ def loads(text: str | bytes) -> Any:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def lone_surrogate(value: Any) -> str | None:
-    """A lone surrogate of a decoded JSON value (in a key or a string, at any depth) as its escape
-    (``"\\ud800"``), or None when it has none."""
+def json_strings(value: Any) -> Iterator[str]:
+    """Every string of a decoded JSON value: its keys and string values, at any depth."""
     pending = [value]
     while pending:
         item = pending.pop()
         if isinstance(item, str):
-            found = _SURROGATE.search(item)
-            if found:
-                return f"\\u{ord(found.group()):04x}"
+            yield item
         elif isinstance(item, dict):
             pending.extend(item.keys())
             pending.extend(item.values())
         elif isinstance(item, list):
             pending.extend(item)
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """A lone surrogate of a decoded JSON value (in a key or a string, at any depth) as its escape
+    (``"\\ud800"``), or None when it has none."""
+    for text in json_strings(value):
+        found = _SURROGATE.search(text)
+        if found:
+            return f"\\u{ord(found.group()):04x}"
     return None

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from core import strict_json
 from gpu_agent.config import MAX_SIM_RATE
 from gpu_agent.engines.owned_flags import owned_flags_in
 from serving.costmodel.config import MODEL_CONFIGS
@@ -147,15 +148,4 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 def _holds_unstorable(value: Any) -> bool:
     """Whether a JSON value has a string (a key or a value, at any depth) holding a NUL or a
     lone surrogate (`_UNSTORABLE`)."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            if _UNSTORABLE.search(item):
-                return True
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return False
+    return any(_UNSTORABLE.search(text) for text in strict_json.json_strings(value))
