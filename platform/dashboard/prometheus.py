@@ -77,12 +77,8 @@ def _hosts(snap: snapshots.Snapshot) -> Iterator[Metric]:
 
 
 def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
-    labels = [
-        "host",
-        "gpu",
-        "name",
-        "kind",
-    ]  # gpu: the device's index; kind: gpu, or cpu (a CPU host's one device)
+    # gpu: the device's index; kind: gpu, or cpu (a CPU host's one device)
+    labels = ["host", "gpu", "name", "kind"]
     memory = {
         field: _gauge(f"gpu_memory_{field}_bytes", f"GPU memory {field} (latest sample)", labels)
         for field in ("total", "used", "free", "lent", "borrowed")
@@ -97,8 +93,10 @@ def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
             continue
         values = [hosts[card["host"]], str(card["index"]), card["name"], card["kind"]]
         if card["total"]:  # 0: the GPU reports no memory of its own (unified memory), nothing to show
-            for field, family in memory.items():
-                family.add_metric(values, float(card[field]))
+            memory["total"].add_metric(values, float(card["total"]))
+            if card["ts"] is not None:  # a sample read: without one, used 0 / free total is no reading
+                for field in ("used", "free", "lent", "borrowed"):
+                    memory[field].add_metric(values, float(card[field]))
         if card["utilization"] is not None:
             utilization.add_metric(values, card["utilization"] / 100.0)
         role.add_metric([*values, card["role"]], 1.0)

@@ -88,6 +88,14 @@ def test_it_reports_what_the_dashboard_shows(
         == 1.0
     )
     assert unified.memory_total_bytes == 0
+    # A device never sampled has its size, but no reading of its use (not "0 used, all free").
+    spare = Device.objects.create(
+        host=host, index=3, uuid="GPU-spare", name="H100", kind=DeviceKind.GPU, memory_total_bytes=80 * GIB
+    )
+    got = scrape(viewer_client)
+    assert got[("llmp_gpu_memory_total_bytes", labels(**gpu, gpu=str(spare.index)))] == 80 * GIB
+    assert ("llmp_gpu_memory_free_bytes", labels(**gpu, gpu=str(spare.index))) not in got
+    assert ("llmp_gpu_memory_used_bytes", labels(**gpu, gpu=str(spare.index))) not in got
 
     dep = {"deployment": str(deployment.pk), "model": "tiny"}
     states = {"host": "sim-a", "desired": deployment.desired_state, "observed": deployment.observed_state}
