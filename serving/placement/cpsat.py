@@ -159,6 +159,26 @@ class CpSatPlacer(Placer):
             # Multi-threaded CP-SAT may return a different solution of the same objective on
             # each run; the hint is reproducible, so prefer it unless the search beat it.
             assignment = hint
+        return self._plan(instance, assignment, bound, started, hint)
+
+    def _hint_plan(self, instance: PlacementInstance, hint: list[int] | None, started: float) -> Plan:
+        """The plan of the hint, when the search found nothing (better) within the time limit."""
+        if hint is None:
+            raise PlacementError(
+                f"no feasible placement found within {self.config.time_limit_s}s "
+                f"({instance.num_models} models on {instance.num_servers} servers); raise the time limit"
+            )
+        return self._plan(instance, hint, instance.lower_bound(), started, hint)
+
+    def _plan(
+        self,
+        instance: PlacementInstance,
+        assignment: list[int],
+        bound: int,
+        started: float,
+        hint: list[int] | None,
+    ) -> Plan:
+        """The plan of ``assignment``: optimal when its objective reaches ``bound``."""
         objective = instance.objective(assignment)
         plan = assemble_plan(
             instance,
@@ -169,25 +189,6 @@ class CpSatPlacer(Placer):
             solve_seconds=time.perf_counter() - started,
         )
         return replace(plan, hint_objective=None if hint is None else instance.objective(hint))
-
-    def _hint_plan(self, instance: PlacementInstance, hint: list[int] | None, started: float) -> Plan:
-        """The plan of the hint, when the search found nothing (better) within the time limit."""
-        if hint is None:
-            raise PlacementError(
-                f"no feasible placement found within {self.config.time_limit_s}s "
-                f"({instance.num_models} models on {instance.num_servers} servers); raise the time limit"
-            )
-        objective = instance.objective(hint)
-        bound = instance.lower_bound()
-        plan = assemble_plan(
-            instance,
-            hint,
-            best_bound=min(bound, objective),
-            status="optimal" if objective <= bound else "feasible",
-            solver=self.name,
-            solve_seconds=time.perf_counter() - started,
-        )
-        return replace(plan, hint_objective=objective)
 
     def _build(
         self,
