@@ -141,20 +141,23 @@ def test_a_huge_cpu_region_is_refused_before_anything_is_leased(sock_path: str) 
         assert client.stats()["regions"] == []
 
 
-@pytest.mark.usefixtures("server")
-def test_a_hang_up_of_its_process_group_unlinks_its_segment(sock_path: str) -> None:
-    # A closed terminal or ssh session sends SIGHUP to the whole process group, which kills the
-    # multiprocessing resource tracker too: only the producer itself can unlink the segment.
+def hang_up_unlinks_its_segment(sock_path: str, *, stdout_gone: bool) -> None:
+    """Start a producer in its own session, hang its process group up (SIGHUP), and check it
+    exits 0 having unlinked its segment; ``stdout_gone``: its stdout is closed first."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "serving.aqua.producer", "--socket", sock_path, "--nbytes", "65536"],
         cwd=REPO,
         stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if stdout_gone else None,
         text=True,
         start_new_session=True,
     )
     leased = next_event(proc)
     segment = os.path.join("/dev/shm", leased["handle"]["name"])
     assert os.path.exists(segment)
+    if stdout_gone:
+        assert proc.stdout is not None
+        proc.stdout.close()
     try:
         os.killpg(proc.pid, signal.SIGHUP)
         assert proc.wait(10) == 0
@@ -165,25 +168,14 @@ def test_a_hang_up_of_its_process_group_unlinks_its_segment(sock_path: str) -> N
 
 
 @pytest.mark.usefixtures("server")
+def test_a_hang_up_of_its_process_group_unlinks_its_segment(sock_path: str) -> None:
+    # A closed terminal or ssh session sends SIGHUP to the whole process group, which kills the
+    # multiprocessing resource tracker too: only the producer itself can unlink the segment.
+    hang_up_unlinks_its_segment(sock_path, stdout_gone=False)
+
+
+@pytest.mark.usefixtures("server")
 def test_it_still_unlinks_its_segment_when_its_stdout_is_gone(sock_path: str) -> None:
     # After a hang-up the terminal refuses writes (EIO), as a pipe whose reader exited does (EPIPE):
     # the events cannot be printed, but the reclaim must still run to the unlink.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "serving.aqua.producer", "--socket", sock_path, "--nbytes", "65536"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    leased = next_event(proc)
-    segment = os.path.join("/dev/shm", leased["handle"]["name"])
-    assert proc.stdout is not None
-    proc.stdout.close()
-    try:
-        os.killpg(proc.pid, signal.SIGHUP)
-        assert proc.wait(10) == 0
-    finally:
-        if os.path.exists(segment):
-            os.unlink(segment)
-            pytest.fail(f"{segment} was left in /dev/shm")
+    hang_up_unlinks_its_segment(sock_path, stdout_gone=True)
