@@ -140,6 +140,10 @@ class ClusterSim:
             lender, borrower = by_name.get(ln.lender), by_name.get(ln.borrower)
             if lender is None or borrower is None:
                 raise ValueError(f"lending {ln.lender!r} -> {ln.borrower!r} names an unknown engine")
+            if lender is borrower:
+                # Its own KV cache is not idle memory: lent to itself, it was counted twice (peer
+                # space on top of its cache, and KV blocks it never gave up back on each reclaim).
+                raise ValueError(f"engine {ln.lender!r} cannot lend memory to itself")
             if lender.server != borrower.server:
                 raise ValueError(f"lending {ln.lender!r} -> {ln.borrower!r} crosses servers (no NVLink)")
             if borrower.config.preemption_mode != "offload_peer":

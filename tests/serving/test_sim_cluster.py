@@ -61,6 +61,14 @@ def test_it_requires_the_borrower_to_offload_to_peer() -> None:
         ClusterSim({"s0": 2}, [spec("a", (0,)), spec("b", (1,))], [Lending("a", "b", 1 << 20)])
 
 
+def test_an_engine_cannot_lend_memory_to_itself() -> None:
+    # It was accepted: on a 1-GPU server the engine (120 blocks) "lent" itself 400 blocks of peer
+    # space, and the reclaim then grew its cache to 520 blocks, memory its GPU does not have.
+    engine = spec("a", (0,), num_kv_blocks=120, preemption_mode="offload_peer")
+    with pytest.raises(ValueError, match="'a' cannot lend memory to itself"):
+        ClusterSim({"s0": 1}, [engine], [Lending("a", "a", 400 * BLOCK_BYTES, ((2.0, 0),))])
+
+
 def test_reclaim_moves_borrowed_kv_to_dram_and_the_run_completes() -> None:
     lent = 400 * BLOCK_BYTES
     lender = spec("lender", (0,), num_kv_blocks=1000)
