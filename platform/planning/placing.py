@@ -12,7 +12,9 @@ models outside the plan, and listed in the result's ``left_out``) or the job's `
 current `ModelProfile` at the job's ``burst_level`` (a consumer that needs no swap space at that
 level is placed as neutral: GPUs, but no lender and no DRAM fallback; see
 `serving.profiler.model_profile_from_dict`); tensor parallelism is the model's
-``tensor_parallel_size``. Anything wrong (a model the job names without a profile, a profile measured against
+``tensor_parallel_size``; each is only placed on GPUs that hold its share of its weights and one
+request's KV (`memory_of`), and one no host's GPUs hold fails the job naming it. Anything wrong
+(a model the job names without a profile, a profile measured against
 another SLO or tensor-parallel size than the model's current one, a burst level its profile lacks,
 an infeasible instance) fails the job with a message naming it, and nothing is stored or applied.
 
@@ -40,6 +42,7 @@ from registry.models import ServedModel
 
 from planning.jobctx import cancel_fn, job_id_of, progress_fn
 from planning.models import ModelProfile, PlacementPlan
+from serving.costmodel.config import MODEL_CONFIGS
 from serving.placement import ModelProfile as PlacerProfile
 from serving.placement import (
     Move,
@@ -221,7 +224,8 @@ def profiles_for(models: list[ServedModel], burst_level: float) -> list[PlacerPr
         # the name stored in its data is that older name after a rename.
         data = {**profile.data, "model": model.name}
         try:
-            out[model.name] = model_profile_from_dict(data, model.tensor_parallel_size, burst_level)
+            view = model_profile_from_dict(data, model.tensor_parallel_size, burst_level)
+            out[model.name] = replace(view, **memory_of(model, data))
         except (ProfilingError, PlacementError) as exc:
             problems.append(f"{model.name}: {exc}")
     try:
@@ -232,6 +236,24 @@ def profiles_for(models: list[ServedModel], burst_level: float) -> list[PlacerPr
     if problems:
         raise PlacementError("; ".join(problems))
     return placed
+
+
+def memory_of(model: ServedModel, data: Mapping[str, Any]) -> dict[str, int]:
+    """The placer's `weights_bytes` and `min_kv_bytes` of `model` (0 where unknown), so that it is
+    only placed on GPUs it can load on: the weights of its cost-model preset (engine_options
+    ``sim_model``, else its name when that names a preset; the model's shape, whichever backend
+    profiled it), and one request of its context length of KV, at the KV bytes per token of its
+    profile's cost model, else of the preset."""
+    name = (model.engine_options or {}).get("sim_model") or model.name
+    config = MODEL_CONFIGS.get(name) if isinstance(name, str) else None
+    cost = data.get("cost_model")
+    per_token = cost.get("kv_bytes_per_token") if isinstance(cost, Mapping) else None
+    if not isinstance(per_token, int) or per_token <= 0:
+        per_token = config.kv_bytes_per_token() if config is not None else 0
+    return {
+        "weights_bytes": config.weight_bytes() if config is not None else 0,
+        "min_kv_bytes": per_token * model.max_context_length,
+    }
 
 
 def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

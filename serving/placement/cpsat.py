@@ -1,6 +1,7 @@
 """Aqua's placement ILP on OR-Tools CP-SAT.
 
-Variables: x[m, s] in {0, 1} (model m on server s), created only where tp_m <= G_s.
+Variables: x[m, s] in {0, 1} (model m on server s), created only where tp_m <= G_s and each GPU of
+s has the memory m needs (instance.needs).
 Constraints:
     sum_s x[m, s] = 1                         every model on exactly one server (all its TP shards)
     sum_m tp_m x[m, s] <= G_s                 GPU capacity
@@ -87,17 +88,17 @@ def canonical_relabel(instance: PlacementInstance, assignment: list[int]) -> lis
 def _num_literals(instance: PlacementInstance, kind_rank: list[int]) -> int:
     """How many x[m, s] `_build` creates: per model, the servers that can hold it, less the servers
     of a kind past its m-th (symmetry breaking)."""
-    per_kind: dict[int, list[int]] = defaultdict(list)  # capacity -> kind sizes
+    per_kind: dict[tuple[int, int], list[int]] = defaultdict(list)  # (GPUs, memory) -> kind sizes
     kinds: dict[tuple[int, int, bool], int] = defaultdict(int)
     for server, rank in zip(instance.servers, kind_rank, strict=True):
         kinds[server.kind] = max(kinds[server.kind], rank + 1)
     for kind, size in kinds.items():
-        per_kind[kind[0]].append(size)
+        per_kind[kind[0], kind[1]].append(size)
     return sum(
         min(size, m + 1)
-        for m, tp in enumerate(instance.tps)
-        for cap, sizes in per_kind.items()
-        if tp <= cap
+        for m, (tp, need) in enumerate(zip(instance.tps, instance.needs, strict=True))
+        for (cap, memory), sizes in per_kind.items()
+        if tp <= cap and need <= memory
         for size in sizes
     )
 
@@ -148,7 +149,7 @@ class CpSatPlacer(Placer):
         if status == cp_model.INFEASIBLE:
             raise PlacementError(
                 f"infeasible: the models ({sum(instance.tps)} GPUs, largest tp {max(instance.tps)}) "
-                f"cannot be packed onto the servers' GPUs"
+                f"cannot be packed onto the servers' GPUs (each on GPUs with the memory it needs)"
             )
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return self._hint_plan(instance, hint, started)  # nothing better than the hint in time
@@ -222,7 +223,7 @@ class CpSatPlacer(Placer):
             row = {
                 s: model.new_bool_var(f"x_{m}_{s}")
                 for s in range(instance.num_servers)
-                if instance.tps[m] <= instance.capacities[s] and kind_rank[s] <= m
+                if instance.can_hold(m, s) and kind_rank[s] <= m
             }
             model.add_exactly_one(row.values())
             x.append(row)

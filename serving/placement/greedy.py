@@ -1,8 +1,9 @@
 """Greedy baseline: place models one by one where the worst server stays least imbalanced.
 
 Order: largest tp first (they are the hardest to fit), then largest |balance|, then name. Each model
-goes to the server, among those with enough free GPUs, that minimises (the objective after placing
-it, that server's own |mem| + role_weight * |role|, server index). O(models x servers).
+goes to the server, among those with enough free GPUs with the memory it needs, that minimises
+(the objective after placing it, that server's own |mem| + role_weight * |role|, server index).
+O(models x servers).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def greedy_assignment(instance: PlacementInstance, should_cancel: CancelFn | Non
     role = np.zeros(n_servers, dtype=np.int64)
     used = np.zeros(n_servers, dtype=np.int64)
     cap = np.array(instance.capacities, dtype=np.int64)
+    gpu_memory = np.array(instance.gpu_memory, dtype=np.int64)
     index = np.arange(n_servers)
     out = [-1] * instance.num_models
     order = sorted(
@@ -47,10 +49,11 @@ def greedy_assignment(instance: PlacementInstance, should_cancel: CancelFn | Non
         if should_cancel is not None and k % 64 == 0 and should_cancel():
             raise PlacementCancelled("placement cancelled during the greedy pass")
         w, r, tp = instance.weights[m], instance.roles[m], instance.tps[m]
-        room = used + tp <= cap
+        room = (used + tp <= cap) & (gpu_memory >= instance.needs[m])
         if not room.any():
             raise PlacementError(
-                f"greedy placement found no server with {tp} free GPUs for model {instance.models[m].name!r}"
+                f"greedy placement found no server with {tp} free GPUs of at least "
+                f"{instance.needs[m]} bytes for model {instance.models[m].name!r}"
             )
         new_mem, new_role = np.abs(mem + w), np.abs(role + r)
         worst_mem = np.maximum(new_mem, _max_of_others(np.abs(mem), index))

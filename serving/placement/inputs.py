@@ -38,6 +38,11 @@ class ModelProfile:
         needed_bytes: Bytes a consumer must swap out at its burst level; must be positive for a
             consumer, and is ignored for a producer. A neutral model has neither (both 0).
         max_rps: The highest request rate meeting the model's SLA (informational).
+        weights_bytes: Bytes of the model's weights, over all its `tp` GPUs; 0 when unknown.
+        min_kv_bytes: Bytes of the smallest KV cache it can run with (one request of its
+            context length), over all its GPUs; 0 when unknown.
+            A model is only placed on a server whose GPUs each hold its share of both
+            (`gpu_memory_needed_bytes`); with both 0 any GPU is taken to hold it.
     """
 
     name: str
@@ -46,6 +51,8 @@ class ModelProfile:
     lendable_bytes: int = 0
     needed_bytes: int = 0
     max_rps: float | None = None
+    weights_bytes: int = 0
+    min_kv_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -60,6 +67,10 @@ class ModelProfile:
             raise PlacementError(f"model {self.name!r}: {self.lendable_bytes=} must be >= 0")
         if self.needed_bytes < 0:
             raise PlacementError(f"model {self.name!r}: {self.needed_bytes=} must be >= 0")
+        if self.weights_bytes < 0:
+            raise PlacementError(f"model {self.name!r}: {self.weights_bytes=} must be >= 0")
+        if self.min_kv_bytes < 0:
+            raise PlacementError(f"model {self.name!r}: {self.min_kv_bytes=} must be >= 0")
         if self.role == "producer" and self.lendable_bytes <= 0:
             raise PlacementError(f"model {self.name!r}: a producer's {self.lendable_bytes=} must be positive")
         if self.role == "consumer" and self.needed_bytes <= 0:
@@ -69,6 +80,12 @@ class ModelProfile:
                 f"model {self.name!r}: a neutral model lends and needs nothing, not "
                 f"{self.lendable_bytes=}, {self.needed_bytes=}"
             )
+
+    @property
+    def gpu_memory_needed_bytes(self) -> int:
+        """Memory each of its GPUs must have: its share of the weights and the minimal KV cache
+        (tensor parallelism splits both over the `tp` GPUs); 0 when neither is known."""
+        return -(-(self.weights_bytes + self.min_kv_bytes) // self.tp)
 
     @property
     def balance_bytes(self) -> int:

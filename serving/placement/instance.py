@@ -7,7 +7,10 @@ Objective (what every placer minimises, in balance units of `PlacerConfig.balanc
     mem_s  = sum over models m on server s of w_m,  w_m = round(+lendable_m or -needed_m / unit)
     role_s = (#producers on s) - (#consumers on s)
 
-Both terms are driven toward zero on the worst server. `role_weight` defaults to the mean |w_m|
+A model only goes on a server with at least tp_m GPUs, each with the memory it needs (its share of
+its weights and minimal KV cache: `ModelProfile.gpu_memory_needed_bytes`); a model no server holds
+is refused when the instance is built, naming it. Both terms are driven toward zero on the worst
+server. `role_weight` defaults to the mean |w_m|
 of the producers and consumers, so one surplus producer or consumer on a server costs as much as
 an average one's memory. A neutral model (w_m = 0, role 0) only takes GPUs: it changes neither
 term, nor the default weight, and is never paired.
@@ -61,6 +64,8 @@ class PlacementInstance:
         roles: +1 producer / -1 consumer / 0 neutral, per model.
         tps: GPUs per model.
         capacities: GPUs per server.
+        needs: Memory each GPU of a model's server must have, per model (0: any GPU holds it).
+        gpu_memory: Memory of each GPU, per server.
         role_weight: Weight of one unit of role imbalance, in balance units.
         unit_bytes: Bytes per balance unit.
     """
@@ -71,6 +76,8 @@ class PlacementInstance:
     roles: tuple[int, ...]
     tps: tuple[int, ...]
     capacities: tuple[int, ...]
+    needs: tuple[int, ...]
+    gpu_memory: tuple[int, ...]
     role_weight: int
     unit_bytes: int
 
@@ -94,6 +101,7 @@ class PlacementInstance:
             raise PlacementError(
                 f"models need more GPUs than any server has ({largest}): {', '.join(too_big)}"
             )
+        _fit_some_server(models, servers)
         needed, have = sum(m.tp for m in models), sum(s.num_gpus for s in servers)
         if needed > have:
             raise PlacementError(f"the models need {needed} GPUs but the servers have {have}")
@@ -114,6 +122,8 @@ class PlacementInstance:
             roles=tuple(m.role_sign for m in ordered),
             tps=tuple(m.tp for m in ordered),
             capacities=tuple(s.num_gpus for s in servers),
+            needs=tuple(m.gpu_memory_needed_bytes for m in ordered),
+            gpu_memory=tuple(s.gpu_memory_bytes for s in servers),
             role_weight=role_weight,
             unit_bytes=unit,
         )
@@ -142,7 +152,8 @@ class PlacementInstance:
             )
             for sign in (1, -1)
         }
-        capacities = sorted(set(self.capacities))  # per distinct size: O(models x sizes), not x servers
+        # per distinct size: O(models x sizes), not x servers
+        sizes = sorted(set(zip(self.capacities, self.gpu_memory, strict=True)))
         for m in range(self.num_models):
             if not self.roles[m]:
                 continue  # a neutral model moves no balance
@@ -150,8 +161,8 @@ class PlacementInstance:
             worst_case = min(
                 (
                     abs(self.weights[m]) - offset[cap - self.tps[m]]
-                    for cap in capacities
-                    if cap >= self.tps[m]
+                    for cap, memory in sizes
+                    if cap >= self.tps[m] and memory >= self.needs[m]
                 ),
                 default=0,
             )
@@ -179,12 +190,40 @@ class PlacementInstance:
         mem, role = self.balances(assignment)
         return max(abs(v) for v in mem) + self.role_weight * max(abs(v) for v in role)
 
+    def can_hold(self, m: int, s: int) -> bool:
+        """Whether server s can hold model m alone: enough GPUs, each with the memory it needs."""
+        return self.tps[m] <= self.capacities[s] and self.needs[m] <= self.gpu_memory[s]
+
     def fits(self, assignment: Sequence[int]) -> bool:
-        """Whether no server holds more GPUs' worth of models than it has."""
+        """Whether no server holds more GPUs' worth of models than it has, nor a model its GPUs
+        are too small for."""
         used = [0] * self.num_servers
         for m, s in enumerate(assignment):
             used[s] += self.tps[m]
+            if self.needs[m] > self.gpu_memory[s]:
+                return False
         return all(u <= c for u, c in zip(used, self.capacities, strict=True))
+
+
+def _fit_some_server(models: Sequence[ModelProfile], servers: Sequence[ServerSpec]) -> None:
+    """PlacementError naming every model whose share of weights and minimal KV cache exceeds the
+    memory of each GPU of every server with enough GPUs for it (placed there, it could not start)."""
+    problems = []
+    for m in sorted(models, key=lambda m: m.name):
+        largest = max((s.gpu_memory_bytes for s in servers if s.num_gpus >= m.tp), default=0)
+        need = m.gpu_memory_needed_bytes
+        if need > largest:
+            problems.append(
+                f"{m.name} needs {_gib(need)} per GPU (weights {_gib(m.weights_bytes)} + minimal KV "
+                f"cache {_gib(m.min_kv_bytes)} over tp {m.tp}) but the largest GPU of a server with "
+                f"{m.tp} or more GPUs has {_gib(largest)}"
+            )
+    if problems:
+        raise PlacementError(f"models that fit no server's GPU memory: {'; '.join(problems)}")
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB ({nbytes} bytes)"
 
 
 def _knapsack(items: list[tuple[int, int]], capacity: int) -> list[int]:

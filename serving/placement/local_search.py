@@ -9,7 +9,8 @@ searches for better ones and for a bound. Both steps minimise, lexicographically
 The second term (spread around the mean) breaks the plateaus of the max-based objective.
 Construction: models by (tp desc, |w| desc, name), each to the server with room that adds the
 least spread. Local search: repeatedly apply the best improving move among (a) swapping a model with
-one of equal tp on another server and (b) moving a model to a server with free GPUs, trying servers
+one of equal tp on another server and (b) moving a model to a server with free GPUs, never onto
+GPUs with less memory than the model needs (instance.needs), trying servers
 in order of their deviation from the mean; stop at a local optimum or the deadline.
 """
 
@@ -33,6 +34,8 @@ class _State:
         self.r = np.array(instance.roles, dtype=np.float64)
         self.tp = np.array(instance.tps, dtype=np.int64)
         self.cap = np.array(instance.capacities, dtype=np.int64)
+        self.need = np.array(instance.needs, dtype=np.int64)
+        self.gpu_memory = np.array(instance.gpu_memory, dtype=np.int64)
         self.rw = float(instance.role_weight)
         n = instance.num_servers
         self.where = np.array(assignment, dtype=np.int64)
@@ -57,13 +60,20 @@ class _State:
         if len(on_s) == 0:
             return None
         n_servers = len(self.mem)
-        # swaps: (a on s, b elsewhere with the same tp)
-        same_tp = (self.tp[on_s][:, None] == self.tp[None, :]) & (self.where != s)[None, :]
+        # swaps: (a on s, b elsewhere with the same tp, whose server's GPUs hold a, as s's hold b)
+        same_tp = (
+            (self.tp[on_s][:, None] == self.tp[None, :])
+            & (self.where != s)[None, :]
+            & (self.need[on_s][:, None] <= self.gpu_memory[self.where][None, :])
+            & (self.need <= self.gpu_memory[s])[None, :]
+        )
         sa, sb = np.nonzero(same_tp)
-        # moves: (a on s, server t != s with room for a)
-        room = (self.used[None, :] + self.tp[on_s][:, None] <= self.cap[None, :]) & (
-            np.arange(n_servers) != s
-        )[None, :]
+        # moves: (a on s, server t != s with room for a, on GPUs that hold it)
+        room = (
+            (self.used[None, :] + self.tp[on_s][:, None] <= self.cap[None, :])
+            & (np.arange(n_servers) != s)[None, :]
+            & (self.need[on_s][:, None] <= self.gpu_memory[None, :])
+        )
         ma, mt = np.nonzero(room)
         a_idx = np.concatenate([on_s[sa], on_s[ma]])
         if len(a_idx) == 0:
@@ -147,6 +157,7 @@ def spread_greedy(instance: PlacementInstance) -> list[int]:
     mem, role = np.zeros(n), np.zeros(n)
     used = np.zeros(n, dtype=np.int64)
     cap = np.array(instance.capacities, dtype=np.int64)
+    gpu_memory = np.array(instance.gpu_memory, dtype=np.int64)
     out = [-1] * instance.num_models
     order = sorted(
         range(instance.num_models),
@@ -154,9 +165,12 @@ def spread_greedy(instance: PlacementInstance) -> list[int]:
     )
     for m in order:
         w, r, tp = instance.weights[m], instance.roles[m], instance.tps[m]
-        room = used + tp <= cap
+        room = (used + tp <= cap) & (gpu_memory >= instance.needs[m])
         if not room.any():
-            raise PlacementError(f"no server has {tp} free GPUs for model {instance.models[m].name!r}")
+            raise PlacementError(
+                f"no server has {tp} free GPUs of at least {instance.needs[m]} bytes "
+                f"for model {instance.models[m].name!r}"
+            )
         # increase of the spread if m goes to s
         delta = w * (2 * (mem - mem_mean) + w) + rw2 * r * (2 * (role - role_mean) + r)
         s = int(np.argmin(np.where(room, delta, np.inf)))  # the first of equal deltas: the lowest index
