@@ -5,7 +5,8 @@ s has the memory m needs (instance.needs).
 Constraints:
     sum_s x[m, s] = 1                         every model on exactly one server (all its TP shards)
     sum_m tp_m x[m, s] <= G_s                 GPU capacity
-    M_mem  >= +-sum_m w_m x[m, s]             M_mem  = max_s |memory balance|   (balance units)
+    M_mem  >= +-sum_m w_ms x[m, s]            M_mem  = max_s |memory balance|   (balance units; a
+                                              producer's w_ms is what pairing lends on s: instance.py)
     M_role >= +-sum_m r_m x[m, s]             M_role = max_s |role balance|
     M_mem >= ceil(|W| / S), M_role >= ceil(|R| / S)   the aggregate bound (redundant, helps the
                                               solver prove optimality; see instance.py)
@@ -230,7 +231,7 @@ class CpSatPlacer(Placer):
             for s, var in row.items():
                 on_server[s].append((m, var))
             done += len(row)
-        total_abs = sum(abs(w) for w in instance.weights)
+        total_abs = sum(max(abs(w) for w in row) for row in instance.class_weights)
         m_mem = model.new_int_var(instance.memory_lower_bound(), max(total_abs, 0), "max_mem")
         m_role = model.new_int_var(instance.role_lower_bound(), instance.num_models, "max_role")
         weighted_sum = cp_model.LinearExpr.weighted_sum
@@ -239,7 +240,7 @@ class CpSatPlacer(Placer):
                 return None
             lits = [v for _, v in here]
             model.add(weighted_sum(lits, [instance.tps[m] for m, _ in here]) <= instance.capacities[s])
-            mem = weighted_sum(lits, [instance.weights[m] for m, _ in here])
+            mem = weighted_sum(lits, [instance.weight(m, s) for m, _ in here])
             role = weighted_sum(lits, [instance.roles[m] for m, _ in here])
             model.add(m_mem >= mem)
             model.add(m_mem >= -mem)

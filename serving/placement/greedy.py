@@ -38,6 +38,8 @@ def greedy_assignment(instance: PlacementInstance, should_cancel: CancelFn | Non
     used = np.zeros(n_servers, dtype=np.int64)
     cap = np.array(instance.capacities, dtype=np.int64)
     gpu_memory = np.array(instance.gpu_memory, dtype=np.int64)
+    # weights[m, s]: model m's balance on server s (a producer lends at most its GPUs' memory)
+    weights = instance.weight_matrix()
     index = np.arange(n_servers)
     out = [-1] * instance.num_models
     order = sorted(
@@ -48,7 +50,7 @@ def greedy_assignment(instance: PlacementInstance, should_cancel: CancelFn | Non
     for k, m in enumerate(order):
         if should_cancel is not None and k % 64 == 0 and should_cancel():
             raise PlacementCancelled("placement cancelled during the greedy pass")
-        w, r, tp = instance.weights[m], instance.roles[m], instance.tps[m]
+        w, r, tp = weights[m], instance.roles[m], instance.tps[m]
         room = (used + tp <= cap) & (gpu_memory >= instance.needs[m])
         if not room.any():
             raise PlacementError(
@@ -63,7 +65,7 @@ def greedy_assignment(instance: PlacementInstance, should_cancel: CancelFn | Non
         second = np.where(room & (first == first.min()), new_mem + rw * new_role, np.iinfo(np.int64).max)
         s = int(np.argmin(second))  # the first of equal keys: the lowest index
         out[m] = s
-        mem[s] += w
+        mem[s] += w[s]
         role[s] += r
         used[s] += tp
     return out

@@ -94,6 +94,17 @@ class ModelProfile:
             return 0
         return self.lendable_bytes if self.role == "producer" else -self.needed_bytes
 
+    def lendable_on(self, gpu_memory_bytes: int) -> int:
+        """What it can lend on GPUs of `gpu_memory_bytes` each: its profile's figure, at most the
+        memory of its `tp` GPUs (a profile measured on larger GPUs, e.g. a simulator preset of an
+        80 GB H100, lent 40 GiB from one 24 GB GPU). Pairing lends this, and the placer balances it."""
+        return min(self.lendable_bytes, self.tp * gpu_memory_bytes)
+
+    def balance_on(self, gpu_memory_bytes: int) -> int:
+        """`balance_bytes` on GPUs of `gpu_memory_bytes` each: a producer's lending capped by
+        `lendable_on`."""
+        return self.lendable_on(gpu_memory_bytes) if self.role == "producer" else self.balance_bytes
+
     @property
     def role_sign(self) -> int:
         """Contribution to its server's role balance: +1 producer, -1 consumer, 0 neutral."""

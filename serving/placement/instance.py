@@ -4,8 +4,13 @@ Objective (what every placer minimises, in balance units of `PlacerConfig.balanc
 
     objective = max_s |mem_s| + role_weight * max_s |role_s|
 
-    mem_s  = sum over models m on server s of w_m,  w_m = round(+lendable_m or -needed_m / unit)
+    mem_s  = sum over models m on server s of w_ms,  w_ms = round(+lendable_ms or -needed_m / unit)
     role_s = (#producers on s) - (#consumers on s)
+
+lendable_ms is what pairing lends from producer m on server s: its profile's figure, at most tp_m x
+the memory of one of s's GPUs (`ModelProfile.lendable_on`), so a producer's weight depends on the
+GPU memory of its server (servers of one GPU memory form a "class"); a consumer's does not. w_m
+below is a model's weight on the largest GPUs.
 
 A model only goes on a server with at least tp_m GPUs, each with the memory it needs (its share of
 its weights and minimal KV cache: `ModelProfile.gpu_memory_needed_bytes`); a model no server holds
@@ -16,9 +21,11 @@ an average one's memory. A neutral model (w_m = 0, role 0) only takes GPUs: it c
 term, nor the default weight, and is never paired.
 
 Lower bounds on max_s |mem_s| (the larger one is used) and on max_s |role_s|:
-  aggregate:     the per-server balances sum to W = sum w_m and R = sum role_m over ALL S servers,
-                 so max_s |mem_s| >= ceil(|W| / S) and max_s |role_s| >= ceil(|R| / S);
-  largest model: the server holding producer m has mem_s >= w_m - (the most need that consumers
+  aggregate:     the per-server balances sum to W = sum w_ms and R = sum role_m over ALL S servers,
+                 so max_s |mem_s| >= ceil(|W| / S) and max_s |role_s| >= ceil(|R| / S); W lies
+                 between the sums of each model's least and greatest w_ms over the classes, so
+                 the smallest |W| in that range is used;
+  largest model: the server holding producer m has mem_s >= w_ms - (the most need that consumers
                  fitting in its other G_s - tp_m GPUs can add: a 0/1 knapsack over consumers with
                  tp as weight, G <= a few dozen so the DP is cheap); symmetrically for consumers.
                  This is what binds when one big TP model dominates its server.
@@ -29,6 +36,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from serving.placement.inputs import ModelProfile, PlacementError, PlacerConfig, ServerSpec
 
@@ -60,12 +69,16 @@ class PlacementInstance:
     Attributes:
         models: Profiles sorted by name; index i is "model i" everywhere below.
         servers: Server specs; index s is "server s".
-        weights: w_m in balance units (signed), per model.
+        weights: w_m in balance units (signed), per model, on the largest GPUs (for ordering
+            and the default role weight; balances use `weight`).
         roles: +1 producer / -1 consumer / 0 neutral, per model.
         tps: GPUs per model.
         capacities: GPUs per server.
         needs: Memory each GPU of a model's server must have, per model (0: any GPU holds it).
         gpu_memory: Memory of each GPU, per server.
+        classes: The distinct GPU memories of the servers, ascending.
+        server_class: Index into `classes` of each server's GPU memory.
+        class_weights: class_weights[m][c] = w_ms in balance units for servers s of class c.
         role_weight: Weight of one unit of role imbalance, in balance units.
         unit_bytes: Bytes per balance unit.
     """
@@ -78,6 +91,9 @@ class PlacementInstance:
     capacities: tuple[int, ...]
     needs: tuple[int, ...]
     gpu_memory: tuple[int, ...]
+    classes: tuple[int, ...]
+    server_class: tuple[int, ...]
+    class_weights: tuple[tuple[int, ...], ...]
     role_weight: int
     unit_bytes: int
 
@@ -107,7 +123,9 @@ class PlacementInstance:
             raise PlacementError(f"the models need {needed} GPUs but the servers have {have}")
         ordered = tuple(sorted(models, key=lambda m: m.name))
         unit = config.balance_unit_bytes
-        weights = tuple(round(m.balance_bytes / unit) for m in ordered)
+        classes = tuple(sorted({s.gpu_memory_bytes for s in servers}))
+        class_weights = tuple(tuple(round(m.balance_on(c) / unit) for c in classes) for m in ordered)
+        weights = tuple(row[-1] for row in class_weights)
         if config.role_weight_units is not None:
             role_weight = config.role_weight_units
         elif any(m.role_sign for m in ordered):
@@ -124,6 +142,9 @@ class PlacementInstance:
             capacities=tuple(s.num_gpus for s in servers),
             needs=tuple(m.gpu_memory_needed_bytes for m in ordered),
             gpu_memory=tuple(s.gpu_memory_bytes for s in servers),
+            classes=classes,
+            server_class=tuple(classes.index(s.gpu_memory_bytes) for s in servers),
+            class_weights=class_weights,
             role_weight=role_weight,
             unit_bytes=unit,
         )
@@ -136,33 +157,47 @@ class PlacementInstance:
     def num_servers(self) -> int:
         return len(self.servers)
 
+    def weight(self, m: int, s: int) -> int:
+        """w_ms: model m's memory balance on server s, in balance units (module docstring)."""
+        return self.class_weights[m][self.server_class[s]]
+
+    def weight_matrix(self) -> np.ndarray:
+        """w_ms for every model m (rows) and server s (columns), as int64."""
+        by_class = np.array(self.class_weights, dtype=np.int64).reshape(self.num_models, len(self.classes))
+        return by_class[:, np.array(self.server_class, dtype=np.int64)]
+
     def memory_lower_bound(self) -> int:
         """max(aggregate bound, largest-model bound); see the module docstring."""
-        bound = _ceil_div(abs(sum(self.weights)), self.num_servers)
+        least = sum(min(row) for row in self.class_weights)
+        greatest = sum(max(row) for row in self.class_weights)
+        smallest_total = least if least > 0 else -greatest if greatest < 0 else 0
+        bound = _ceil_div(smallest_total, self.num_servers)
         largest_gpus = max(self.capacities)
-        # most |weight| that models of each sign can add within c GPUs, c = 0..largest_gpus
+        # most |weight| that models of each sign can add within c GPUs, c = 0..largest_gpus, on
+        # servers of each class
         most = {
-            sign: _knapsack(
+            (sign, c): _knapsack(
                 [
-                    (self.tps[m], abs(self.weights[m]))
+                    (self.tps[m], abs(self.class_weights[m][c]))
                     for m in range(self.num_models)
                     if self.roles[m] == sign
                 ],
                 largest_gpus,
             )
             for sign in (1, -1)
+            for c in range(len(self.classes))
         }
         # per distinct size: O(models x sizes), not x servers
-        sizes = sorted(set(zip(self.capacities, self.gpu_memory, strict=True)))
+        sizes = sorted(set(zip(self.capacities, self.server_class, strict=True)))
         for m in range(self.num_models):
             if not self.roles[m]:
                 continue  # a neutral model moves no balance
-            offset = most[-self.roles[m]]  # models of the other role pull the balance back
             worst_case = min(
                 (
-                    abs(self.weights[m]) - offset[cap - self.tps[m]]
-                    for cap, memory in sizes
-                    if cap >= self.tps[m] and memory >= self.needs[m]
+                    # models of the other role pull the balance back
+                    abs(self.class_weights[m][c]) - most[-self.roles[m], c][cap - self.tps[m]]
+                    for cap, c in sizes
+                    if cap >= self.tps[m] and self.classes[c] >= self.needs[m]
                 ),
                 default=0,
             )
@@ -181,7 +216,7 @@ class PlacementInstance:
         mem = [0] * self.num_servers
         role = [0] * self.num_servers
         for m, s in enumerate(assignment):
-            mem[s] += self.weights[m]
+            mem[s] += self.weight(m, s)
             role[s] += self.roles[m]
         return mem, role
 

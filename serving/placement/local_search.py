@@ -30,7 +30,7 @@ class _State:
 
     def __init__(self, instance: PlacementInstance, assignment: list[int]) -> None:
         self.inst = instance
-        self.w = np.array(instance.weights, dtype=np.float64)
+        self.w = instance.weight_matrix().astype(np.float64)  # w[m, s]: m's balance on server s
         self.r = np.array(instance.roles, dtype=np.float64)
         self.tp = np.array(instance.tps, dtype=np.int64)
         self.cap = np.array(instance.capacities, dtype=np.int64)
@@ -39,10 +39,11 @@ class _State:
         self.rw = float(instance.role_weight)
         n = instance.num_servers
         self.where = np.array(assignment, dtype=np.int64)
-        self.mem = np.bincount(self.where, weights=self.w, minlength=n)
+        models = np.arange(instance.num_models)
+        self.mem = np.bincount(self.where, weights=self.w[models, self.where], minlength=n)
         self.role = np.bincount(self.where, weights=self.r, minlength=n)
         self.used = np.bincount(self.where, weights=self.tp, minlength=n).astype(np.int64)
-        self.mem_mean = float(self.w.sum()) / n
+        self.mem_mean = float(self.mem.sum()) / n
         self.role_mean = float(self.r.sum()) / n
 
     def key(self) -> tuple[float, float]:
@@ -79,18 +80,21 @@ class _State:
         if len(a_idx) == 0:
             return None
         ts = np.concatenate([self.where[sb], mt])
-        dw = np.concatenate([self.w[sb], np.zeros(len(ma))]) - self.w[a_idx]
+        # server s gains dws (b's weight there, less a's), server t gains dwt (a's, less b's):
+        # a model's weight depends on its server's GPU memory (instance.weight)
+        dws = np.concatenate([self.w[sb, s], np.zeros(len(ma))]) - self.w[a_idx, s]
+        dwt = self.w[a_idx, ts] - np.concatenate([self.w[sb, self.where[sb]], np.zeros(len(ma))])
         dr = np.concatenate([self.r[sb], np.zeros(len(ma))]) - self.r[a_idx]
         partners = np.concatenate([sb, -mt - 1])
-        obj, spread = self._evaluate(s, ts, dw, dr)
+        obj, spread = self._evaluate(s, ts, dws, dwt, dr)
         i = int(np.lexsort((spread, obj))[0])
         return (float(obj[i]), float(spread[i])), int(a_idx[i]), int(partners[i])
 
     def _evaluate(
-        self, s: int, ts: np.ndarray, dw: np.ndarray, dr: np.ndarray
+        self, s: int, ts: np.ndarray, dws: np.ndarray, dwt: np.ndarray, dr: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Keys after server s gains (dw, dr) and servers ts lose them (vectorised over ts)."""
-        new_ms, new_mt = self.mem[s] + dw, self.mem[ts] - dw
+        """Keys after server s gains (dws, dr) and servers ts gain (dwt, -dr) (vectorised over ts)."""
+        new_ms, new_mt = self.mem[s] + dws, self.mem[ts] + dwt
         new_rs, new_rt = self.role[s] + dr, self.role[ts] - dr
         obj = np.maximum(np.maximum(np.abs(new_ms), np.abs(new_mt)), _max_excluding(np.abs(self.mem), s, ts))
         obj += self.rw * np.maximum(
@@ -118,8 +122,8 @@ class _State:
 
     def _shift(self, m: int, src: int, dst: int) -> None:
         self.where[m] = dst
-        self.mem[src] -= self.w[m]
-        self.mem[dst] += self.w[m]
+        self.mem[src] -= self.w[m, src]
+        self.mem[dst] += self.w[m, dst]
         self.role[src] -= self.r[m]
         self.role[dst] += self.r[m]
         self.used[src] -= self.tp[m]
@@ -155,6 +159,7 @@ def spread_greedy(instance: PlacementInstance) -> list[int]:
     role_mean = sum(instance.roles) / n
     rw2 = instance.role_weight**2
     mem, role = np.zeros(n), np.zeros(n)
+    weights = instance.weight_matrix()
     used = np.zeros(n, dtype=np.int64)
     cap = np.array(instance.capacities, dtype=np.int64)
     gpu_memory = np.array(instance.gpu_memory, dtype=np.int64)
@@ -164,7 +169,7 @@ def spread_greedy(instance: PlacementInstance) -> list[int]:
         key=lambda m: (-instance.tps[m], -abs(instance.weights[m]), instance.models[m].name),
     )
     for m in order:
-        w, r, tp = instance.weights[m], instance.roles[m], instance.tps[m]
+        w, r, tp = weights[m], instance.roles[m], instance.tps[m]
         room = (used + tp <= cap) & (gpu_memory >= instance.needs[m])
         if not room.any():
             raise PlacementError(
@@ -175,7 +180,7 @@ def spread_greedy(instance: PlacementInstance) -> list[int]:
         delta = w * (2 * (mem - mem_mean) + w) + rw2 * r * (2 * (role - role_mean) + r)
         s = int(np.argmin(np.where(room, delta, np.inf)))  # the first of equal deltas: the lowest index
         out[m] = s
-        mem[s] += w
+        mem[s] += w[s]
         role[s] += r
         used[s] += tp
     return out

@@ -48,9 +48,8 @@ def pair_within_server(
         return [], [_fallback(server, c, reason) for c in consumers]
 
     # What a producer can lend here: its profile's figure, at most the memory of its GPUs on this
-    # server (a profile measured on larger GPUs, e.g. a simulator preset of an 80 GB H100, lent
-    # 40 GiB from one 24 GB GPU).
-    lendable = [min(p.lendable_bytes, p.tp * server.gpu_memory_bytes) for p, _ in producers]
+    # server (ModelProfile.lendable_on; the placer balances the same figure).
+    lendable = [p.lendable_on(server.gpu_memory_bytes) for p, _ in producers]
     lend = np.array(lendable, dtype=np.float64)
     need = np.array([c.needed_bytes for c, _ in consumers], dtype=np.float64)
     big = float(need.sum()) + 1.0
