@@ -6,7 +6,7 @@ import bisect
 
 import torch
 
-from serving.aqua.offload.store import KVStore
+from serving.aqua.offload.store import KVStore, check_nbytes
 
 REUSE_SLACK = 1.25  # an idle buffer is reused for a request of at least 1/REUSE_SLACK its size
 
@@ -43,6 +43,7 @@ class DramStore(KVStore):
         self.idle_bytes = 0
 
     def reserve(self, key: str, nbytes: int) -> torch.Tensor | None:
+        check_nbytes(nbytes)
         self.discard(key)
         buf = self._take_idle(nbytes)
         if buf is None:

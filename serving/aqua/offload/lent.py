@@ -61,7 +61,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from serving.aqua.offload.store import KVStore
+from serving.aqua.offload.store import KVStore, check_nbytes
 
 if TYPE_CHECKING:
     import torch
@@ -361,6 +361,7 @@ class LentRegionStore(KVStore):
 
     # -- KVStore --------------------------------------------------------------------------------------
     def reserve(self, key: str, nbytes: int) -> torch.Tensor | None:
+        check_nbytes(nbytes)
         with self._lock:
             self._discard(key)
             if not self._ensure_allocation(nbytes) or self._base is None:

@@ -15,6 +15,13 @@ if TYPE_CHECKING:
     import torch
 
 
+def check_nbytes(nbytes: int) -> None:
+    """Refuse a `reserve` size that is not positive (a caller's bug, not a lack of room: None would
+    read as "try the next tier", and a zero-size entry would be an empty save to restore)."""
+    if nbytes <= 0:
+        raise ValueError(f"reserve: {nbytes=} must be positive")
+
+
 class KVStore(ABC):
     """Keyed byte buffers in one memory tier."""
 
@@ -29,11 +36,15 @@ class KVStore(ABC):
 
         Args:
             key: The request id.
-            nbytes: Size of the aggregated KV buffer.
+            nbytes: Size of the aggregated KV buffer; positive (a request offloads at least one
+                block). Every store checks it first with `check_nbytes`.
 
         Returns:
             A contiguous uint8 tensor of `nbytes` elements, or None when this tier has no room
             (all-or-nothing: nothing is held then).
+
+        Raises:
+            ValueError: `nbytes` is not positive; nothing changes (a held `key` stays held).
         """
 
     @abstractmethod
