@@ -15,9 +15,10 @@ Primitives:
 Refusals raise the typed `CoordinatorError` subclasses of `serving.aqua.coordinator.errors`.
 
 CoordinatorUnavailable means the session is over (server gone, connection lost, or no reply
-within `timeout`, after which the client hangs up): the server has freed this client's
-allocations and withdrawn its leases, and may already have handed the bytes to another consumer.
-Never read lent data after it: fall back (recompute) instead.
+within `timeout`; the client then hangs up, and every later call raises it too). A reply out of
+step with its request (ProtocolError) also makes the client hang up. After either, the session is
+over: the server has freed this client's allocations and withdrawn its leases, and may already
+have handed the bytes to another consumer. Never read lent data after it: fall back (recompute).
 """
 
 from __future__ import annotations
@@ -186,8 +187,14 @@ class AquaClient:
     def close(self) -> None:
         """Close the connection: the server then frees this session's allocations and withdraws its leases."""
         with self._lock:
-            self._reader.close()
-            self._sock.close()
+            self._hang_up()
+
+    def _hang_up(self) -> None:
+        """Close the reader and the socket (lock held). The reader holds a reference to the socket's
+        descriptor: closing the socket alone leaves the connection open, and with it the session
+        (its allocations held, its leases lendable), until the client is garbage-collected."""
+        self._reader.close()
+        self._sock.close()
 
     def __enter__(self) -> AquaClient:
         return self
@@ -207,15 +214,20 @@ class AquaClient:
                 self._sock.sendall(encode({"id": req_id, "op": op, "args": args}))
                 line = self._reader.readline(MAX_FRAME + 1)
             except (OSError, ValueError) as exc:  # timeouts are OSErrors too
-                self._reader.close()
-                self._sock.close()
+                self._hang_up()
                 raise CoordinatorUnavailable(f"coordinator at {self.socket_path}: {exc}") from exc
-            if not line.endswith(b"\n"):
-                self._sock.close()
+            if not line.endswith(b"\n"):  # end of stream (the server never sends a longer frame)
+                self._hang_up()
                 raise CoordinatorUnavailable(f"coordinator at {self.socket_path} closed the connection")
-        reply = decode(line)
-        if reply.get("id") != req_id:
-            raise ProtocolError(f"reply id {reply.get('id')!r} does not match request id {req_id}")
+            try:
+                reply = decode(line)
+                if reply.get("id") != req_id:
+                    raise ProtocolError(f"reply id {reply.get('id')!r} does not match request id {req_id}")
+            except ProtocolError:
+                # Replies are no longer in step with requests: every later call would read another
+                # call's answer. The session ends here (later calls raise CoordinatorUnavailable).
+                self._hang_up()
+                raise
         if reply.get("ok"):
             return reply.get("result")
         err = reply.get("error") or {}

@@ -1,0 +1,110 @@
+"""The client lets go of its connection whenever its session is over: the server closed it, or a
+reply came out of step with its request. Closing the socket alone used to leave the descriptor
+open (the reader made by `makefile` holds it), so the connection, and on a live server the
+session with its allocations, stayed until the client was garbage-collected."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from serving.aqua.coordinator import AquaClient, CoordinatorUnavailable, ProtocolError
+
+Reply = Callable[[dict[str, Any]], bytes | None]  # request -> reply line, or None to hang up
+
+
+@contextlib.contextmanager
+def scripted_server(path: str, replies: list[Reply]) -> Iterator[dict[str, bytes]]:
+    """A one-connection server answering its requests in turn with `replies`; once they run out
+    (or one returns None) it closes, or, when the client hangs up first, records b"" as "eof"."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    seen: dict[str, bytes] = {}
+
+    def serve() -> None:
+        conn = listener.accept()[0]
+        conn.settimeout(10)
+        with conn, conn.makefile("rb") as reader:
+            for reply in replies:
+                line = reader.readline()
+                if not line:
+                    seen["eof"] = b""
+                    return
+                out = reply(json.loads(line))
+                if out is None:
+                    return
+                conn.sendall(out)
+            with contextlib.suppress(TimeoutError):
+                seen["eof"] = reader.readline()  # b"" once the client hangs up
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        thread.join(15)
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def answer(result: object, id_offset: int = 0) -> Reply:
+    def reply(req: dict[str, Any]) -> bytes:
+        return json.dumps({"id": req["id"] + id_offset, "ok": True, "result": result}).encode() + b"\n"
+
+    return reply
+
+
+def hello() -> Reply:
+    return answer({"session": "s1"})
+
+
+def _open_socket_fds(inode: int) -> list[str]:
+    """This process's descriptors on the socket with `inode`."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == f"socket:[{inode}]":
+                fds.append(fd)
+    return fds
+
+
+def test_it_lets_go_of_its_socket_once_the_server_has_closed_it(sock_path: str) -> None:
+    with scripted_server(sock_path, [hello(), answer("pong"), lambda req: None]):
+        client = AquaClient(sock_path, connect_timeout=5)
+        inode = os.fstat(client._sock.fileno()).st_ino
+        client.ping()
+        with pytest.raises(CoordinatorUnavailable, match="closed the connection"):
+            client.ping()
+        assert _open_socket_fds(inode) == []
+        assert not client.connected()
+        with pytest.raises(CoordinatorUnavailable, match="closed"):
+            client.ping()
+
+
+def test_it_hangs_up_on_a_reply_out_of_step_with_its_request(sock_path: str) -> None:
+    with scripted_server(sock_path, [hello(), answer("pong", id_offset=1)]) as seen:
+        client = AquaClient(sock_path, connect_timeout=5)
+        with pytest.raises(ProtocolError, match="does not match"):
+            client.ping()
+        assert not client.connected()
+        with pytest.raises(CoordinatorUnavailable, match="closed"):
+            client.ping()  # not the next reply of a stream out of step
+    assert seen.get("eof") == b""  # the server saw the session end
+
+
+def test_it_hangs_up_on_a_reply_it_cannot_decode(sock_path: str) -> None:
+    with scripted_server(sock_path, [hello(), lambda req: b"not json\n"]) as seen:
+        client = AquaClient(sock_path, connect_timeout=5)
+        with pytest.raises(ProtocolError, match="undecodable"):
+            client.ping()
+        assert not client.connected()
+    assert seen.get("eof") == b""
