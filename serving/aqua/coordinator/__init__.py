@@ -18,9 +18,11 @@ from serving.aqua.coordinator.errors import (
     NotOwner,
     ProtocolError,
     RegionBusy,
+    SessionLimit,
     UnknownAllocation,
     UnknownRegion,
 )
+from serving.aqua.coordinator.limits import SessionLimits
 from serving.aqua.coordinator.records import Allocation, ReclaimStatus
 from serving.aqua.coordinator.server import CoordinatorServer
 
@@ -38,6 +40,8 @@ __all__ = [
     "ProtocolError",
     "ReclaimStatus",
     "RegionBusy",
+    "SessionLimit",
+    "SessionLimits",
     "UnknownAllocation",
     "UnknownRegion",
 ]

@@ -13,7 +13,10 @@ import signal
 import sys
 import threading
 
+from serving.aqua.coordinator.coordinator import Coordinator
+from serving.aqua.coordinator.limits import SessionLimits
 from serving.aqua.coordinator.server import CoordinatorServer
+from serving.argtypes import positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True, help="Unix socket path to listen on")
     parser.add_argument("--mode", default="600", help="socket file permissions, octal (default 600)")
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    for name in ("max_leases", "max_allocations"):
+        spec = SessionLimits.__dataclass_fields__[name]
+        flag = "--" + name.replace("_", "-") + "-per-session"
+        parser.add_argument(
+            flag, dest=name, type=positive_int, default=spec.default, metavar="N", help=spec.metadata["help"]
+        )
     args = parser.parse_args(argv)
     if not args.socket:
         parser.error("--socket '' is not a path")
@@ -35,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--log-level {args.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
 
-    server = CoordinatorServer(args.socket, socket_mode=mode)
+    limits = SessionLimits(max_leases=args.max_leases, max_allocations=args.max_allocations)
+    server = CoordinatorServer(args.socket, Coordinator(limits), socket_mode=mode)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

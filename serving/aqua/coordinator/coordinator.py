@@ -23,11 +23,15 @@ operation atomic. The rules (the protocol of Aqua, ASPLOS'25, with the choices t
   consumer id. When a session disconnects: its allocations are freed; its regions are *withdrawn*:
   closed to allocations, reported to their consumer by `pending_reclaims` with `withdrawn=True`,
   and removed once empty (at once if already empty).
+- A client session may hold at most `SessionLimits.max_leases` regions and
+  `SessionLimits.max_allocations` allocations at once; beyond that it is refused (SessionLimit).
+  The in-process host's session (`LOCAL_SESSION`) is not capped (see `limits.py`).
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +42,7 @@ from serving.aqua.coordinator.errors import (
     UnknownAllocation,
     UnknownRegion,
 )
+from serving.aqua.coordinator.limits import SessionLimits, SessionQuota
 from serving.aqua.coordinator.records import Allocation, ReclaimStatus
 
 # Offsets inside a region are multiples of this: keeps every allocation aligned for vectorised
@@ -174,9 +179,19 @@ def _name(name: str, value: object) -> str:
 
 
 class Coordinator:
-    """Lease / allocate / reclaim bookkeeping for the lent memory of one host (see module doc)."""
+    """Lease / allocate / reclaim bookkeeping for the lent memory of one host (see module doc).
 
-    def __init__(self) -> None:
+    Args:
+        limits: What one client session may hold at once (default `SessionLimits()`).
+    """
+
+    def __init__(self, limits: SessionLimits | None = None) -> None:
+        self.limits = limits if limits is not None else SessionLimits()
+        # Leases of live sessions (a withdrawn region no longer counts) and allocations, per session
+        self._leases = SessionQuota("leases", "max_leases", self.limits.max_leases, LOCAL_SESSION)
+        self._alloc_quota = SessionQuota(
+            "allocations", "max_allocations", self.limits.max_allocations, LOCAL_SESSION
+        )
         # region_id -> region, in lease order (the tie-break when several regions fit)
         self._regions: dict[str, _Region] = {}
         # alloc_id -> (allocation, session that made it)
@@ -204,11 +219,13 @@ class Coordinator:
         _positive_int("nbytes", nbytes)
         handle = _handle_copy(handle)
         _within_memory(nbytes, handle)
+        self._leases.check(session)
         region_id = f"r{self._next_region}"
         self._regions[region_id] = _Region(
             self._next_region, region_id, producer_id, session, device, nbytes, handle
         )
         self._next_region += 1
+        self._leases.take(session)
         return region_id
 
     def resize(self, region_id: str, nbytes: int, *, session: str = LOCAL_SESSION) -> None:
@@ -231,6 +248,7 @@ class Coordinator:
                 f"{region.consumer_id!r}; request a reclaim and wait for it"
             )
         del self._regions[region_id]
+        self._leases.give(session)
 
     def request_reclaim(self, region_id: str, *, session: str = LOCAL_SESSION) -> ReclaimStatus:
         """Close a region to new allocations and ask its consumer to give it back; idempotent.
@@ -273,6 +291,7 @@ class Coordinator:
         if min_nbytes is not None and _positive_int("min_nbytes", min_nbytes) > nbytes:
             raise InvalidArgument(f"{min_nbytes=} must be at most {nbytes=}")
         excluded = _region_ids("exclude_regions", exclude_regions)
+        self._alloc_quota.check(session)
         candidates = [
             r
             for r in self._regions.values()
@@ -315,6 +334,7 @@ class Coordinator:
         region.allocs[alloc.alloc_id] = alloc
         region.allocs = dict(sorted(region.allocs.items(), key=lambda kv: kv[1].offset))
         self._allocs[alloc.alloc_id] = (alloc, session)
+        self._alloc_quota.take(session)
         return alloc
 
     def free(self, alloc_id: str, consumer_id: str | None = None, *, session: str = LOCAL_SESSION) -> None:
@@ -358,6 +378,7 @@ class Coordinator:
                 region.reclaiming = region.withdrawn = True
                 if not region.allocs:
                     del self._regions[region.region_id]
+        self._leases.forget(session)
 
     def stats(self) -> dict[str, Any]:
         """Telemetry snapshot (JSON-able).
@@ -419,6 +440,10 @@ class Coordinator:
             assert r.reclaiming or not r.withdrawn
             assert not (r.withdrawn and not r.allocs), f"empty withdrawn region {r.region_id} kept"
         assert seen == set(self._allocs), "allocation index out of step with the regions"
+        leases = Counter(r.session for r in self._regions.values() if not r.withdrawn)
+        assert self._leases.snapshot() == dict(leases), "lease counts out of step with the regions"
+        allocs = Counter(session for _, session in self._allocs.values())
+        assert self._alloc_quota.snapshot() == dict(allocs), "allocation counts out of step"
 
     # ----------------------------------------------------------------- internals
     def _region(self, region_id: str) -> _Region:
@@ -436,7 +461,8 @@ class Coordinator:
         return region
 
     def _drop(self, alloc: Allocation) -> None:
-        del self._allocs[alloc.alloc_id]
+        _, session = self._allocs.pop(alloc.alloc_id)
+        self._alloc_quota.give(session)
         region = self._regions[alloc.region_id]
         del region.allocs[alloc.alloc_id]
         if region.withdrawn and not region.allocs:

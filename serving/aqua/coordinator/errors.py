@@ -41,6 +41,11 @@ class InsufficientMemory(CoordinatorError):
     """No region can hold the request in one piece (raised only when the caller asks for it)."""
 
 
+class SessionLimit(CoordinatorError):
+    """The session already holds as many leases or allocations as one session may (the message
+    names the limit and its setting): unlease or free some first."""
+
+
 class ProtocolError(CoordinatorError):
     """A frame could not be decoded, or a reply did not match its request."""
 
@@ -59,6 +64,7 @@ ERRORS: dict[str, type[CoordinatorError]] = {
         NotOwner,
         RegionBusy,
         InsufficientMemory,
+        SessionLimit,
         ProtocolError,
         CoordinatorUnavailable,
     )
