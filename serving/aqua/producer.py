@@ -15,7 +15,8 @@ a CUDA IPC buffer on GPU I. Events go to stdout as JSON lines, flushed:
 SIGUSR1 (or --reclaim-after) starts the reclaim: request it, poll until every consumer allocation
 is freed, unlease, release the memory, exit 0. SIGTERM/SIGINT/SIGHUP do the same: a hang-up (the
 terminal or ssh session closed) reaches the whole process group, the multiprocessing resource
-tracker included, so nothing else would unlink the segment. If consumers do not
+tracker included, so nothing else would unlink the segment (a SIGKILL of the group leaves it
+behind: the next producer or coordinator to start unlinks it, see `shm_names`). If consumers do not
 give the region back within --reclaim-timeout the agent exits 3 anyway; its disconnect withdraws
 the region (consumers see it in pending_reclaims with withdrawn=True). A reclaim while nothing is
 lent (the coordinator is gone) exits 0 at once; one whose coordinator goes away midway exits 3.
@@ -44,11 +45,11 @@ from serving.aqua.coordinator import AquaClient, CoordinatorError, CoordinatorUn
 from serving.aqua.coordinator.session import CoordinatorSession
 from serving.aqua.memory.base import Region
 from serving.aqua.memory.shm import ShmRegion
+from serving.aqua.memory.shm_names import SHM_DIR, sweep_stale_segments
 
 log = logging.getLogger(__name__)
 KEEP_INTERVAL_S = 0.1  # how often the lender process checks that its lease still stands
 MAX_NBYTES = (1 << 63) - 1  # a region's size travels as a signed 64-bit integer (off_t, torch sizes)
-SHM_DIR = "/dev/shm"  # where POSIX shared-memory segments (cpu* devices) live on Linux
 
 
 class LenderAgent:
@@ -238,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         "--call-timeout", type=_seconds, default=5.0, help="seconds to wait for each coordinator reply"
     )
     args = parser.parse_args(argv)
+    if args.device.startswith("cpu"):
+        # Segments of producers killed with their process group (no unlink ran): see shm_names.
+        sweep_stale_segments()
     # A segment is sparse: creating one larger than the free space succeeds, and the lender (or a
     # consumer writing into it) is killed by SIGBUS once the space runs out.
     free = _shm_free_bytes() if args.device.startswith("cpu") else None

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from serving.aqua.coordinator.coordinator import Coordinator
 from serving.aqua.coordinator.errors import CoordinatorError, InvalidArgument, ProtocolError
 from serving.aqua.coordinator.protocol import MAX_FRAME, OPS, decode, encode
+from serving.aqua.memory.shm_names import sweep_stale_segments
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +65,8 @@ class CoordinatorServer:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         _claim_socket_path(self.socket_path)
+        # Segments of producers killed with their process group, which no one else unlinks.
+        sweep_stale_segments()
         server = await asyncio.start_unix_server(self._handle, path=self.socket_path, limit=MAX_FRAME)
         st = os.stat(self.socket_path)
         self._socket_file = (st.st_dev, st.st_ino)

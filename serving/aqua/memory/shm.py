@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import sys
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 from serving.aqua.memory.base import HostRegion, RegionUnavailable
+from serving.aqua.memory.shm_names import segment_name
 
 # Names of segments created by this process: attaching to one of them must not unregister it,
 # which would cancel the creator's own registration (the tracker keeps one entry per name).
@@ -39,10 +39,11 @@ class ShmRegion(HostRegion):
 
     @classmethod
     def create(cls, nbytes: int, *, device: str = "cpu0", name: str | None = None) -> ShmRegion:
-        """Create (and own) a new zero-filled segment; `name` defaults to a fresh random one."""
+        """Create (and own) a new zero-filled segment; `name` defaults to a fresh one naming this
+        process as its owner (`shm_names.segment_name`: swept once this process is dead)."""
         if nbytes <= 0:
             raise ValueError(f"{nbytes=} must be positive")
-        name = name or f"aqua_{os.getpid()}_{secrets.token_hex(6)}"
+        name = name or segment_name()
         shm = SharedMemory(name=name, create=True, size=nbytes)
         _CREATED_HERE.add(shm._name)  # type: ignore[attr-defined]
         return cls(shm, nbytes, device, owner=True)
