@@ -1,13 +1,15 @@
 """The client lets go of its connection whenever its session is over: the server closed it, or a
 reply came out of step with its request. Closing the socket alone used to leave the descriptor
 open (the reader made by `makefile` holds it), so the connection, and on a live server the
-session with its allocations, stayed until the client was garbage-collected."""
+session with its allocations, stayed until the client was garbage-collected. And `connected()`
+works whatever the socket's descriptor number."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import resource
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from serving.aqua.coordinator import AquaClient, CoordinatorUnavailable, ProtocolError
+from serving.aqua.coordinator import AquaClient, CoordinatorServer, CoordinatorUnavailable, ProtocolError
 
 Reply = Callable[[dict[str, Any]], bytes | None]  # request -> reply line, or None to hang up
 
@@ -108,3 +110,30 @@ def test_it_hangs_up_on_a_reply_it_cannot_decode(sock_path: str) -> None:
             client.ping()
         assert not client.connected()
     assert seen.get("eof") == b""
+
+
+def test_connected_works_for_a_socket_numbered_above_select_s_limit(sock_path: str) -> None:
+    # An engine process holding many files gets descriptors from 1024 up, which select() refuses
+    # (ValueError): every reserve/get/poll of the lent store, which asks connected(), raised.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit ({hard}) is under 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fillers: list[int] = []
+    try:
+        while not fillers or fillers[-1] < 1100:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        server = CoordinatorServer(sock_path)
+        server.start()
+        try:
+            with AquaClient(sock_path) as client:
+                assert client._sock.fileno() > 1024
+                assert client.connected()
+                server.stop()  # the server ends every session
+                assert not client.connected()
+        finally:
+            server.stop()
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

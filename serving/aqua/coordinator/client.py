@@ -173,14 +173,17 @@ class AquaClient:
         the connection (it ended the session and freed its allocations) or this client was closed.
 
         Between calls nothing may arrive (every reply answers a request), so a readable socket means
-        end-of-file or an error; `select` first, because a socket with a timeout waits in `recv`.
+        end-of-file or an error; `poll` first, because a socket with a timeout waits in `recv`.
+        (`poll`, not `select`: select refuses descriptors from FD_SETSIZE (1024) up, which an engine
+        process holding many files reaches.)
         """
         with self._lock:
             if self._sock.fileno() < 0:
                 return False
             try:
-                readable, _, _ = select.select([self._sock], [], [], 0)
-                return not readable or self._sock.recv(1, socket.MSG_PEEK) != b""
+                poller = select.poll()
+                poller.register(self._sock, select.POLLIN)
+                return not poller.poll(0) or self._sock.recv(1, socket.MSG_PEEK) != b""
             except OSError:
                 return False
 
