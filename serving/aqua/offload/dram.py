@@ -74,7 +74,7 @@ class DramStore(KVStore):
             self._idle.pop()
 
     def put(self, key: str, data: torch.Tensor) -> bool:
-        """Copy `data` (any dtype, contiguous) in under `key`; False when there is no room."""
+        """Copy `data` (any dtype, contiguous, not empty) in under `key`; False when there is no room."""
         src = data.contiguous().view(-1).view(torch.uint8)
         buf = self.reserve(key, src.numel())
         if buf is None:
