@@ -137,3 +137,15 @@ def test_connected_works_for_a_socket_numbered_above_select_s_limit(sock_path: s
         for fd in fillers:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), float("inf")])
+def test_a_bad_reply_timeout_is_refused_before_any_session_is_opened(
+    server: CoordinatorServer, sock_path: str, timeout: float
+) -> None:
+    # settimeout refused -1 and nan only once connected, and the connection stayed open (a session
+    # on the server) until the client was collected; 0 made every call fail as if no one answered.
+    with pytest.raises(ValueError, match="timeout="):
+        AquaClient(sock_path, timeout=timeout)
+    with AquaClient(sock_path) as client:
+        assert client.stats()["sessions"] == 1  # only this one

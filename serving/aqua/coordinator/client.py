@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import select
 import socket
@@ -53,7 +54,8 @@ class AquaClient:
     Args:
         socket_path: the server's Unix socket.
         name: a label for this session in the server's bookkeeping (e.g. "engine-a/scheduler").
-        timeout: seconds to wait for any one reply before giving up (the connection is then closed).
+        timeout: seconds to wait for any one reply before giving up (the connection is then closed);
+            positive and finite (checked before connecting: ValueError).
         connect_timeout: seconds to keep retrying the connection while the server starts.
     """
 
@@ -65,6 +67,11 @@ class AquaClient:
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
     ) -> None:
+        # Checked before connecting: settimeout would refuse it only once connected, leaving that
+        # connection (a session on the server) open until the client is garbage-collected; and 0
+        # (non-blocking) would fail every call as if the coordinator were gone.
+        if not (isinstance(timeout, int | float) and timeout > 0 and math.isfinite(timeout)):
+            raise ValueError(f"{timeout=} must be a positive, finite number of seconds")
         self.socket_path = os.fspath(socket_path)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
