@@ -149,3 +149,15 @@ def test_a_bad_reply_timeout_is_refused_before_any_session_is_opened(
         AquaClient(sock_path, timeout=timeout)
     with AquaClient(sock_path) as client:
         assert client.stats()["sessions"] == 1  # only this one
+
+
+def test_an_error_reply_without_its_fields_is_no_coordinator_not_a_crash(sock_path: str) -> None:
+    # {"error": "boom"} raised AttributeError out of the constructor, which CoordinatorSession's
+    # backoff does not catch (an engine's watcher thread died of it), with the socket left open.
+    def boom(req: dict[str, Any]) -> bytes:
+        return json.dumps({"id": req["id"], "ok": False, "error": "boom"}).encode() + b"\n"
+
+    refused = pytest.raises(CoordinatorUnavailable, match="did not answer as a coordinator")
+    with scripted_server(sock_path, [boom]) as seen, refused:
+        AquaClient(sock_path, connect_timeout=5)
+    assert seen.get("eof") == b""

@@ -233,14 +233,17 @@ class AquaClient:
                 reply = decode(line)
                 if reply.get("id") != req_id:
                     raise ProtocolError(f"reply id {reply.get('id')!r} does not match request id {req_id}")
+                if not reply.get("ok") and not isinstance(reply.get("error"), dict):
+                    raise ProtocolError(f"a reply neither ok nor an error: {str(reply)[:200]}")
             except ProtocolError:
-                # Replies are no longer in step with requests: every later call would read another
-                # call's answer. The session ends here (later calls raise CoordinatorUnavailable).
+                # Replies are no longer in step with requests, or the peer does not speak the
+                # protocol: every later call would read another call's answer. The session ends
+                # here (later calls raise CoordinatorUnavailable).
                 self._hang_up()
                 raise
         if reply.get("ok"):
             return reply.get("result")
-        err = reply.get("error") or {}
+        err = reply["error"]
         raise error_from_code(str(err.get("code")), str(err.get("message")))
 
 
