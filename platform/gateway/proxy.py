@@ -473,7 +473,7 @@ async def _admit(key: ApiKey, request: CompletionRequest) -> services.Admission:
     admission still completes, and its token reservation is released here instead of holding the
     key's quota until it expires."""
     admitting = asyncio.ensure_future(
-        database_sync_to_async(services.admit)(key, request.model, body=request.body)
+        database_sync_to_async(services.admit)(key, request.model, body=request.body, kind=request.kind)
     )
     try:
         return await asyncio.shield(admitting)

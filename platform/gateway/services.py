@@ -122,12 +122,18 @@ def healthy_targets(model: ServedModel) -> list[Target]:
 
 
 def admit(
-    key: ApiKey, model_name: str, now: datetime | None = None, *, body: dict[str, Any] | None = None
+    key: ApiKey,
+    model_name: str,
+    now: datetime | None = None,
+    *,
+    body: dict[str, Any] | None = None,
+    kind: str | None = None,
 ) -> Admission:
     """Find the model, apply the (authenticated) key's quotas, list healthy replicas.
 
     The token quota reserves the most the request may cost (gateway/estimate.py, from its
-    validated ``body``; without one, as a request without max_tokens, the model's whole context)
+    validated ``body`` of endpoint ``kind``, "chat" or "completion", None: told by the body's
+    shape; without a body, as a chat without max_tokens, the model's whole context)
     until ``finish`` (or ``release``) replaces it with what it used. A refusal after the
     reservation (no healthy replica, the rate limit) releases it again.
 
@@ -148,7 +154,7 @@ def admit(
     model = _served().filter(name=model_name).first()
     if model is None:
         raise model_not_found(model_name)
-    estimate = estimate_tokens(body or {}, model.max_context_length)
+    estimate = estimate_tokens(body or {}, model.max_context_length, kind)
     reservation_id, tokens_held = reserve_tokens(key, now, estimate)
     try:
         targets = healthy_targets(model)

@@ -59,11 +59,62 @@ def test_it_estimates_prompt_characters_and_n_times_the_output_limit() -> None:
     assert estimate_tokens({"prompt": [7, 8, 9], "max_tokens": 2}, 4096).total == 3 + 2
     # A completion with a stray "messages": null (extra fields pass on to the engine) is a completion.
     assert estimate_tokens({"prompt": "hi", "messages": None, "max_tokens": 2}, 4096).total == 1 + 2
-    # No output limit: until the context is full (vLLM's default), or the documented default.
-    assert estimate_tokens({"prompt": "x" * 40, "n": 2}, 256).total == 10 + 2 * (256 - 10)
-    assert estimate_tokens({"prompt": "x" * 40}, None).total == 10 + DEFAULT_MAX_OUTPUT_TOKENS
+    # No output limit (a chat's, or a completion's null max_tokens): until the context is full
+    # (vLLM's default), or the documented default.
+    assert estimate_tokens({"messages": [{"content": "x" * 40}], "n": 2}, 256).total == 10 + 2 * (256 - 10)
+    assert (
+        estimate_tokens({"prompt": "x" * 40, "max_tokens": None}, None).total
+        == 10 + DEFAULT_MAX_OUTPUT_TOKENS
+    )
     # No completion can outgrow the context.
     assert estimate_tokens({"prompt": "x" * 40, "max_tokens": 10_000}, 256).total == 256
+
+
+def test_it_reserves_for_a_completion_what_vllm_may_generate_for_it() -> None:
+    """/v1/completions has no max_completion_tokens (vLLM ignores it there) and its max_tokens
+    defaults to 16, as OpenAI's; a null max_tokens lets it fill the context."""
+    prompt = "x" * 40  # 10 tokens
+    assert estimate_tokens({"prompt": prompt}, 256, "completion").total == 10 + 16
+    assert estimate_tokens({"prompt": prompt, "n": 2}, 256).total == 10 + 2 * 16
+    ignored = estimate_tokens({"prompt": prompt, "max_completion_tokens": 1, "max_tokens": None}, 256)
+    assert (ignored.total, ignored.limit_field) == (256, "max_tokens")
+    capped = estimate_tokens({"prompt": prompt, "max_completion_tokens": 1, "max_tokens": 30}, 256)
+    assert (capped.total, capped.limit_field) == (10 + 30, "max_tokens")
+    # The endpoint decides, not the body's shape: a completion's stray "messages" list is no prompt.
+    stray = {"prompt": "y" * 400, "messages": [{"role": "user", "content": ""}], "max_tokens": 1}
+    assert estimate_tokens(stray, 256, "completion").total == 100 + 1
+
+
+def test_a_completion_is_admitted_or_refused_by_what_the_engine_may_generate(
+    gateway_data: dict[str, Any],
+) -> None:
+    _, secret = key_with(gateway_data, 100)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        usage = {"prompt_tokens": 1, "completion_tokens": 16, "total_tokens": 17}
+        return httpx.Response(200, json={"choices": [], "usage": usage})
+
+    app = app_with(answer)
+    # No max_tokens: at most 16 tokens, well within the quota (it used to be held to the context).
+    plain = asyncio.run(call(app, "/v1/completions", {"model": "tiny", "prompt": "hi"}, secret))
+    assert plain.status == 200
+    # max_completion_tokens does not bound a completion: max_tokens null lets it fill the context.
+    body = {"model": "tiny", "prompt": "hi", "max_completion_tokens": 1, "max_tokens": None}
+    unbounded = asyncio.run(call(app, "/v1/completions", body, secret))
+    assert unbounded.status == 400
+    assert (unbounded.json()["error"]["code"], unbounded.json()["error"]["param"]) == (
+        "request_too_large",
+        "max_tokens",
+    )
+    # A long prompt beside a stray "messages" list is still counted.
+    stray = {
+        "model": "tiny",
+        "prompt": "y" * 400,
+        "messages": [{"role": "user", "content": ""}],
+        "max_tokens": 1,
+    }
+    assert asyncio.run(call(app, "/v1/completions", stray, secret)).status == 400
+    assert not TokenReservation.objects.exists()
 
 
 def test_a_request_whose_outputs_exceed_what_is_left_is_refused_before_the_engine(
@@ -103,7 +154,7 @@ def test_a_request_that_may_cost_more_than_the_whole_quota_is_a_400_naming_its_l
     assert "up to 201 tokens" in error["message"] and "daily quota of 100" in error["message"]
     assert "lower max_completion_tokens" in error["message"]
     # Without a limit it may fill the model's context (256 tokens): say which field to set.
-    unlimited = refusal(key, {"model": "tiny", "prompt": "hi"})
+    unlimited = refusal(key, {"model": "tiny", "prompt": "hi", "max_tokens": None})
     assert (unlimited.status, unlimited.param) == (400, "max_tokens")
     assert not TokenReservation.objects.exists()
     # A key whose day is used up says so first, whatever the request.
@@ -179,8 +230,8 @@ def test_a_request_releases_its_reservation_whatever_its_outcome(
         call(app_with(upstream), "/v1/completions", {"model": "tiny", "prompt": "hi"}, secret)
     )
     assert result.status == status
-    if status == 200:  # the headers hold its reservation: the model's context (256) less the prompt
-        assert result.headers[b"x-ratelimit-remaining-tokens"] == str(10_000 - 1 - 255).encode()
+    if status == 200:  # the headers hold its reservation: the prompt and 16 (a completion's default)
+        assert result.headers[b"x-ratelimit-remaining-tokens"] == str(10_000 - 1 - 16).encode()
     assert not TokenReservation.objects.exists()
     assert sum(u.total_tokens for u in Usage.objects.filter(key=key)) == booked
 
