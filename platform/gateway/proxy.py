@@ -87,6 +87,8 @@ ClientFactory = Callable[[], httpx.AsyncClient]
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 MODEL_PREFIX = "/v1/models/"  # + a model's name: models.retrieve
 IDENTITY = {"accept-encoding": "identity"}
+# An engine's refusal of the gateway's own engine key: a failed replica, not the client's error.
+ENGINE_REFUSED_GATEWAY = (401, 403)
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -246,7 +248,11 @@ class GatewayApp:
     async def _open(
         self, request: CompletionRequest, admission: services.Admission, state: dict[str, Any]
     ) -> tuple[Target, httpx.Response]:
-        """Send to the best replica; on a connection error or 5xx before any byte, the next one.
+        """Send to the best replica; on a connection error, a 5xx, or a 401/403 before any byte,
+        the next one. An engine answers 401 only to its own key (the deployment's, which the
+        gateway sends: serving/vllm_ext/engine_auth.py), so a 401 or 403 is that replica refusing
+        the gateway (an engine still running with the key of an earlier SECRET_KEY), never the
+        client's key: relayed, a client would take its own key for invalid and not retry.
 
         ``state["target"]`` is the replica while it has the request: one that took it and then
         timed out, or whose client left before its headers (vLLM sends a non-streamed answer's
@@ -290,7 +296,7 @@ class GatewayApp:
             except BaseException:
                 self.router.release(target)
                 raise
-            if response.status_code >= 500:
+            if response.status_code >= 500 or response.status_code in ENGINE_REFUSED_GATEWAY:
                 state["target"] = None
                 try:
                     await response.aclose()

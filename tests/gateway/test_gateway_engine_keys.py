@@ -55,3 +55,37 @@ def test_engine_keys_differ_per_deployment_and_follow_the_secret_key(
     assert first != engine_api_key(b.pk) and len(first) == 64
     settings.SECRET_KEY = "another-secret-key-" + "x" * 50
     assert engine_api_key(a.pk) != first
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_engine_refusing_the_gateways_key_is_a_failed_replica_not_the_clients_401(
+    gateway_data: dict[str, Any], status: int
+) -> None:
+    """An engine still running with the key of an earlier SECRET_KEY (until its restart) refuses
+    the gateway's: that is the replica's failure (the next one is tried, then a 503 to retry),
+    never an invalid key of the client's, which OpenAI's SDKs raise as AuthenticationError and
+    do not retry."""
+    asked: list[str] = []
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.host)
+        return httpx.Response(status, json={"error": "Unauthorized"})
+
+    result = asyncio.run(call(app_with(refusing), "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert sorted(asked) == ["replica-a", "replica-b"]
+    assert result.status == 503 and int(result.headers[b"retry-after"]) > 0
+    assert b"www-authenticate" not in result.headers
+    error = result.json()["error"]
+    assert (error["type"], error["code"]) == ("service_unavailable", "upstream_failed")
+
+    def first_refuses(request: httpx.Request) -> httpx.Response:
+        if not asked:
+            asked.append(request.url.host)
+            return httpx.Response(status, json={"error": "Unauthorized"})
+        return httpx.Response(
+            200, json={"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+        )
+
+    asked.clear()
+    served = asyncio.run(call(app_with(first_refuses), "/v1/chat/completions", CHAT, gateway_data["secret"]))
+    assert served.status == 200, served.body
