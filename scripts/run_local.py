@@ -23,6 +23,7 @@ import importlib.util
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -351,9 +352,37 @@ def base_url(config: RunConfig) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{config.port}"
 
 
+def port_in_use(config: RunConfig) -> bool:
+    """Whether something listens on the address the web server is to bind (another `make run`).
+    SO_REUSEADDR, as daphne binds: a port left in TIME_WAIT by a run just stopped is free."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except OSError:
+        return False  # daphne says what is wrong with the address
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError:
+            return True
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     env = base_env()
+    # Checked before the set-up: it rotates the local agents' tokens, which would cut off the agents
+    # of a run already serving there, and that run's health check would pass for this one's.
+    if port_in_use(config):
+        print(
+            f"[run] {base_url(config)} is in use (another `make run`?); nothing was set up or started: "
+            "stop that server, or set PORT (or --port) to a free port",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     try:
         prepare(env)
         services, agents = process_specs(config), agent_specs(config, env)

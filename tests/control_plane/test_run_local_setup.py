@@ -4,6 +4,7 @@ command's own error captured and never shown); one that succeeds has its notes r
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ def test_a_failed_set_up_command_is_named_with_its_error_and_nothing_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(run_local, "prepare", lambda env: None)  # local_agent fails before any query
+    monkeypatch.setattr(run_local, "port_in_use", lambda config: False)  # whatever serves on 8000
     monkeypatch.setattr(run_local.Supervisor, "start", lambda self: pytest.fail("a process was started"))
     monkeypatch.setenv("VAR_DIR", str(tmp_path))
     monkeypatch.setenv("LOCAL_AGENT", "0")
@@ -50,3 +52,22 @@ def test_a_set_up_commands_progress_bar_and_blank_lines_are_no_notes(
     )
     run_local.setup_command([sys.executable, "-c", script], run_local.base_env(), capture=True)
     assert capsys.readouterr().out == "[run] building: 100%\n[run] done\n"
+
+
+def test_a_port_in_use_stops_the_run_before_any_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second `make run` on a port a first one serves used to rotate the local agents' tokens
+    (cutting off the first run's agents for good) and take the first run's health check for its
+    own ("ready") before its web server failed to bind."""
+    monkeypatch.setattr(run_local, "prepare", lambda env: pytest.fail("set-up ran"))
+    monkeypatch.setattr(run_local, "agent_specs", lambda config, env: pytest.fail("agents were prepared"))
+    monkeypatch.setenv("VAR_DIR", str(tmp_path))
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert run_local.main(["--host", "127.0.0.1", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"[run] http://127.0.0.1:{port} is in use" in err and "nothing was set up or started" in err
+    assert not run_local.port_in_use(run_local.RunConfig("127.0.0.1", port, 1))  # free once closed
