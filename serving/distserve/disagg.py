@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from serving.costmodel import Link
 from serving.distserve.decode import DecodeLaneSim, Handoff
-from serving.distserve.parallel import NVLINK3, LaneModel, Parallelism, lane_model
+from serving.distserve.parallel import LaneModel, Parallelism, lane_model, nvlink
 from serving.distserve.prefill import PrefillLaneSim
 from serving.metrics.records import RequestRecord
 from serving.policies import get_policy
@@ -75,8 +75,9 @@ class DisaggDeployment:
         gpu: GPU name, e.g. "a100".
         prefill: Prefill instances.
         decode: Decode instances.
-        kv_link: Link a decode lane pulls KV over (NVLink inside a node, InfiniBand across).
-        stage_link: Link between pipeline stages.
+        kv_link: Link a decode lane pulls KV over (NVLink inside a node, InfiniBand across); by
+            default the GPU's NVLink (`parallel.nvlink`: 3 on the A100, 4 on the H100/H200).
+        stage_link: Link between pipeline stages; by default the GPU's NVLink.
         prefill_max_tokens: Token budget of one prefill iteration.
         decode_max_seqs: Max running requests per decode lane.
     """
@@ -85,10 +86,17 @@ class DisaggDeployment:
     gpu: str
     prefill: PhaseSpec
     decode: PhaseSpec
-    kv_link: Link = NVLINK3
-    stage_link: Link = NVLINK3
+    kv_link: Link | None = None  # None: nvlink(gpu), set by __post_init__
+    stage_link: Link | None = None
     prefill_max_tokens: int = 1024
     decode_max_seqs: int = 256
+
+    def __post_init__(self) -> None:
+        # The links once defaulted to NVLink 3 whatever the GPU, so an H100 deployment moved KV at
+        # the A100's bandwidth while its all-reduces (the presets) used the H100's NVLink 4.
+        for name in ("kv_link", "stage_link"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, nvlink(self.gpu))
 
     @property
     def gpus(self) -> int:
@@ -148,6 +156,7 @@ def run_disaggregated(requests: Sequence[Request], dep: DisaggDeployment) -> lis
     """
     p_lane = lane_model(dep.model, dep.gpu, dep.prefill.par, dep.stage_link)
     d_lane = lane_model(dep.model, dep.gpu, dep.decode.par, dep.stage_link)
+    kv_link = dep.kv_link or nvlink(dep.gpu)  # (never None after __post_init__)
     ordered = sorted(requests, key=lambda r: (r.arrival, r.req_id))
     config = _prefill_config(p_lane, dep.prefill_max_tokens)
     prefills = [
@@ -155,7 +164,7 @@ def run_disaggregated(requests: Sequence[Request], dep: DisaggDeployment) -> lis
         for part in _round_robin(ordered, p_lane.lanes * dep.prefill.instances)
     ]
     decodes = [
-        DecodeLaneSim(d_lane.cost, d_lane.kv_tokens_per_lane, dep.kv_link, max_num_seqs=dep.decode_max_seqs)
+        DecodeLaneSim(d_lane.cost, d_lane.kv_tokens_per_lane, kv_link, max_num_seqs=dep.decode_max_seqs)
         for _ in range(d_lane.lanes * dep.decode.instances)
     ]
     co_simulate(prefills, decodes)
@@ -230,9 +239,12 @@ def run_colocated(
     par: Parallelism,
     instances: int,
     max_num_batched_tokens: int = 2048,
-    stage_link: Link = NVLINK3,
+    stage_link: Link | None = None,
 ) -> list[RequestRecord]:
-    """Serve `requests` on `instances` colocated FCFS engines (both phases); records by req_id."""
+    """Serve `requests` on `instances` colocated FCFS engines (both phases); records by req_id.
+
+    `stage_link` joins pipeline stages; by default the GPU's NVLink (`parallel.nvlink`).
+    """
     lane = lane_model(model, gpu, par, stage_link)
     config = EngineConfig(
         max_num_batched_tokens=max_num_batched_tokens, num_kv_blocks=max(1, lane.kv_tokens_per_lane // 16)

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from serving.costmodel import Link
 from serving.distserve.disagg import run_lanes
-from serving.distserve.parallel import NVLINK3, LaneModel, Parallelism, lane_model
+from serving.distserve.parallel import LaneModel, Parallelism, lane_model
 from serving.metrics.records import RequestRecord
 from serving.sim.config import EngineConfig
 from serving.workload.request import Request
@@ -74,7 +74,10 @@ def run_colocated_vllm_v0(
     par: Parallelism,
     instances: int,
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
-    stage_link: Link = NVLINK3,
+    stage_link: Link | None = None,
 ) -> list[RequestRecord]:
-    """Serve `requests` on `instances` colocated vLLM v0.2-style engines of parallelism `par`."""
+    """Serve `requests` on `instances` colocated vLLM v0.2-style engines of parallelism `par`.
+
+    `stage_link` joins pipeline stages; by default the GPU's NVLink (`parallel.nvlink`).
+    """
     return run_vllm_v0(requests, lane_model(model, gpu, par, stage_link), instances, max_num_batched_tokens)

@@ -24,6 +24,7 @@ from serving.distserve import (
     lane_model,
     low_affinity_search,
     run_colocated,
+    run_colocated_vllm_v0,
     run_disaggregated,
 )
 from serving.distserve.disagg import run_decode, run_prefill
@@ -138,6 +139,32 @@ def test_an_unpipelined_lane_costs_what_the_preset_of_its_gpu_costs(gpu: str, tp
     assert (lane.cost.prefill, lane.cost.decode) == (preset.prefill, preset.decode)
     link = NVLINK3 if gpu == "a100" else NVLINK4
     assert nvlink(gpu) == link
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "h200"])
+def test_deployments_default_to_the_nvlink_of_their_gpu(gpu: str) -> None:
+    # run_colocated, run_colocated_vllm_v0 and DisaggDeployment defaulted to NVLink 3 on every GPU
+    # while the presets' all-reduces use the GPU's own (NVLink 4 on the H100/H200).
+    own, other = (NVLINK3, NVLINK4) if gpu == "a100" else (NVLINK4, NVLINK3)
+    one = PhaseSpec(Parallelism(1, 1), 1)
+    dep = DisaggDeployment(MODEL, gpu, one, one)
+    assert (dep.kv_link, dep.stage_link) == (own, own)
+    assert DisaggDeployment(MODEL, gpu, one, one, IB_HDR).stage_link == own
+    reqs = poisson(6.0, 40, output=16, seed=3)
+    pp2 = Parallelism(1, 2)  # two stages: the stage link carries every batch's activations
+
+    def times(recs: list[Any]) -> list[list[float]]:
+        return [r.token_times for r in recs]
+
+    for run in (run_colocated, run_colocated_vllm_v0):
+        default = times(run(reqs, MODEL, gpu, pp2, 1))
+        assert default == times(run(reqs, MODEL, gpu, pp2, 1, stage_link=own))
+        assert default != times(run(reqs, MODEL, gpu, pp2, 1, stage_link=other))
+    staged = PhaseSpec(pp2, 1)
+    default = times(run_disaggregated(reqs, DisaggDeployment(MODEL, gpu, staged, staged)))
+    mine = DisaggDeployment(MODEL, gpu, staged, staged, own, own)
+    theirs = DisaggDeployment(MODEL, gpu, staged, staged, other, other)
+    assert default == times(run_disaggregated(reqs, mine)) != times(run_disaggregated(reqs, theirs))
 
 
 @dataclass
