@@ -124,7 +124,7 @@ class Bisection:
         return self.hi * self.scale
 
 
-def largest_batch(decode: PhaseCoeffs, context: int, limit_s: float) -> int:
+def largest_batch(decode: PhaseCoeffs, context: int, limit_s: float, max_batch: int | None = None) -> int:
     """The largest batch k >= 1 of requests of `context` tokens whose decode step,
     CostModel.decode_time([context] * k), is at most `limit_s` (1 if even two exceed it).
 
@@ -132,15 +132,28 @@ def largest_batch(decode: PhaseCoeffs, context: int, limit_s: float) -> int:
     trying k = 2, 3, ... with a list of k contexts each: that scan was quadratic, and a loose TPOT
     (5 s: 0.9 s per decode bracket on llama-2-13b@a100, measured; 1000 s: hours, extrapolated).
 
+    A step that does not grow with the batch (a fitted model whose per-token and per-sequence
+    slopes are both 0: non-negative least squares gives that on flat samples) lets every batch
+    meet the limit once two do; the batch is then bounded by something else, `max_batch` (e.g. the
+    lane's running-request limit or its KV capacity), which is returned. It bounds only such steps:
+    a growing step's batch is the limit's, however large.
+
     Raises:
-        ValueError: The step does not grow with the batch (every batch would fit).
+        ValueError: The step does not grow with the batch, two requests meet the limit and no
+            `max_batch` was given; or `max_batch` < 1.
     """
 
     def step(k: int) -> float:  # decode_time([context] * k), term for term
         return decode.a + decode.b * (context * k) + decode.c * k
 
+    if max_batch is not None and max_batch < 1:
+        raise ValueError(f"{max_batch=} must be >= 1")
     if not decode.b * context + decode.c > 0:
-        raise ValueError(f"the decode step does not grow with the batch ({decode}); no batch bound")
+        if step(2) > limit_s:
+            return 1
+        if max_batch is None:
+            raise ValueError(f"the decode step does not grow with the batch ({decode}); no batch bound")
+        return max_batch
     if step(2) > limit_s:
         return 1
     lo, hi = 2, 4  # step(lo) <= limit_s < step(hi) once the doubling stops
@@ -154,6 +167,9 @@ def largest_batch(decode: PhaseCoeffs, context: int, limit_s: float) -> int:
             hi = mid
     return lo
 
+
+# Running requests per decode lane in the probes (run_decode's default).
+DECODE_MAX_SEQS = 256
 
 # (phase, tp, pp, links) -> bracket
 OracleKey = tuple[str, int, int, str]
@@ -248,13 +264,16 @@ class PhaseOracle:
                     RequestRecord(r.req_id, r.arrival, r.prompt_tokens, r.output_tokens, [r.arrival])
                     for r in self.workload(rate)
                 ]
-                run_decode([Handoff(r.arrival, r) for r in recs], one, 1, kv_link)
+                run_decode([Handoff(r.arrival, r) for r in recs], one, 1, kv_link, DECODE_MAX_SEQS)
                 ok = sum(1 for r in recs if (tpot(r) or 0.0) <= self.tpot_s)
                 return ok / len(recs) if recs else 1.0
 
             # Bracket from the capacity bound: the largest batch whose decode step fits the TPOT.
             prompt, output = self._mean_lengths()
-            batch = largest_batch(lane.cost.decode, round(prompt + output / 2), self.tpot_s)
+            context = round(prompt + output / 2)
+            # A flat (fitted) step bounds no batch: the lane's running-request and KV limits do.
+            bound = max(1, min(DECODE_MAX_SEQS, lane.kv_tokens_per_lane // max(1, context)))
+            batch = largest_batch(lane.cost.decode, context, self.tpot_s, bound)
             hi = 1.2 * batch / (self.tpot_s * output)
             self._brackets[key] = Bisection(self._meets(att), hi / 4, hi, self.rel_tol, lane.lanes)
         return self._brackets[key]

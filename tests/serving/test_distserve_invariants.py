@@ -31,6 +31,7 @@ from serving.distserve import (
     DecodeLaneSim,
     DisaggDeployment,
     Handoff,
+    LaneModel,
     Parallelism,
     PhaseOracle,
     PhaseSpec,
@@ -42,6 +43,7 @@ from serving.distserve import (
     low_affinity_search,
     run_disaggregated,
 )
+from serving.distserve import oracle as oracle_module
 from serving.distserve.disagg import co_simulate
 from serving.distserve.oracle import largest_batch
 from serving.distserve.prefill import PrefillLaneSim
@@ -391,5 +393,20 @@ def test_a_loose_tpot_bounds_the_batch_without_scanning_it() -> None:
     d = PhaseCoeffs(0.017, 2.5e-7, 1.7e-4)  # about llama-2-13b@a100
     k = largest_batch(d, 544, 1000.0)  # ~2.3 million: the scan would take hours (extrapolated)
     assert d.a + d.b * 544 * k + d.c * k <= 1000.0 < d.a + d.b * 544 * (k + 1) + d.c * (k + 1)
-    with pytest.raises(ValueError, match="does not grow"):
+    with pytest.raises(ValueError, match="does not grow"):  # no other bound given
         largest_batch(PhaseCoeffs(0.01, 0.0, 0.0), 544, 1.0)
+
+
+def test_a_flat_decode_step_is_bounded_by_the_lanes_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fit of flat decode samples (per-token and per-sequence slopes 0) made largest_batch raise
+    # "does not grow", and with it the oracle's decode bracket: the search could not run.
+    flat = PhaseCoeffs(0.02, 0.0, 0.0)
+    cost = CostModel(PhaseCoeffs(0.02, 1e-5, 0.0), flat, 1, "fitted")
+    monkeypatch.setattr(oracle_module, "lane_model", lambda *_: LaneModel(cost, 1, 264 * 4))
+    oracle = PhaseOracle(MODEL, GPU, small_workload, 0.25, 0.1)
+    # KV for 4 requests of 256 + 16 / 2 tokens: the bracket starts at 1.2 x 4 / (0.1 s x 16 tokens)
+    # = 3 req/s and widens; past ~14 req/s requests queue for KV long enough to miss the TPOT.
+    assert 3.0 < oracle.decode(Parallelism(1, 1), NVLINK3, NVLINK3) < 24.0
+    assert largest_batch(flat, 544, 0.1, max_batch=100) == 100
+    assert largest_batch(flat, 544, 0.01, max_batch=100) == 1  # not even two fit
+    assert largest_batch(PhaseCoeffs(0.02, 0.0, 1e-3), 544, 0.1, max_batch=10) == 80  # the TPOT's
