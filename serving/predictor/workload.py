@@ -35,6 +35,18 @@ class PromptWorkload:
         return {r.req_id: int(p) for r, p in zip(self.requests, pred.tolist(), strict=True)}
 
 
+def arrival_seed(seed: int) -> np.random.SeedSequence:
+    """The seed of `prompt_workload`'s arrivals: SeedSequence(seed).spawn(1)[0].
+
+    Not [seed, k] for any k: make_corpus seeds its i-th prompt with [seed, i], and the arrivals once
+    drew from [seed, 1], the stream of prompt 1, so request 1's category, text and lengths were a
+    function of the arrival times (and a change to either moved the other). A spawned child's
+    entropy (seed, padding, spawn key) is no [seed, i] (and SeedSequence pads short entropy with
+    zeros, so [seed, i, 0] would be [seed, i] again).
+    """
+    return np.random.SeedSequence(seed).spawn(1)[0]
+
+
 def prompt_workload(
     rate: float, duration_s: float, seed: int = 0, corpus: list[PromptSample] | None = None
 ) -> PromptWorkload:
@@ -43,10 +55,11 @@ def prompt_workload(
     Args:
         rate: Requests per second.
         duration_s: Arrival window.
-        seed: Seeds the arrivals and (when `corpus` is None) the corpus.
+        seed: Seeds the arrivals (`arrival_seed`) and (when `corpus` is None) the corpus, from
+            streams of their own: the arrivals do not depend on the prompts nor the prompts on them.
         corpus: Prompts to use in order; generated from `seed` when None. Must be long enough.
     """
-    arrivals = poisson_arrivals(rate, duration_s, np.random.default_rng([seed, 1]))
+    arrivals = poisson_arrivals(rate, duration_s, np.random.default_rng(arrival_seed(seed)))
     n = len(arrivals)
     samples = corpus[:n] if corpus is not None else make_corpus(n, seed=seed)
     if len(samples) < n:

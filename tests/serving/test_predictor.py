@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from serving.predictor import LengthPredictor, bucket_of, make_corpus, prompt_workload, train_predictor
+from serving.predictor.workload import arrival_seed
+from serving.workload.arrivals import poisson_arrivals
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,21 @@ def test_prompt_workloads_share_prompts_across_rates() -> None:
     assert [s.text for s in slow.samples[:n]] == [s.text for s in fast.samples[:n]]
     assert [r.output_tokens for r in slow.requests[:n]] == [r.output_tokens for r in fast.requests[:n]]
     assert [r.req_id for r in fast.requests] == list(range(len(fast.requests)))
+
+
+@pytest.mark.parametrize("seed", [0, 8, 2**40])
+def test_no_request_content_is_drawn_from_the_arrivals_stream(seed: int) -> None:
+    # The arrivals drew from default_rng([seed, 1]), which make_corpus gives prompt 1: request 1's
+    # category, words and lengths were set by the same draws as the arrival gaps.
+    wl = prompt_workload(2.0, 60.0, seed=seed)
+    times = np.array([r.arrival for r in wl.requests])
+    assert len(times) > 50
+    for i in range(len(times)):  # [seed, i] seeds the corpus's prompt i
+        assert not np.array_equal(times, poisson_arrivals(2.0, 60.0, np.random.default_rng([seed, i])))
+    again = poisson_arrivals(2.0, 60.0, np.random.default_rng(arrival_seed(seed)))
+    assert np.array_equal(times, again)  # seeded, and the same whatever corpus is given
+    other = make_corpus(len(times), seed=seed + 1)
+    assert [r.arrival for r in prompt_workload(2.0, 60.0, seed=seed, corpus=other).requests] == times.tolist()
 
 
 def test_it_rejects_bad_input() -> None:
