@@ -6,8 +6,10 @@ gamma     gamma inter-arrivals with shape k and scale 1 / (rate * k), so the mea
           Poisson, k > 1 is more regular (the "burstiness" knob of vLLM's benchmark_serving.py).
 on_off    a Poisson process whose rate is `rate` outside bursts and `burst_factor * rate` inside
           them; a burst of `burst_duration_s` starts at `burst_start_s` within every period of
-          `period_s`. The piecewise-constant rate is sampled exactly: exponential gaps are drawn
-          per segment and restart at each boundary (memorylessness).
+          `period_s`. The piecewise-constant rate is sampled exactly by time rescaling: a unit-rate
+          Poisson process on [0, Lambda(duration_s)) mapped through the inverse of the cumulative
+          rate Lambda(t), which is periodic and piecewise linear, so each arrival is inverted in
+          O(1) and the cost is linear in the arrivals whatever the number of periods.
 All take a numpy Generator, so the caller's seed fixes the result.
 """
 
@@ -33,13 +35,16 @@ def _check_rate_duration(rate: float, duration_s: float) -> None:
         raise ValueError(f"{duration_s=} must be >= 0 and finite")
 
 
-def _renewal(gaps_fn: Callable[[int], np.ndarray], rate: float, start: float, end: float) -> np.ndarray:
-    """Cumulative sums of gaps from `start`, kept while < end; draws in blocks for speed."""
-    expected = (end - start) * rate
+def _check_expected(rate: float, span_s: float, expected: float) -> None:
     if expected > _MAX_ARRIVALS:
         raise ValueError(
-            f"{rate=} over {end - start:g} s expects {expected:.3g} arrivals, more than an array can hold"
+            f"{rate=} over {span_s:g} s expects {expected:.3g} arrivals, more than an array can hold"
         )
+
+
+def _renewal(gaps_fn: Callable[[int], np.ndarray], rate: float, start: float, end: float) -> np.ndarray:
+    """Cumulative sums of gaps from `start`, kept while < end; draws in blocks for speed."""
+    _check_expected(rate, end - start, (end - start) * rate)
     out: list[np.ndarray] = []
     t = start
     block = max(16, int((end - start) * rate * 1.1) + 16)
@@ -124,14 +129,33 @@ def on_off_arrivals(
     start = (period_s - burst_duration_s) / 2 if burst_start_s is None else burst_start_s
     if not 0 <= start <= period_s - burst_duration_s:
         raise ValueError(f"burst_start_s={start} must be in [0, period_s - burst_duration_s]")
-    segments: list[tuple[float, float, float]] = []  # (start, end, rate), contiguous, in order
-    t = 0.0
-    for b0, b1 in burst_windows(duration_s, burst_duration_s, period_s, start):
-        if b0 > t:
-            segments.append((t, b0, rate))
-        segments.append((b0, b1, rate * burst_factor))
-        t = b1
-    if t < duration_s:
-        segments.append((t, duration_s, rate))
-    parts = [_renewal(_exponential_gaps(rng, r), r, s0, s1) for s0, s1, r in segments]
-    return np.concatenate(parts) if parts else np.empty(0)
+    # The cumulative rate over one period: quiet until `start`, bursting for burst_duration_s,
+    # quiet to the period's end. It was sampled segment by segment, two numpy draws per period
+    # however few arrivals fell in them (measured: 64,000 periods at 0.01 req/s, 1,542 arrivals,
+    # 1.1 s; a 1 ms period over a day hung), so the cost followed the periods, not the requests.
+    loud = rate * burst_factor
+    before = rate * start
+    during = loud * burst_duration_s
+    per_period = before + during + rate * (period_s - start - burst_duration_s)
+    whole = math.floor(duration_s / period_s)
+    rest = duration_s - whole * period_s
+    total = whole * per_period + (
+        rate * min(rest, start)
+        + loud * min(max(rest - start, 0.0), burst_duration_s)
+        + rate * max(rest - start - burst_duration_s, 0.0)
+    )
+    _check_expected(rate, duration_s, total)
+    u = _renewal(_exponential_gaps(rng, 1.0), 1.0, 0.0, total)
+    q = np.floor(u / per_period)
+    v = np.clip(u - q * per_period, 0.0, per_period)  # mass into its period
+    offset = np.where(
+        v < before,
+        v / rate,
+        np.where(
+            v < before + during,
+            start + (v - before) / loud,
+            start + burst_duration_s + (v - before - during) / rate,
+        ),
+    )
+    times = np.maximum.accumulate(q * period_s + offset) if len(u) else np.empty(0)
+    return times[times < duration_s]  # (rounding may carry the last past the end)

@@ -91,6 +91,37 @@ def test_it_carries_k_times_the_rate_inside_burst_windows() -> None:
     assert rate_in / rate_out == pytest.approx(k, rel=0.05)
 
 
+class CountingRng:
+    """A numpy Generator that counts the variates drawn through it."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng, self.calls, self.draws = np.random.default_rng(seed), 0, 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.rng, name)
+
+        def counted(*args: Any, size: int = 1, **kw: Any) -> Any:
+            self.calls, self.draws = self.calls + 1, self.draws + size
+            return method(*args, size=size, **kw)
+
+        return counted
+
+
+def test_burst_arrivals_cost_follows_the_requests_not_the_periods() -> None:
+    # Each period's quiet and burst segments were drawn apart, at least 16 variates each: 20,000
+    # periods holding ~50 arrivals drew 640,000 (and a 1 ms period over a day hung).
+    rng = CountingRng(5)
+    t = on_off_arrivals(0.002, 10_000.0, rng, 4.0, 0.5, 1.0)  # type: ignore[arg-type]
+    assert 20 < len(t) < 100  # 0.002 x (0.5 + 4 x 0.5) x 10,000 = 50 expected
+    assert rng.calls <= 2 and rng.draws <= 2 * len(t) + 32
+    assert np.all(np.diff(t) >= 0) and t[0] >= 0 and t[-1] < 10_000.0
+    # within each 1 s period only [0.25, 0.75) bursts: it holds 4 / 5 of the arrivals on average
+    rng2 = np.random.default_rng(6)
+    many = on_off_arrivals(2.0, 2000.0, rng2, 4.0, 0.5, 1.0)
+    phase = many % 1.0
+    assert ((phase >= 0.25) & (phase < 0.75)).mean() == pytest.approx(0.8, abs=0.02)
+
+
 def test_it_validates_arrival_parameters() -> None:
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="rate"):
