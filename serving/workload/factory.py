@@ -81,7 +81,9 @@ def make_workload(
     Args:
         kind: "poisson", "gamma", "burst" or "trace".
         rate: Mean arrival rate (requests/s); for "burst" the base rate outside bursts; for
-            "trace" the trace is time-scaled to this mean rate, or replayed as recorded if None.
+            "trace" the trace is time-scaled to this mean rate, or replayed as recorded if None
+            (a trace of one request is the same at every rate; one of several requests all at one
+            instant has no rate to scale to, and raises).
         duration_s: Arrivals fall in [0, duration_s).
         dataset: Length distribution name (see `available_length_dists()`); ignored for "trace",
             whose lengths come from the file.
@@ -96,7 +98,8 @@ def make_workload(
         Requests sorted by arrival, req_ids 0..n-1.
 
     Raises:
-        ValueError: Unknown kind, dataset or keyword, or an invalid value.
+        ValueError: Unknown kind, dataset or keyword, or an invalid value (a rate for a trace whose
+            requests all arrive at one instant included).
     """
     if kind not in _KIND_KWARGS:
         raise ValueError(f"unknown workload kind {kind!r}; choose one of: {', '.join(WORKLOAD_KINDS)}")
@@ -143,6 +146,12 @@ def _trace(rate: float | None, duration_s: float, kw: Mapping[str, Any]) -> list
             raise ValueError(f"{rate=} must be a positive finite number (or None to replay as recorded)")
         full = load_trace(kw["path"], 1.0, None, kw.get("max_requests"))
         span = full[-1].arrival if len(full) > 1 else 0.0
+        if len(full) > 1 and span == 0:
+            # Scaling time leaves them all at 0: there is no mean rate to set (it was ignored).
+            raise ValueError(
+                f"{rate=} cannot time-scale {kw['path']}: its {len(full)} requests all arrive at one "
+                "instant, so there are no gaps to scale; replay it as recorded (no rate)"
+            )
         # n requests over the span at `rate` means the last arrives at (n - 1) / rate.
         scale = (len(full) - 1) / rate / span if span > 0 else 1.0
         reqs = load_trace(kw["path"], scale, duration_s, kw.get("max_requests"))

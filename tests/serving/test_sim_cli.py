@@ -165,3 +165,35 @@ def test_a_trace_is_measured_over_its_own_span_not_the_default_duration(tmp_path
     # every token was emitted by the end of the simulated run, and none after it
     assert default["throughput_tokens_per_s"] >= tokens / default["run"]["simulated_s"]
     assert default["throughput_tokens_per_s"] == covering["throughput_tokens_per_s"]
+
+
+def test_a_rate_cannot_scale_a_trace_whose_requests_share_one_instant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --rate was silently ignored: the requests stayed at t = 0, as recorded.
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,input_tokens,output_tokens\n" + "5,100,20\n" * 8)
+    base = ["--workload", "trace", "--trace", str(trace), "--no-progress"]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--rate", "4", "--out", str(tmp_path / "x")])
+    assert exc.value.code == 2
+    assert "rate=4.0 cannot time-scale" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main([*base, "--out", str(tmp_path / "y")]) == 0  # replayed as recorded: a burst at 0
+    one = tmp_path / "one.csv"
+    one.write_text("timestamp,input_tokens,output_tokens\n5,100,20\n")  # one request: any rate
+    assert (
+        main(
+            [
+                "--workload",
+                "trace",
+                "--trace",
+                str(one),
+                "--rate",
+                "4",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "z"),
+            ]
+        )
+        == 0
+    )

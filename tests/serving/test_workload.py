@@ -269,6 +269,17 @@ def test_it_rescales_a_trace_to_a_target_rate() -> None:
     assert as_recorded[-1].arrival == 198.0
 
 
+def test_a_rate_cannot_rescale_a_trace_whose_requests_share_one_instant(tmp_path: Path) -> None:
+    # The rate was ignored (scale 1): 5 requests at one instant stayed there whatever rate was asked.
+    p = tmp_path / "same.csv"
+    p.write_text("timestamp,input_tokens,output_tokens\n" + "7.5,10,5\n" * 5)
+    with pytest.raises(ValueError, match=r"rate=2\.0 cannot time-scale .*5 requests all arrive at one"):
+        make_workload("trace", 2.0, 100.0, path=p)
+    assert [r.arrival for r in make_workload("trace", None, 100.0, path=p)] == [0.0] * 5
+    p.write_text("timestamp,input_tokens,output_tokens\n7.5,10,5\n")
+    assert [r.arrival for r in make_workload("trace", 2.0, 100.0, path=p)] == [0.0]  # any rate
+
+
 @pytest.mark.parametrize(
     ("body", "match"),
     [
