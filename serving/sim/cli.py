@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--policy", default="fcfs", choices=available_policies())
     p.add_argument("--workload", default="poisson", choices=WORKLOAD_KINDS)
-    p.add_argument("--rate", type=positive_float, default=None, help="requests/s (burst: base rate)")
+    p.add_argument(
+        "--rate", type=positive_float, default=None,
+        help="requests/s (burst: base rate; trace: time-scale it to this mean rate, default as recorded)",
+    )  # fmt: skip
     p.add_argument("--duration", type=positive_float, default=300.0, help="arrival window (s)")
     p.add_argument("--dataset", default="sharegpt", choices=available_length_dists())
     p.add_argument("--trace", type=_path, default=None, help="CSV trace for --workload trace")
@@ -100,6 +103,8 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         )
     if a.workload == "trace" and a.trace is None:
         p.error("--workload trace needs --trace PATH")
+    if a.workload != "trace" and a.trace is not None:  # it was silently ignored
+        p.error(f"--trace {a.trace} is only read with --workload trace, not --workload {a.workload}")
     if a.workload != "trace" and a.rate is None:
         p.error(f"--workload {a.workload} needs --rate")
     if a.gpu_memory_utilization > 1:
@@ -188,7 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(records, span, slo)
     run_info = {
         "model": a.model, "gpu": a.gpu, "tp": a.tp, "policy": a.policy, "workload": a.workload,
-        "rate": a.rate, "duration_s": a.duration, "dataset": a.dataset, "seed": a.seed, "predict": a.predict,
+        "rate": a.rate, "duration_s": window, "seed": a.seed, "predict": a.predict,
+        "dataset": a.dataset if a.workload != "trace" else None,  # a trace brings its own lengths
+        "trace": None if a.trace is None else str(a.trace),
         "ttft_slo_s": slo.ttft_s, "tbt_slo_s": slo.tbt_s, "preemption_mode": a.preemption_mode,
         "kv_blocks": blocks, "block_size": a.block_size, "max_num_batched_tokens": a.max_num_batched_tokens,
         "max_num_seqs": a.max_num_seqs, "max_context": kw.get("max_context"),
@@ -197,7 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }  # fmt: skip
     doc: dict[str, Any] = {k: (None if math.isnan(v) else v) for k, v in summary.items()}
     doc["run"] = run_info
-    title = f"{cost.name} · {a.policy} · {a.workload} @ {a.rate} req/s · seed {a.seed}"
+    if a.workload == "trace":  # (no seed: a replay draws nothing)
+        pace = "as recorded" if a.rate is None else f"@ {a.rate} req/s"
+        title = f"{cost.name} · {a.policy} · trace {a.trace.name} {pace} · {len(requests)} requests"
+    else:
+        title = f"{cost.name} · {a.policy} · {a.workload} @ {a.rate} req/s · seed {a.seed}"
     html = render_report(records, title)  # both rendered before either is written
     write_text_atomic(a.out / "report.html", html)
     write_text_atomic(a.out / "summary.json", json.dumps(doc, indent=2) + "\n")

@@ -167,6 +167,35 @@ def test_a_trace_is_measured_over_its_own_span_not_the_default_duration(tmp_path
     assert default["throughput_tokens_per_s"] == covering["throughput_tokens_per_s"]
 
 
+def test_a_trace_run_reports_its_own_window_and_names_the_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # summary.json said duration_s 300 (the unused --duration default) for a 9.75 s trace, and the
+    # report's title "... trace @ None req/s · seed 0" (a replay draws nothing from a seed).
+    trace = tmp_path / "t.csv"
+    rows = [f"{0.25 * i:.2f},100,20" for i in range(40)]
+    trace.write_text("timestamp,input_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    import serving.sim.cli as cli
+
+    titles: list[str] = []
+    real = cli.render_report
+
+    def render(records: list[RequestRecord], title: str) -> str:
+        titles.append(title)
+        return real(records, title)
+
+    monkeypatch.setattr(cli, "render_report", render)
+    base = ["--workload", "trace", "--trace", str(trace), "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0
+    assert main([*base, "--rate", "2", "--out", str(tmp_path / "b")]) == 0
+    recorded = json.loads((tmp_path / "a" / "summary.json").read_text())["run"]
+    scaled = json.loads((tmp_path / "b" / "summary.json").read_text())["run"]
+    assert recorded["duration_s"] == 9.75 and scaled["duration_s"] == pytest.approx(39 / 2)
+    assert recorded["trace"] == str(trace) and recorded["dataset"] is None
+    assert titles[0].endswith("trace t.csv as recorded · 40 requests") and "seed" not in titles[0]
+    assert titles[1].endswith("trace t.csv @ 2.0 req/s · 40 requests")
+
+
 def test_a_rate_cannot_scale_a_trace_whose_requests_share_one_instant(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -197,3 +226,16 @@ def test_a_rate_cannot_scale_a_trace_whose_requests_share_one_instant(
         )
         == 0
     )
+
+
+def test_a_trace_given_with_a_generated_workload_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It was silently ignored: a Poisson run was simulated and reported.
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,input_tokens,output_tokens\n0,100,20\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["--rate", "1", "--trace", str(trace), "--out", str(tmp_path / "x"), "--no-progress"])
+    assert exc.value.code == 2
+    assert f"--trace {trace} is only read with --workload trace" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
