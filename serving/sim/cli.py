@@ -26,12 +26,14 @@ from serving.atomic_file import write_text_atomic
 from serving.costmodel.config import MODEL_CONFIGS, get_model_config
 from serving.costmodel.gpus import GPU_SPECS
 from serving.costmodel.presets import get_preset, kv_capacity_tokens
+from serving.costmodel.transfer import nvlink
 from serving.metrics.slo import SLO
 from serving.metrics.summary import summarize
 from serving.policies import available_policies, get_policy
 from serving.sim.config import PREEMPTION_MODES, EngineConfig
 from serving.sim.engine import EngineSim
 from serving.sim.events import PEER_CAPACITY, TimedChange
+from serving.sim.preemption import PeerStore
 from serving.sim.report import render_report
 from serving.workload.datasets import available_length_dists, get_length_dist
 from serving.workload.factory import WORKLOAD_KINDS, make_workload
@@ -173,7 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (--duration, 300 s by default, only cuts it), so a 10 s trace is not measured over 300 s.
     window = a.duration if a.workload != "trace" else min(a.duration, requests[-1].arrival)
     changes = [] if a.reclaim_at is None else [TimedChange(a.reclaim_at, PEER_CAPACITY, 0, 0)]
-    engine = EngineSim(cost, config, get_policy(a.policy))
+    # Lent memory is reached over the GPU's own NVLink (PeerStore's default is the H100's NVLink 4,
+    # which priced an A100's offloads at 450 GB/s instead of its 300).
+    store = (
+        PeerStore(config.peer_capacity_bytes, nvlink(a.gpu)) if a.preemption_mode == "offload_peer" else None
+    )
+    engine = EngineSim(cost, config, get_policy(a.policy), store=store)
     t0 = time.perf_counter()
     with tqdm(
         total=round(window), unit="sim-s", disable=a.no_progress, file=sys.stderr, desc=cost.name

@@ -10,6 +10,7 @@ import pytest
 
 from serving.metrics.records import RequestRecord
 from serving.sim.cli import main
+from serving.sim.preemption import PeerStore
 from serving.sim.report import binned_percentiles, build_figure
 from serving.workload.request import Request
 
@@ -239,3 +240,33 @@ def test_a_trace_given_with_a_generated_workload_is_an_error(
     assert exc.value.code == 2
     assert f"--trace {trace} is only read with --workload trace" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("gpu", "link"), [("a100", "nvlink3"), ("h100", "nvlink4")])
+def test_offloads_to_lent_memory_cross_the_gpus_own_nvlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: str, link: str
+) -> None:
+    # The peer store kept its default NVLink 4 on every GPU: an A100's offloads moved at 450 GB/s.
+    import serving.sim.cli as cli
+
+    links: list[str] = []
+
+    class Spy(cli.EngineSim):
+        def run(self, *args: Any, **kw: Any) -> list[RequestRecord]:
+            assert isinstance(self.store, PeerStore)
+            links.append(self.store.peer_link.name)
+            return super().run(*args, **kw)
+
+    monkeypatch.setattr(cli, "EngineSim", Spy)
+    argv = ["--model", "llama-2-13b", "--gpu", gpu, "--rate", "2", "--duration", "5", "--kv-blocks", "600"]
+    argv += [
+        "--preemption-mode",
+        "offload_peer",
+        "--peer-memory-gib",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    assert links == [link]
