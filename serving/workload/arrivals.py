@@ -137,6 +137,8 @@ def on_off_arrivals(
     before = rate * start
     during = loud * burst_duration_s
     per_period = before + during + rate * (period_s - start - burst_duration_s)
+    if math.isinf(duration_s / period_s):  # (math.floor of it raised OverflowError)
+        raise ValueError(f"{period_s=} is too short for {duration_s=}: more periods than a float counts")
     whole = math.floor(duration_s / period_s)
     rest = duration_s - whole * period_s
     total = whole * per_period + (

@@ -138,6 +138,8 @@ def test_it_validates_arrival_parameters() -> None:
         on_off_arrivals(1.0, 10.0, rng, burst_duration_s=90.0, period_s=60.0)
     with pytest.raises(ValueError, match="burst_factor"):
         on_off_arrivals(1.0, 10.0, rng, burst_factor=0.5)
+    with pytest.raises(ValueError, match="period_s=1e-10 is too short"):  # not an OverflowError
+        on_off_arrivals(1e-300, 1e300, rng, burst_duration_s=1e-10, period_s=1e-10)
 
 
 @pytest.mark.parametrize("kind", ["poisson", "gamma", "burst"])
