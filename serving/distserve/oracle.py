@@ -171,8 +171,9 @@ def largest_batch(decode: PhaseCoeffs, context: int, limit_s: float, max_batch: 
 # Running requests per decode lane in the probes (run_decode's default).
 DECODE_MAX_SEQS = 256
 
-# (phase, tp, pp, links) -> bracket
-OracleKey = tuple[str, int, int, str]
+# (phase, tp, pp, stage link (None unpipelined), KV link (None for prefill)) -> bracket. The links
+# themselves, not their names: two links of one name and different bandwidths shared a bracket.
+OracleKey = tuple[str, int, int, Link | None, Link | None]
 
 
 @dataclass
@@ -237,7 +238,7 @@ class PhaseOracle:
 
     def prefill_bracket(self, par: Parallelism, stage_link: Link) -> Bisection:
         """The (possibly partly refined) goodput search of one prefill instance."""
-        key = ("prefill", par.tp, par.pp, stage_link.name if par.pp > 1 else "-")
+        key: OracleKey = ("prefill", par.tp, par.pp, stage_link if par.pp > 1 else None, None)
         if key not in self._brackets:
             lane = lane_model(self.model, self.gpu, par, stage_link)
             one = LaneModel(lane.cost, 1, lane.kv_tokens_per_lane)
@@ -254,7 +255,7 @@ class PhaseOracle:
 
     def decode_bracket(self, par: Parallelism, stage_link: Link, kv_link: Link) -> Bisection:
         """The (possibly partly refined) goodput search of one decode instance."""
-        key = ("decode", par.tp, par.pp, f"{stage_link.name if par.pp > 1 else '-'}/{kv_link.name}")
+        key: OracleKey = ("decode", par.tp, par.pp, stage_link if par.pp > 1 else None, kv_link)
         if key not in self._brackets:
             lane = lane_model(self.model, self.gpu, par, stage_link)
             one = LaneModel(lane.cost, 1, lane.kv_tokens_per_lane)

@@ -410,3 +410,16 @@ def test_a_flat_decode_step_is_bounded_by_the_lanes_limits(monkeypatch: pytest.M
     assert largest_batch(flat, 544, 0.1, max_batch=100) == 100
     assert largest_batch(flat, 544, 0.01, max_batch=100) == 1  # not even two fit
     assert largest_batch(PhaseCoeffs(0.02, 0.0, 1e-3), 544, 0.1, max_batch=10) == 80  # the TPOT's
+
+
+def test_the_oracle_tells_apart_links_that_share_a_name() -> None:
+    # Brackets were memoised by the links' names: a decode instance pulling KV over a link named
+    # "ib" at 25 GB/s and over another "ib" at 2 MB/s got the first one's goodput.
+    oracle = PhaseOracle(MODEL, GPU, small_workload, 0.25, 0.1)
+    one = Parallelism(1, 1)
+    fast = oracle.decode(one, NVLINK3, Link("ib", 25e9))
+    slow = oracle.decode(one, NVLINK3, Link("ib", 2e6, 0.05))
+    assert slow < fast
+    assert oracle.decode(one, NVLINK3, Link("ib", 25e9)) == fast  # equal links still share one
+    two = Parallelism(1, 2)
+    assert oracle.prefill(two, Link("st", 1e6, 0.05)) < oracle.prefill(two, Link("st", 300e9))
