@@ -34,6 +34,7 @@ PAGE = """<!doctype html>
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    if request.path == "/api" or request.path.startswith("/api/"):
+    # path_info: the path below the deployment's URL prefix (SCRIPT_NAME), which ``path`` includes.
+    if request.path_info == "/api" or request.path_info.startswith("/api/"):
         return JsonResponse({"detail": "Server error: the failure is in the server's log."}, status=500)
     return HttpResponseServerError(PAGE)

@@ -298,6 +298,28 @@ def test_an_unhandled_exception_is_json_in_the_api_and_a_page_elsewhere(
     assert "<h1>Server error</h1>" in body and '<link rel="icon" href="data:,">' in body
 
 
+def test_an_unhandled_exception_is_json_in_the_api_under_a_url_prefix(
+    admin_client: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Served under a prefix (SCRIPT_NAME=/llm), request.path is /llm/api/v1/: the API's 500 was
+    # the HTML page. What is under /api/ is decided on the path below the prefix.
+    from django.contrib.auth.views import LoginView
+
+    from core.api.root import ApiRootView
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ApiRootView, "get", fail)
+    monkeypatch.setattr(LoginView, "get", fail)
+    admin_client.raise_request_exception = False
+    api = admin_client.get("/api/v1/", SCRIPT_NAME="/llm")
+    assert api.status_code == 500 and api["Content-Type"] == "application/json"
+    assert "server's log" in api.json()["detail"]
+    page = Client(raise_request_exception=False).get("/accounts/login/", SCRIPT_NAME="/api")
+    assert page.status_code == 500 and page["Content-Type"].startswith("text/html")
+
+
 def test_a_page_500_is_answered_when_the_template_engine_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     # A template engine that cannot load (a template tag library failing to import, no file
     # handle left to read a template) failed every page; a 500 page rendered through it failed
