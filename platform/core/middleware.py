@@ -32,7 +32,7 @@ class MethodNotAllowedPageMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
-        if response.status_code != 405 or response.content or request.path.startswith("/api/"):
+        if response.status_code != 405 or response.content or request.path_info.startswith("/api/"):
             return response
         page = render_to_string("405.html", {"allowed": response.get("Allow", "")})
         response.content = page.encode()

@@ -248,6 +248,24 @@ def test_unknown_api_paths_are_json_404s_and_a_missing_slash_is_named(admin_clie
     assert answer.status_code == 404 and "trailing slash" in answer.json()["detail"]
 
 
+def test_a_missing_slash_is_named_under_a_url_prefix(admin_client: APIClient) -> None:
+    # Under a prefix (SCRIPT_NAME=/llm) the hint looked the full path up in the URLconf, whose
+    # paths are below the prefix: never found, no hint. It names the path as the client sends it.
+    no_slash = admin_client.get("/api/v1/models", SCRIPT_NAME="/llm")
+    assert no_slash.status_code == 404
+    assert no_slash.json()["detail"] == "Not found. Use /llm/api/v1/models/ (with a trailing slash)."
+
+
+def test_a_page_visit_refused_under_a_url_prefix_named_api_is_the_405_page(alice: User) -> None:
+    # The page's 405 was left bare for any path starting /api/, the prefix included: a deployment
+    # under SCRIPT_NAME=/api answered a visit of /jobs/start/ with an empty body.
+    client = Client()
+    client.force_login(alice)
+    page = client.get("/jobs/start/", SCRIPT_NAME="/api")
+    assert page.status_code == 405 and page["Content-Type"].startswith("text/html")
+    assert 'id="not-allowed-reason"' in page.content.decode()
+
+
 def test_the_api_base_url_make_run_prints_lists_the_collections(
     viewer_client: APIClient, anon_client: APIClient
 ) -> None:

@@ -13,12 +13,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 @csrf_exempt  # it changes nothing; API clients with a token send no CSRF cookie and must see the 404
 def api_not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
-    path = request.path
-    if not path.endswith("/"):
-        try:
-            match = resolve(path + "/")
+    if not request.path_info.endswith("/"):
+        try:  # the URLconf's paths are below the deployment's URL prefix (SCRIPT_NAME): path_info
+            match = resolve(request.path_info + "/")
         except Resolver404:
             match = None
         if match is not None and match.func is not api_not_found:
-            return JsonResponse({"detail": f"Not found. Use {path}/ (with a trailing slash)."}, status=404)
+            detail = f"Not found. Use {request.path}/ (with a trailing slash)."  # as the client sends it
+            return JsonResponse({"detail": detail}, status=404)
     return JsonResponse({"detail": "Not found."}, status=404)
