@@ -9,7 +9,10 @@ last minute, and jobs by kind and status.
 Read from the database at each scrape with the dashboard's own functions (dashboard/snapshots.py),
 so every ASGI process answers the same and the figures match the pages; nothing is kept between
 scrapes, and a scrape costs a fixed number of queries whatever the fleet's size. An engine whose
-newest window is older than ``ENGINE_FRESH`` is left out rather than repeated as current. The
+newest window is older than ``FRESH`` is left out rather than repeated as current, and so are a
+device's readings (memory used, free, lent and borrowed, utilisation) when its sample is older
+than that or its host is not online (the dashboard's host badge): its total is kept and its role
+reads none, as for a device never sampled. The
 engines' preemption and offload counts are counters: they restart from zero with their engine,
 which Prometheus' rate() handles as a counter reset.
 
@@ -20,7 +23,7 @@ Prometheus sends it with ``authorization: {credentials: <token>}`` in the scrape
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from agents import history
@@ -46,9 +49,9 @@ from rest_framework.views import APIView
 from dashboard import snapshots
 
 PREFIX = "llmp"
-# An engine window older than this is not reported: its engine stopped reporting (or its agent is
-# gone) and its last figures are not current. Agents report every second.
-ENGINE_FRESH = timedelta(seconds=60)
+# An engine window or device sample older than this is not reported: its engine or agent stopped
+# reporting and its last figures are not current. Agents report every second.
+FRESH = timedelta(seconds=60)
 
 
 class FleetCollector(Collector):
@@ -87,19 +90,28 @@ def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
     role = _gauge(
         "gpu_aqua_role", "1 for the device's Aqua role: producer, consumer or none", [*labels, "role"]
     )
-    hosts = {int(key.split(":")[1]): host["name"] for key, host in snap.items() if key.startswith("host:")}
+    hosts = {int(key.split(":")[1]): host for key, host in snap.items() if key.startswith("host:")}
+    fresh_after = timezone.now() - FRESH
     for key, card in snap.items():
         if not key.startswith("device:"):
             continue
-        values = [hosts[card["host"]], str(card["index"]), card["name"], card["kind"]]
+        host = hosts[card["host"]]
+        values = [host["name"], str(card["index"]), card["name"], card["kind"]]
+        # A current reading: without a sample, used 0 / free total is no reading; with one from a
+        # host that is down (stale or offline) or an old one, the figures are not today's.
+        current = (
+            card["ts"] is not None
+            and host["status"] == HostStatus.ONLINE
+            and datetime.fromisoformat(card["ts"]) > fresh_after
+        )
         if card["total"]:  # 0: the GPU reports no memory of its own (unified memory), nothing to show
             memory["total"].add_metric(values, float(card["total"]))
-            if card["ts"] is not None:  # a sample read: without one, used 0 / free total is no reading
+            if current:
                 for field in ("used", "free", "lent", "borrowed"):
                     memory[field].add_metric(values, float(card[field]))
-        if card["utilization"] is not None:
+        if current and card["utilization"] is not None:
             utilization.add_metric(values, card["utilization"] / 100.0)
-        role.add_metric([*values, card["role"]], 1.0)
+        role.add_metric([*values, card["role"] if current else "none"], 1.0)
     yield from memory.values()
     yield utilization
     yield role
@@ -119,7 +131,7 @@ def _deployments(deployments: list[Deployment]) -> Iterator[Metric]:
 def _engines(deployments: list[Deployment]) -> Iterator[Metric]:
     by_pk = {d.pk: d for d in deployments}
     rows = (
-        EngineSample.objects.filter(deployment_id__in=list(by_pk), ts__gt=timezone.now() - ENGINE_FRESH)
+        EngineSample.objects.filter(deployment_id__in=list(by_pk), ts__gt=timezone.now() - FRESH)
         .order_by("deployment_id", "ts", "pk")
         .values("deployment_id", *history.ENGINE_RAW_FIELDS)
     )

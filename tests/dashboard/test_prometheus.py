@@ -174,3 +174,40 @@ def test_a_scraper_asking_for_the_text_format_gets_it(viewer_client: Client, acc
 def test_an_unauthenticated_scrape_asking_for_text_is_still_a_401(viewer_user: User) -> None:
     response = Client().get("/api/v1/metrics/", headers={"Accept": "text/plain;version=0.0.4"})
     assert response.status_code == 401
+
+
+@pytest.mark.parametrize("status", [HostStatus.STALE, HostStatus.OFFLINE])
+def test_a_device_whose_host_is_down_reports_its_total_only(
+    viewer_client: Client, host: Host, status: HostStatus
+) -> None:
+    # The host's last sample, a second old, was exported as the device's current use.
+    host.status = status
+    host.save()
+    gpu0 = Device.objects.get(host=host, index=0)
+    add_device_sample(gpu0, timezone.now() - timedelta(seconds=1), utilization_pct=50.0, lent_bytes=GIB)
+    got = scrape(viewer_client)
+    gpu = labels(host="sim-a", name="H100", kind="gpu", gpu="0")
+    assert got[("llmp_gpu_memory_total_bytes", gpu)] == 80 * GIB
+    for field in ("used", "free", "lent", "borrowed"):
+        assert (f"llmp_gpu_memory_{field}_bytes", gpu) not in got
+    assert ("llmp_gpu_utilization_ratio", gpu) not in got
+    assert got[("llmp_gpu_aqua_role", gpu | {("role", "none")})] == 1.0
+
+
+def test_a_device_whose_newest_sample_is_old_reports_its_total_only(
+    viewer_client: Client, host: Host
+) -> None:
+    # The host is online (its agent beats) but the device's samples stopped two minutes ago.
+    host.status = HostStatus.ONLINE
+    host.save()
+    gpu0, gpu1 = Device.objects.filter(host=host).order_by("index")
+    add_device_sample(gpu0, timezone.now() - timedelta(minutes=2), utilization_pct=50.0)
+    add_device_sample(gpu1, timezone.now() - timedelta(seconds=1), utilization_pct=30.0)
+    got = scrape(viewer_client)
+    old, new = (labels(host="sim-a", name="H100", kind="gpu", gpu=str(i)) for i in (0, 1))
+    assert got[("llmp_gpu_memory_total_bytes", old)] == 80 * GIB
+    assert ("llmp_gpu_memory_used_bytes", old) not in got
+    assert ("llmp_gpu_memory_free_bytes", old) not in got
+    assert ("llmp_gpu_utilization_ratio", old) not in got
+    assert got[("llmp_gpu_memory_used_bytes", new)] == 10 * GIB
+    assert got[("llmp_gpu_utilization_ratio", new)] == 0.3
