@@ -188,3 +188,12 @@ def test_it_lists_job_kinds_with_their_parameters(viewer_client: APIClient) -> N
         "choices": ["poisson", "gamma"],
     }
     assert kinds["profile"]["burst_levels"]["items"] == {"type": "float", "min_value": 1.0, "max_value": 64.0}
+    # A list's bounds count its items, a string's its characters: both were "max_length", so the
+    # place job's list of at most 1,000 names read alike with each name's limit of 100 characters.
+    models = kinds["place"]["models"]
+    assert (models["min_items"], models["max_items"]) == (1, 1000)
+    assert "max_length" not in models and "min_length" not in models
+    assert (kinds["profile"]["burst_levels"]["min_items"], kinds["profile"]["burst_levels"]["max_items"]) == (
+        1,
+        10,
+    )

@@ -73,10 +73,18 @@ def _describe(serializer: serializers.Serializer) -> dict[str, dict[str, Any]]:
     return {name: _describe_field(field) for name, field in serializer.fields.items()}
 
 
+# DRF names a list's item-count bounds as a string's character-count bounds: described apart.
+_LIST_BOUNDS = {"min_length": "min_items", "max_length": "max_items"}
+
+
 def _describe_field(field: serializers.Field) -> dict[str, Any]:
     """A parameter's type, whether it is required, its default and bounds; a choice's choices, an
     object's own parameters (``params``) and a list's items (``items``), so a client can build the
-    whole form (without them a ``workload`` or ``solver`` could only be found by trial and error)."""
+    whole form (without them a ``workload`` or ``solver`` could only be found by trial and error).
+
+    Bounds: ``min_value``/``max_value`` of a number, ``min_length``/``max_length`` of a string's
+    characters, ``min_items``/``max_items`` of a list's items (DRF names both lengths ``*_length``:
+    a list's ``max_length`` read as its items' length limit, or a string's as an item count)."""
     if isinstance(field, serializers.Serializer):
         spec: dict[str, Any] = {"type": "object", "params": _describe(field)}
     else:
@@ -84,9 +92,12 @@ def _describe_field(field: serializers.Field) -> dict[str, Any]:
     spec["required"] = field.required
     if field.default is not serializers.empty:
         spec["default"] = field.default
+    renamed = _LIST_BOUNDS if isinstance(field, serializers.ListField) else {}
     for bound in ("min_value", "max_value", "min_length", "max_length"):
         if getattr(field, bound, None) is not None:
-            spec[bound] = getattr(field, bound)
+            spec[renamed.get(bound, bound)] = getattr(field, bound)
+    if isinstance(field, serializers.ListField) and not field.allow_empty and field.min_length is None:
+        spec["min_items"] = 1  # an empty list is refused
     if isinstance(field, serializers.ChoiceField):
         spec["choices"] = list(field.choices)
     if isinstance(field, serializers.ListField):
