@@ -18,8 +18,14 @@ class DeviceFormSet(BaseInlineFormSet):
     def clean(self) -> None:
         """Refuse deleting a device a deployment uses, as the agent's register keeps it: the
         deployment's devices lost it silently (a running one was sent to its agent on fewer devices
-        than its tensor-parallel size, or, with none left, a desired list the link failed on)."""
+        than its tensor-parallel size, or, with none left, a desired list the link failed on).
+
+        Checked under the host's row lock, held until the admin's transaction (its whole change
+        form) ends, as placing a deployment holds it: a deployment placed on the device after an
+        unlocked check made ``Device.delete`` refuse at save, a 500 (ProtectedError)."""
         super().clean()
+        if self.deleted_forms and self.instance.pk is not None:
+            lock_hosts_for_delete([self.instance.pk])
         for form in self.deleted_forms:
             device = form.instance
             if device.pk is None:
