@@ -9,7 +9,7 @@ from rest_framework import serializers
 from accounts.models import ApiKey, ApiToken
 from accounts.roles import is_admin
 from accounts.services import PLAYGROUND_KEY_NAME, update_api_key
-from core.serializers import StrictModelSerializer
+from core.serializers import IntegerField, StrictModelSerializer
 from core.validators import no_control_characters
 
 QUOTA_FIELDS = ("requests_per_minute", "tokens_per_day")
@@ -20,8 +20,8 @@ class ApiKeySerializer(StrictModelSerializer):
 
     owner = serializers.CharField(source="owner.username", read_only=True)
     # The columns' upper bounds (PositiveIntegerField, PositiveBigIntegerField on PostgreSQL).
-    requests_per_minute = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False)
-    tokens_per_day = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
+    requests_per_minute = IntegerField(min_value=1, max_value=2**31 - 1, required=False)
+    tokens_per_day = IntegerField(min_value=1, max_value=2**63 - 1, required=False)
 
     class Meta:
         model = ApiKey

@@ -8,18 +8,21 @@ from rest_framework import serializers
 
 from agents.history import RESOLUTIONS
 from agents.models import Replica
+from core.serializers import refuse_non_ascii_digits
 
 DEFAULT_WINDOW = timedelta(minutes=5)
 
 
 class SinceField(serializers.Field):
-    """An ISO 8601 instant (a naive one is UTC) or seconds since the epoch."""
+    """An ISO 8601 instant (a naive one is UTC) or seconds since the epoch, in ASCII digits
+    (``float()`` reads any Unicode digit)."""
 
     default_error_messages = {
         "invalid": "Give an ISO 8601 date-time (e.g. 2026-01-01T12:00:00Z) or seconds since the epoch."
     }
 
     def to_internal_value(self, data: Any) -> datetime:
+        refuse_non_ascii_digits(data)
         text = str(data).strip()
         try:
             return datetime.fromtimestamp(float(text), UTC)

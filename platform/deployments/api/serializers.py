@@ -6,12 +6,12 @@ from inventory.models import Device, Host
 from registry.models import ServedModel
 from rest_framework import serializers
 
-from core.serializers import NameRelatedField, StrictModelSerializer
+from core.serializers import NameRelatedField, PrimaryKeyRelatedField, StrictModelSerializer
 from deployments import services
 from deployments.models import Deployment
 
 
-class DeviceIdField(serializers.PrimaryKeyRelatedField):
+class DeviceIdField(PrimaryKeyRelatedField):
     """A device id: an integer (or its digits as a string), never a float the database would
     truncate to another device's id."""
 

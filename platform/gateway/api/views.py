@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.serializers import FloatField, IntegerField
 from gateway.models import RequestSample, Usage
 from gateway.services import latency_summary
 
@@ -22,7 +23,7 @@ MAX_POINTS = 2000
 
 
 class WindowSerializer(serializers.Serializer[dict[str, float]]):
-    window_s = serializers.FloatField(min_value=1, max_value=7 * 86400, default=600)
+    window_s = FloatField(min_value=1, max_value=7 * 86400, default=600)
 
 
 @extend_schema_serializer(deprecate_fields=["tbt_p50_s", "tbt_p99_s"])
@@ -31,50 +32,46 @@ class LatencySummarySerializer(serializers.Serializer[dict[str, object]]):
     gateway keeps each request's mean and largest token gap, not every gap (gateway.services
     ``latency_summary``)."""
 
-    requests = serializers.IntegerField()
-    ttft_p50_s = serializers.FloatField(allow_null=True, help_text="P50 time to first token")
-    ttft_p99_s = serializers.FloatField(allow_null=True, help_text="P99 time to first token; see ttft_slo_s")
-    tpot_p50_s = serializers.FloatField(
+    requests = IntegerField()
+    ttft_p50_s = FloatField(allow_null=True, help_text="P50 time to first token")
+    ttft_p99_s = FloatField(allow_null=True, help_text="P99 time to first token; see ttft_slo_s")
+    tpot_p50_s = FloatField(
         allow_null=True,
         help_text="P50 over streamed requests of their mean token gap (time per output token)",
     )
-    tpot_p99_s = serializers.FloatField(
+    tpot_p99_s = FloatField(
         allow_null=True,
         help_text="P99 over streamed requests of their mean token gap (time per output token); "
         "not comparable with tbt_slo_s",
     )
-    tbt_max_p99_s = serializers.FloatField(
+    tbt_max_p99_s = FloatField(
         allow_null=True,
         help_text="P99 over streamed requests of their largest token gap (which bounds all of that "
         "request's gaps): the figure to compare with tbt_slo_s; usually above, but not a bound on, "
         "the P99 over all gaps, which the gateway does not keep",
     )
-    tbt_p50_s = serializers.FloatField(
+    tbt_p50_s = FloatField(
         allow_null=True, help_text="Deprecated: the same value as tpot_p50_s (a mean gap per request)"
     )
-    tbt_p99_s = serializers.FloatField(
+    tbt_p99_s = FloatField(
         allow_null=True,
         help_text="Deprecated: the same value as tpot_p99_s (a mean gap per request, which it always "
         "was), not a time-between-tokens P99; compare tbt_max_p99_s with tbt_slo_s",
     )
-    ttft_slo_s = serializers.FloatField(help_text="the model's P99 TTFT target (slo_ttft_p99_ms / 1000)")
-    tbt_slo_s = serializers.FloatField(
-        help_text="the model's P99 time-between-tokens target (slo_tbt_p99_ms / 1000)"
-    )
+    ttft_slo_s = FloatField(help_text="the model's P99 TTFT target (slo_ttft_p99_ms / 1000)")
+    tbt_slo_s = FloatField(help_text="the model's P99 time-between-tokens target (slo_tbt_p99_ms / 1000)")
 
 
 class RequestPointSerializer(serializers.Serializer[dict[str, object]]):
     ts = serializers.DateTimeField()
-    deployment_id = serializers.IntegerField(allow_null=True)
+    deployment_id = IntegerField(allow_null=True)
     outcome = serializers.CharField()
     stream = serializers.BooleanField()
-    ttft_s = serializers.FloatField(allow_null=True)
-    tbt_mean_s = serializers.FloatField(
+    ttft_s = FloatField(allow_null=True)
+    tbt_mean_s = FloatField(
         allow_null=True, help_text="mean gap between the streamed token chunks (time per output token)"
     )
-    tbt_max_s = serializers.FloatField(
-        allow_null=True, help_text="largest gap between the streamed token chunks"
-    )
+    tbt_max_s = FloatField(allow_null=True, help_text="largest gap between the streamed token chunks")
 
 
 class ModelLatencySerializer(serializers.Serializer[dict[str, object]]):
@@ -84,13 +81,13 @@ class ModelLatencySerializer(serializers.Serializer[dict[str, object]]):
 
 
 class UsageRowSerializer(serializers.Serializer[Usage]):
-    key = serializers.IntegerField(source="key_id")
+    key = IntegerField(source="key_id")
     key_name = serializers.CharField(source="key.name")
     model = serializers.CharField(source="model_name", help_text="the model's name when it was used")
     period_start = serializers.DateTimeField()
-    requests = serializers.IntegerField()
-    prompt_tokens = serializers.IntegerField()
-    completion_tokens = serializers.IntegerField()
+    requests = IntegerField()
+    prompt_tokens = IntegerField()
+    completion_tokens = IntegerField()
 
 
 class ModelLatencyView(APIView):

@@ -5,16 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rest_framework import serializers
-
+from core.serializers import FloatField, IntegerField
 from jobs.kinds.params import StrictParams
 from jobs.registry import JobContext, JobKind, register
 
 
 class NoopParams(StrictParams):
-    steps = serializers.IntegerField(min_value=1, max_value=100_000, default=5)
-    delay_s = serializers.FloatField(min_value=0.0, max_value=60.0, default=0.1)
-    fail_at_step = serializers.IntegerField(
+    steps = IntegerField(min_value=1, max_value=100_000, default=5)
+    delay_s = FloatField(min_value=0.0, max_value=60.0, default=0.1)
+    fail_at_step = IntegerField(
         min_value=1,
         max_value=100_000,
         required=False,

@@ -10,7 +10,7 @@ from rest_framework import serializers
 MAX_BURST_LEVEL = 64.0
 
 # DRF's FloatField takes true/false as 1.0/0.0; for a job parameter that is a wrong type.
-_NUMBER_FIELDS = (serializers.FloatField, serializers.IntegerField, serializers.DecimalField)
+_NUMBER_FIELDS = (serializers.FloatField, serializers.IntegerField, serializers.DecimalField)  # noqa: TID251
 
 
 class StrictParams(serializers.Serializer):

@@ -12,6 +12,7 @@ from planning.placing import run_place
 from registry.models import ServedModel
 from rest_framework import serializers
 
+from core.serializers import FloatField
 from jobs.kinds.params import MAX_BURST_LEVEL, StrictParams
 from jobs.registry import JobContext, JobKind, register
 from serving.placement import PlacementError
@@ -23,8 +24,8 @@ UNKNOWN_NAMED = 10  # unknown names a refusal spells out
 
 class PlaceParams(StrictParams):
     solver = serializers.ChoiceField(choices=["cp-sat", "greedy"], default="cp-sat")
-    time_limit_s = serializers.FloatField(min_value=0.1, max_value=600.0, default=10.0)
-    burst_level = serializers.FloatField(
+    time_limit_s = FloatField(min_value=0.1, max_value=600.0, default=10.0)
+    burst_level = FloatField(
         min_value=1.0,
         max_value=MAX_BURST_LEVEL,
         default=4.0,

@@ -12,6 +12,7 @@ from planning.profiling import context_of, preset_gpu_of, preset_model_of, run_p
 from registry.models import ServedModel
 from rest_framework import serializers
 
+from core.serializers import FloatField, IntegerField
 from jobs.kinds.params import MAX_BURST_LEVEL, StrictParams
 from jobs.models import ACTIVE_STATUSES, Job
 from jobs.registry import JobContext, JobKind, JobRefused, register
@@ -32,15 +33,15 @@ class WorkloadParams(StrictParams):
 
     kind = serializers.ChoiceField(choices=["poisson", "gamma"], default="poisson")
     dataset = serializers.CharField(default="sharegpt", help_text="length distribution (serving/workload)")
-    num_requests = serializers.IntegerField(min_value=1, max_value=100_000, default=200)
-    seed = serializers.IntegerField(min_value=0, max_value=2**32 - 1, default=0)
-    burstiness = serializers.FloatField(
+    num_requests = IntegerField(min_value=1, max_value=100_000, default=200)
+    seed = IntegerField(min_value=0, max_value=2**32 - 1, default=0)
+    burstiness = FloatField(
         min_value=0.01, max_value=1000.0, default=0.5, help_text="gamma shape (kind=gamma)"
     )
-    max_context = serializers.IntegerField(
+    max_context = IntegerField(
         min_value=2, required=False, help_text="cap on prompt + output tokens (default: the model's)"
     )
-    burst_duration_s = serializers.FloatField(min_value=0.1, max_value=MAX_BURST_DURATION_S, default=10.0)
+    burst_duration_s = FloatField(min_value=0.1, max_value=MAX_BURST_DURATION_S, default=10.0)
 
     def validate_dataset(self, value: str) -> str:
         from serving.workload import get_length_dist
@@ -62,20 +63,20 @@ class ProfileParams(StrictParams):
     preset_model = serializers.CharField(required=False, help_text="simulator: cost-model preset model")
     preset_gpu = serializers.CharField(required=False, help_text="simulator: cost-model preset GPU")
     policy = serializers.CharField(required=False, help_text="simulator: scheduling policy (default fcfs)")
-    deployment = serializers.IntegerField(
+    deployment = IntegerField(
         required=False, help_text="engine: the deployment to probe (default: the model's first running one)"
     )
-    probe_timeout_s = serializers.FloatField(min_value=1.0, max_value=3600.0, default=600.0)
+    probe_timeout_s = FloatField(min_value=1.0, max_value=3600.0, default=600.0)
     workload = WorkloadParams(required=False)
-    initial_rate = serializers.FloatField(
+    initial_rate = FloatField(
         min_value=1e-4, max_value=MAX_RATE, required=False, help_text="first rate probed (req/s)"
     )
-    min_rate = serializers.FloatField(min_value=1e-4, max_value=MAX_RATE, required=False)
-    max_rate = serializers.FloatField(min_value=1e-4, max_value=MAX_RATE, required=False)
-    rel_tol = serializers.FloatField(min_value=1e-4, max_value=0.5, required=False)
-    max_probes = serializers.IntegerField(min_value=2, max_value=200, required=False)
+    min_rate = FloatField(min_value=1e-4, max_value=MAX_RATE, required=False)
+    max_rate = FloatField(min_value=1e-4, max_value=MAX_RATE, required=False)
+    rel_tol = FloatField(min_value=1e-4, max_value=0.5, required=False)
+    max_probes = IntegerField(min_value=2, max_value=200, required=False)
     burst_levels = serializers.ListField(
-        child=serializers.FloatField(min_value=1.0, max_value=MAX_BURST_LEVEL),
+        child=FloatField(min_value=1.0, max_value=MAX_BURST_LEVEL),
         required=False,
         max_length=10,
         allow_empty=False,
