@@ -41,14 +41,14 @@ EMPTY_PLAN = {
     "unit_bytes": 1, "role_weight": 0.0,
 }  # fmt: skip
 
-# A path converter (<int:pk>, <id>) or a named regex group ((?P<pk>[^/.]+)); groups hold no parentheses.
+# A path converter (<int:pk>, <id>) or a named regex group ((?P<pk>[0-9]+)); groups hold no parentheses.
 _PARAMETER = re.compile(r"<(?:\w+:)?(\w+)>|\(\?P<(\w+)>[^()]*\)")
 
 
 @dataclass(frozen=True)
 class Route:
     """``template``: the route as Django joins it (``ResolverMatch.route``), e.g.
-    ``api/v1/models/(?P<pk>[^/.]+)/$``."""
+    ``api/v1/models/(?P<pk>[0-9]+)/$``."""
 
     template: str
 

@@ -84,3 +84,20 @@ def test_query_parameters_given_non_ascii_digits_are_400s_naming_them(
     host = Host.objects.create(name="host-a")
     since = "1" + FULL_WIDTH_2 * 9
     assert refused(admin_client.get(f"/api/v1/hosts/{host.pk}/telemetry/?since={since}"), "since")
+
+
+def test_a_primary_key_in_the_path_takes_ascii_digits_only(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    model = ServedModel.objects.create(**model_payload)
+    key = admin_client.post("/api/v1/api-keys/", {"name": "k"}, format="json").json()["id"]
+    full_width = str.maketrans("0123456789", "".join(chr(0xFF10 + i) for i in range(10)))
+    for path in (f"/api/v1/models/{model.pk}/", f"/api/v1/api-keys/{key}/"):
+        assert admin_client.get(path).status_code == 200
+        prefix, pk = path.rstrip("/").rsplit("/", 1)
+        for other in (pk.translate(full_width), f"%20{pk}", f"{pk}%20"):
+            answer = admin_client.get(f"{prefix}/{other}/")  # was the row of that number
+            assert answer.status_code == 404 and answer.json() == {"detail": "Not found."}, other
+    revoke = admin_client.post(f"/api/v1/api-keys/{str(key).translate(full_width)}/revoke/")
+    assert revoke.status_code == 404
+    assert not ApiKey.objects.get(pk=key).revoked

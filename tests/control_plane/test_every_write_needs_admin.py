@@ -18,8 +18,8 @@ from .routes import WRITES, Route, World, http_routes, make_world
 # Writes a viewer may make, because what they change is their own.
 OWN = {
     ("api/v1/api-keys/$", "POST"): "a new API key of their own (quotas: admins only)",
-    ("api/v1/api-keys/(?P<pk>[^/.]+)/$", "PATCH"): "renaming their own key (others' keys: 404)",
-    ("api/v1/api-keys/(?P<pk>[^/.]+)/revoke/$", "POST"): "revoking their own key (others' keys: 404)",
+    ("api/v1/api-keys/(?P<pk>[0-9]+)/$", "PATCH"): "renaming their own key (others' keys: 404)",
+    ("api/v1/api-keys/(?P<pk>[0-9]+)/revoke/$", "POST"): "revoking their own key (others' keys: 404)",
     ("api-keys/new/", "POST"): "the dashboard's form for a new key of their own (quotas: admins only)",
     ("api-keys/<int:pk>/revoke/", "POST"): "the dashboard's revoke of their own key (others' keys: 404)",
     ("playground/key/", "POST"): "the playground's key, issued to themselves",

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 from django.urls import path
-from rest_framework.routers import SimpleRouter
 
 from accounts.api.views import ApiKeyViewSet, MeView, TokenView
+from core.api.routers import Router
 
-router = SimpleRouter()
+router = Router()
 router.register("api-keys", ApiKeyViewSet, basename="apikey")
 
 urlpatterns = [

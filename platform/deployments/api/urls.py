@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from rest_framework.routers import SimpleRouter
-
+from core.api.routers import Router
 from deployments.api.views import DeploymentViewSet
 
-router = SimpleRouter()
+router = Router()
 router.register("deployments", DeploymentViewSet, basename="deployment")
 urlpatterns = router.urls

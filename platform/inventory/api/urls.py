@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from rest_framework.routers import SimpleRouter
-
+from core.api.routers import Router
 from inventory.api.views import DeviceViewSet, HostViewSet
 
-router = SimpleRouter()
+router = Router()
 router.register("hosts", HostViewSet, basename="host")
 router.register("devices", DeviceViewSet, basename="device")
 urlpatterns = router.urls

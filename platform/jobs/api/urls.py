@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from rest_framework.routers import SimpleRouter
-
+from core.api.routers import Router
 from jobs.api.views import JobViewSet
 
-router = SimpleRouter()
+router = Router()
 router.register("jobs", JobViewSet, basename="job")
 urlpatterns = router.urls

@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from rest_framework.routers import SimpleRouter
-
+from core.api.routers import Router
 from planning.api.views import ModelProfileViewSet, PlacementPlanViewSet
 
-router = SimpleRouter()
+router = Router()
 router.register("profiles", ModelProfileViewSet, basename="profile")
 router.register("plans", PlacementPlanViewSet, basename="plan")
 urlpatterns = router.urls

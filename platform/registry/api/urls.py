@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from rest_framework.routers import SimpleRouter
-
+from core.api.routers import Router
 from registry.api.views import ServedModelViewSet
 
-router = SimpleRouter()
+router = Router()
 router.register("models", ServedModelViewSet, basename="servedmodel")
 urlpatterns = router.urls
