@@ -356,3 +356,12 @@ def test_a_page_500_is_answered_when_the_template_engine_fails(monkeypatch: pyte
     assert page.status_code == 500 and page["Content-Type"].startswith("text/html")
     body = page.content.decode()
     assert "<h1>Server error</h1>" in body and '<link rel="icon" href="data:,">' in body
+
+
+def test_a_name_in_the_path_with_a_nul_character_is_not_found(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    # /api/v1/profiles/<model name>/: PostgreSQL refused to look a NUL up (a 500).
+    ServedModel.objects.create(**model_payload)
+    answer = admin_client.get("/api/v1/profiles/llama%00-3-8b/")
+    assert answer.status_code == 404 and answer.json() == {"detail": "Not found."}
