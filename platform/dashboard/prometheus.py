@@ -11,8 +11,9 @@ so every ASGI process answers the same and the figures match the pages; nothing 
 scrapes, and a scrape costs a fixed number of queries whatever the fleet's size. An engine whose
 newest window is older than ``FRESH`` is left out rather than repeated as current, and so are a
 device's readings (memory used, free, lent and borrowed, utilisation) when its sample is older
-than that or its host is not online (the dashboard's host badge): its total is kept and its role
-reads none, as for a device never sampled. The
+than that (or than its host's stale time, for an agent that reports less often) or its host is not
+online (the dashboard's host badge): its total is kept and its role reads none, as for a device
+never sampled. The
 engines' preemption and offload counts are counters: they restart from zero with their engine,
 which Prometheus' rate() handles as a counter reset.
 
@@ -34,7 +35,8 @@ from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from inventory.models import HostStatus
+from inventory.models import Host, HostStatus
+from inventory.services import stale_after_s
 from jobs.models import Job
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -91,7 +93,10 @@ def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
         "gpu_aqua_role", "1 for the device's Aqua role: producer, consumer or none", [*labels, "role"]
     )
     hosts = {int(key.split(":")[1]): host for key, host in snap.items() if key.startswith("host:")}
-    fresh_after = timezone.now() - FRESH
+    now = timezone.now()
+    # An agent reports every heartbeat interval (up to a minute): its newest sample may be as old
+    # as the host may stay silent and still be online.
+    beats = dict(Host.objects.values_list("pk", "heartbeat_interval_s"))
     for key, card in snap.items():
         if not key.startswith("device:"):
             continue
@@ -102,7 +107,8 @@ def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
         current = (
             card["ts"] is not None
             and host["status"] == HostStatus.ONLINE
-            and datetime.fromisoformat(card["ts"]) > fresh_after
+            and now - datetime.fromisoformat(card["ts"])
+            < max(FRESH, timedelta(seconds=stale_after_s(beats.get(card["host"]))))
         )
         if card["total"]:  # 0: the GPU reports no memory of its own (unified memory), nothing to show
             memory["total"].add_metric(values, float(card["total"]))

@@ -211,3 +211,18 @@ def test_a_device_whose_newest_sample_is_old_reports_its_total_only(
     assert ("llmp_gpu_utilization_ratio", old) not in got
     assert got[("llmp_gpu_memory_used_bytes", new)] == 10 * GIB
     assert got[("llmp_gpu_utilization_ratio", new)] == 0.3
+
+
+def test_a_device_of_an_agent_that_reports_each_minute_keeps_its_readings_between_reports(
+    viewer_client: Client, host: Host
+) -> None:
+    # An agent started with --telemetry-interval-s 60 is online for 150 s after a report: its
+    # devices' readings must not drop out for the second half of every minute.
+    host.status, host.heartbeat_interval_s = HostStatus.ONLINE, 60.0
+    host.save()
+    gpu0 = Device.objects.get(host=host, index=0)
+    add_device_sample(gpu0, timezone.now() - timedelta(seconds=90), utilization_pct=50.0)
+    got = scrape(viewer_client)
+    gpu = labels(host="sim-a", name="H100", kind="gpu", gpu="0")
+    assert got[("llmp_gpu_memory_used_bytes", gpu)] == 10 * GIB
+    assert got[("llmp_gpu_utilization_ratio", gpu)] == 0.5
