@@ -3,13 +3,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.actions import delete_selected
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 
+from core.locked_delete_admin import LockedDeleteAdmin
 from core.secret_admin import IssuedSecretAdmin
 from inventory.models import AgentToken, Device, Host, lock_devices_for_delete, lock_hosts_for_delete
 from inventory.services import agent_tokens_revoked
@@ -54,28 +54,15 @@ class DeviceInline(admin.TabularInline):
 
 
 @admin.register(Host)
-class HostAdmin(admin.ModelAdmin):
+class HostAdmin(LockedDeleteAdmin):
     list_display = ("name", "address", "status", "last_seen_at", "simulated")
     # Reported by the host's agent (register) and by the liveness sweep: an edit here would be
     # overwritten, and an interval set by hand (unbounded) could keep a dead host online.
     readonly_fields = ("status", "last_seen_at", "heartbeat_interval_s")
     inlines = [DeviceInline]
 
-    def get_actions(self, request: HttpRequest) -> Any:
-        actions = super().get_actions(request)
-        found = actions.get("delete_selected")
-        if found is not None:
-            actions["delete_selected"] = (_delete_selected_atomically, found[1], found[2])
-        return actions
-
-    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
-        """What a delete takes, and what protects the hosts (their deployments): for a confirmed
-        delete, looked for under the hosts' row locks, held until the delete's transaction ends
-        (the delete page's, or `_delete_selected_atomically`'s). A deployment placed after an
-        unlocked look made the delete refuse with ProtectedError, a 500."""
-        if request.method == "POST" and request.POST.get("post"):
-            lock_hosts_for_delete([obj.pk for obj in objs])
-        return super().get_deleted_objects(objs, request)
+    def lock_for_delete(self, pks: list[Any]) -> None:
+        lock_hosts_for_delete(pks)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
         """The bulk delete locks the hosts, then their devices first, as ``Host.delete`` does."""
@@ -83,16 +70,6 @@ class HostAdmin(admin.ModelAdmin):
             lock_hosts_for_delete(queryset.values_list("pk", flat=True))
             lock_devices_for_delete(Device.objects.filter(host__in=queryset).values_list("pk", flat=True))
             super().delete_queryset(request, queryset)
-
-
-def _delete_selected_atomically(
-    modeladmin: HostAdmin, request: HttpRequest, queryset: QuerySet[Host]
-) -> HttpResponse | None:
-    """Django's "Delete selected" action in one transaction: the hosts' locks taken to look for
-    what protects them (``HostAdmin.get_deleted_objects``) are held until they are deleted."""
-    with transaction.atomic():
-        response: HttpResponse | None = delete_selected(modeladmin, request, queryset)
-        return response
 
 
 @admin.register(AgentToken)

@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from core.locked_delete_admin import LockedDeleteAdmin
 from registry.models import ServedModel, lock_for_delete
 from registry.services import update_served_model
 
@@ -31,9 +32,12 @@ class ServedModelAdminForm(forms.ModelForm):
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(PlacementRefusalShown):
+class ServedModelAdmin(LockedDeleteAdmin, PlacementRefusalShown):
     form = ServedModelAdminForm
     list_display = ("name", "source", "dtype", "tensor_parallel_size", "slo_ttft_p99_ms", "slo_tbt_p99_ms")
+
+    def lock_for_delete(self, pks: list[Any]) -> None:
+        lock_for_delete(pks)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ServedModel]) -> None:
         """The bulk delete locks the models' rows first, as ``ServedModel.delete`` does."""

@@ -1,11 +1,11 @@
-"""A device or host deleted in the host admin while a deployment is placed on it, on PostgreSQL's
+"""A device, host or model deleted in the admin while a deployment is placed on it, on PostgreSQL's
 row locks.
 
-The admin checked that no deployment used the device (the device inline) or the host (the delete
-page, the "Delete selected" action) before the host's row was locked; a deployment placed between
-that check and the delete made it refuse with ProtectedError, a 500. Now the check holds the
-host's row, as placing a deployment does: the deploy waits for the delete, then is refused (its
-device or host is gone), and the delete succeeds."""
+The admin checked that no deployment used the device (the device inline), the host or the model
+(the delete page, the "Delete selected" action) before the host's or model's row was locked; a
+deployment placed between that check and the delete made it refuse with ProtectedError, a 500.
+Now the check holds the row, as placing a deployment does: the deploy waits for the delete, then
+is refused (its device, host or model is gone), and the delete succeeds."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from django.test import Client
 from inventory.admin import DeviceFormSet, HostAdmin
 from inventory.models import Device, Host
 from inventory.services import register_host
+from registry.admin import ServedModelAdmin
 from registry.models import ServedModel
 
 from tests.control_plane.test_host_admin import inline_form
@@ -107,5 +108,44 @@ def test_a_deployment_placed_while_the_admin_deletes_its_host_waits_and_is_refus
         deploy.join(30)
     assert len(deploys) == 1
     assert not Host.objects.filter(pk=host.pk).exists()
+    assert not Deployment.objects.exists()
+    assert len(errors) == 1 and errors[0].startswith("deploy: PlacementError"), errors
+
+
+@pytest.mark.parametrize("how", ["delete page", "delete selected"])
+def test_a_deployment_placed_while_the_admin_deletes_its_model_waits_and_is_refused(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    host = register_host("gpu-a", "10.0.0.5")
+    device = Device.objects.create(host=host, index=0, uuid="GPU-0", name="H100", memory_total_bytes=80 << 30)
+    model = ServedModel.objects.create(
+        name="m", source="/m", max_context_length=256, slo_ttft_p99_ms=1.0, slo_tbt_p99_ms=1.0
+    )
+    errors: list[str] = []
+    deploys: list[threading.Thread] = []
+    checked = ServedModelAdmin.get_deleted_objects
+
+    def deploy_once_checked(admin: Any, objs: Any, request: Any) -> Any:
+        found = checked(admin, objs, request)  # nothing protects the model: the delete is allowed
+        if request.POST.get("post") and not deploys:
+            deploy = in_thread("deploy", lambda: create_deployment(model, host, [device]), errors)
+            while deploy.is_alive() and not another_backend_waits():
+                time.sleep(0.02)
+            deploys.append(deploy)
+        return found
+
+    monkeypatch.setattr(ServedModelAdmin, "get_deleted_objects", deploy_once_checked)
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="root-pw-8d1x"))
+    if how == "delete page":
+        answer = client.post(f"/admin/registry/servedmodel/{model.pk}/delete/", {"post": "yes"})
+    else:
+        form = {"action": "delete_selected", "_selected_action": [str(model.pk)], "post": "yes"}
+        answer = client.post("/admin/registry/servedmodel/", form)
+    assert answer.status_code == 302
+    for deploy in deploys:
+        deploy.join(30)
+    assert len(deploys) == 1
+    assert not ServedModel.objects.filter(pk=model.pk).exists()
     assert not Deployment.objects.exists()
     assert len(errors) == 1 and errors[0].startswith("deploy: PlacementError"), errors
