@@ -29,6 +29,7 @@ from agents import sweeper  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from gateway.asgi_io import app_path  # noqa: E402
 from gateway.proxy import GatewayApp  # noqa: E402
 
 from config.routing import (  # noqa: E402
@@ -67,7 +68,7 @@ _browser_app = WebsocketUnavailableMiddleware(
 async def websocket_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Send agent paths to the token-authenticated routes, everything else to the browser stack."""
     sweeper.ensure_started()
-    if scope["path"].startswith(AGENT_PATH_PREFIX):
+    if app_path(scope).startswith(AGENT_PATH_PREFIX):
         await _agent_app(scope, receive, send)
     else:
         await _browser_app(scope, receive, send)
@@ -80,7 +81,8 @@ async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     only an agent's connection: a web process that no agent reaches (restarted while an agent was
     down, or a second one behind a balancer) must still mark silent hosts offline without beat."""
     sweeper.ensure_started()
-    if scope["path"] == "/v1" or scope["path"].startswith("/v1/"):
+    path = app_path(scope)  # below the deployment's URL prefix (root_path), as Django routes
+    if path == "/v1" or path.startswith("/v1/"):
         await _gateway_app(scope, receive, send)
     else:
         await django_asgi_app(scope, receive, send)

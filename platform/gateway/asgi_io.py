@@ -13,6 +13,15 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+def app_path(scope: Scope) -> str:
+    """The request's path below the deployment's URL prefix (ASGI's ``root_path``, WSGI's
+    SCRIPT_NAME), as Django's ``path_info`` and Channels' URLRouter read it: ``path`` includes the
+    prefix, so ``/llm/v1/chat/completions`` under ``root_path`` ``/llm`` is ``/v1/chat/completions``."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path") or ""
+    return path.removeprefix(root) if root else path
+
+
 class ClientGone(Exception):
     """The client disconnected: while the request body was being read, or (the server's send()
     raised OSError) while it was being answered."""

@@ -62,6 +62,7 @@ from gateway.asgi_io import (
     Receive,
     Scope,
     Send,
+    app_path,
     noting_end,
     noting_start,
     raising_gone,
@@ -134,7 +135,7 @@ class GatewayApp:
             return
         headers = dict(scope.get("headers") or [])
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
-        path, method = scope["path"].rstrip("/"), scope["method"]
+        path, method = app_path(scope).rstrip("/"), scope["method"]
         request_id = new_request_id()
         named = request_ids.current.set(request_id)  # for this task and those it starts
         send = with_headers(send, [(b"x-request-id", request_id.encode())])
