@@ -61,6 +61,26 @@ def test_it_gives_a_region_to_at_most_one_consumer_until_it_is_emptied() -> None
     assert b is not None and b.region_id == "r1"
 
 
+def test_it_never_gives_a_producer_its_own_region() -> None:
+    # Engines lease and allocate under one id (AQUA_ENGINE_ID): an engine that lends and borrows
+    # must borrow another producer's memory, never its own (self-lending).
+    c = Coordinator()
+    own = lease(c, 4096, producer="eng-a", session="A")
+    assert c.allocate("eng-a", 100, session="A/kv") is None  # same engine id, another session
+    assert c.allocate("eng-a", 100, session="A") is None
+    assert c.allocate("eng-a", 100, min_nbytes=1, session="A/kv") is None
+    other = lease(c, 4096, producer="eng-b", session="B")
+    a = c.allocate("eng-a", 100, session="A/kv")
+    assert a is not None and a.region_id == other and a.producer_id == "eng-b"
+    b = c.allocate("eng-b", 100, session="B/kv")  # eng-b borrows from eng-a, not from itself
+    assert b is not None and b.region_id == own
+    assert c.stats()["pairings"] == [
+        {"producer_id": "eng-a", "consumer_id": "eng-b", "region_id": own, "device": "cpu0"},
+        {"producer_id": "eng-b", "consumer_id": "eng-a", "region_id": other, "device": "cpu0"},
+    ]
+    c.check_invariants()
+
+
 def test_it_prefers_the_hinted_device_then_regions_already_held() -> None:
     c = Coordinator()
     lease(c, 4096, device="cuda:0")

@@ -13,7 +13,12 @@ operation atomic. The rules (the protocol of Aqua, ASPLOS'25, with the choices t
   `nbytes`, the largest piece of at least that many bytes; regions it names in `exclude_regions`
   (say, ones it could not attach) are passed over. Regions under reclaim are never used.
   At most one consumer per region: a region with allocations serves only their consumer; it is
-  free for any consumer again once the last one is freed.
+  free for any consumer again once the last one is freed. A region is never given to its own
+  producer, i.e. to a consumer id equal to its producer id: engines lease and allocate under one
+  engine id (AQUA_ENGINE_ID) from separate sessions, and one that both lends and borrows borrows
+  from other producers only (lending to itself would only move its KV into its own memory, and a
+  reclaim would have it wait on itself). Ids, not sessions, name engines: one client session may
+  lease as one id and allocate as another (tools and tests do).
 - *request_reclaim* closes a region to new allocations; *reclaim_status* is "pending" while
   allocations remain and "done" from the moment the last is freed. Consumers learn what to give
   back from *pending_reclaims*. Producers are notified, never forced: nothing is freed for them.
@@ -276,7 +281,8 @@ class Coordinator:
     ) -> Allocation | None:
         """Give `consumer_id` `nbytes` contiguous bytes of one region, or None if none can.
 
-        Candidates: regions not under reclaim and not held by another consumer. They are tried in
+        Candidates: regions not under reclaim, not held by another consumer and not leased
+        under `consumer_id` as the producer id (no engine borrows its own memory). They are tried in
         order: on `device_hint` first, then already held by this consumer, then lease order.
         With `min_nbytes` (at most `nbytes`), when no candidate can hold `nbytes`, the largest
         contiguous piece of at least `min_nbytes` bytes any candidate has (the first one in that
@@ -295,7 +301,10 @@ class Coordinator:
         candidates = [
             r
             for r in self._regions.values()
-            if not r.reclaiming and r.consumer_id in (None, consumer_id) and r.region_id not in excluded
+            if not r.reclaiming
+            and r.consumer_id in (None, consumer_id)
+            and r.region_id not in excluded
+            and r.producer_id != consumer_id
         ]
         candidates.sort(
             key=lambda r: (
