@@ -46,6 +46,9 @@ from serving.aqua.coordinator.protocol import MAX_FRAME, decode, encode
 from serving.aqua.coordinator.records import Allocation, ReclaimStatus
 
 CONNECT_ATTEMPT_S = 1.0  # the most one connection attempt may take
+# poll() events of a connection the peer closed (POLLHUP and POLLERR are reported unasked; Linux
+# reports a peer's close of a Unix stream socket as POLLHUP and POLLRDHUP)
+_HANG_UP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
 
 class AquaClient:
@@ -176,15 +179,21 @@ class AquaClient:
         self._call("ping")
 
     def connected(self) -> bool:
-        """Whether the session is still up, without a round trip: False once the server has closed
-        the connection (it ended the session and freed its allocations) or this client was closed.
+        """Whether the session is still up, without a round trip and without waiting: False once
+        the server has closed the connection (it ended the session and freed its allocations) or
+        this client was closed.
 
         Between calls nothing may arrive (every reply answers a request), so a readable socket means
         end-of-file or an error; `poll` first, because a socket with a timeout waits in `recv`.
         (`poll`, not `select`: select refuses descriptors from FD_SETSIZE (1024) up, which an engine
-        process holding many files reaches.)
+        process holding many files reaches.) While another thread's call waits for its reply (it
+        holds the call lock for up to `timeout`), this never waits for it: an engine's step checks
+        its session here while its watcher waits on a slow coordinator. A reply may then be
+        arriving, so only a hang-up counts (POLLHUP / POLLRDHUP / POLLERR: the server closed).
         """
-        with self._lock:
+        if not self._lock.acquire(blocking=False):  # a call is in flight: look, never wait
+            return self._open_in_flight()
+        try:
             if self._sock.fileno() < 0:
                 return False
             try:
@@ -193,6 +202,22 @@ class AquaClient:
                 return not poller.poll(0) or self._sock.recv(1, socket.MSG_PEEK) != b""
             except OSError:
                 return False
+        finally:
+            self._lock.release()
+
+    def _open_in_flight(self) -> bool:
+        """`connected()` while another thread's call holds the lock: that call may close the socket
+        meanwhile, so a descriptor seen closed, before or after polling, means the session ended."""
+        fd = self._sock.fileno()
+        if fd < 0:
+            return False
+        try:
+            poller = select.poll()
+            poller.register(fd, _HANG_UP)
+            hung_up = bool(poller.poll(0))
+        except (OSError, ValueError):
+            return False
+        return not hung_up and self._sock.fileno() >= 0
 
     def close(self) -> None:
         """Close the connection: the server then frees this session's allocations and withdraws its leases."""
