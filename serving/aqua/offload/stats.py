@@ -54,7 +54,8 @@ class StatsFile:
     def __init__(self, path: str | Path, min_interval_s: float = 0.1) -> None:
         self.path = Path(path)
         self.min_interval_s = min_interval_s
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _pending and _closed
+        self._write_lock = threading.Lock()  # one write at a time, of the latest snapshot taken
         self._pending: dict[str, Any] | None = None
         self._wake = threading.Event()
         self._closed = False
@@ -63,12 +64,23 @@ class StatsFile:
         self._thread.start()
 
     def publish(self, data: dict[str, Any]) -> None:
-        if self._closed:
-            self._write(data)
-            return
+        # Queued and checked for close under one lock: a snapshot queued after close() took the
+        # last one would never be written (the writer thread has ended).
         with self._lock:
             self._pending = data
-        self._wake.set()
+            closed = self._closed
+        if closed:
+            self._flush()
+        else:
+            self._wake.set()
+
+    def _flush(self) -> None:
+        """Write the pending snapshot, if any. Taken and written under `_write_lock`, so writes
+        never interleave and a snapshot is never overwritten by an older one."""
+        with self._write_lock:
+            data = self._take()
+            if data is not None:
+                self._write(data)
 
     def _write(self, data: dict[str, Any]) -> None:
         try:
@@ -102,19 +114,17 @@ class StatsFile:
             self._wake.clear()
             if self._closed:
                 return
-            data = self._take()
-            if data is not None:
-                self._write(data)
+            self._flush()
             time.sleep(self.min_interval_s)
 
     def close(self) -> None:
-        """Stop the writer thread and write what is pending (idempotent)."""
-        self._closed = True
+        """Stop the writer thread and write what is pending (idempotent); a `publish` racing it
+        is written too (by whichever of the two comes last)."""
+        with self._lock:
+            self._closed = True
         self._wake.set()
         self._thread.join(timeout=5.0)
-        data = self._take()
-        if data is not None:
-            self._write(data)
+        self._flush()
 
 
 def read_json(path: str | Path, settle_s: float = 0.0, timeout_s: float = 10.0) -> dict[str, Any]:
