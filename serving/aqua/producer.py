@@ -253,13 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     go = threading.Event()
     for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: go.set())
+    agent = None
     try:
         agent = LenderAgent(
             args.socket, args.device, args.nbytes, args.producer_id, call_timeout=args.call_timeout
         )
         agent.lend()
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (CoordinatorError, ValueError, OSError, RuntimeError) as exc:
+        # CoordinatorError: any refusal, also one of a type this version does not know (a newer
+        # coordinator's), or a reply out of step (ProtocolError): one line, not a traceback.
         print(f"error: {exc}", file=sys.stderr)
+        if agent is not None:
+            agent.close()
         return 1
     _emit_leased(agent)
     deadline = None if args.reclaim_after is None else time.monotonic() + args.reclaim_after

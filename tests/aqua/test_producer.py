@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -179,3 +181,40 @@ def test_it_still_unlinks_its_segment_when_its_stdout_is_gone(sock_path: str) ->
     # After a hang-up the terminal refuses writes (EIO), as a pipe whose reader exited does (EPIPE):
     # the events cannot be printed, but the reclaim must still run to the unlink.
     hang_up_unlinks_its_segment(sock_path, stdout_gone=True)
+
+
+def test_a_coordinator_refusal_of_any_type_is_one_line_and_a_non_zero_exit(sock_path: str) -> None:
+    # A coordinator that answers the hello, then refuses the lease with an error this version
+    # does not know (a newer coordinator's): a plain CoordinatorError, not a ValueError/OSError.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    listener.listen()
+
+    def serve() -> None:
+        conn = listener.accept()[0]
+        with conn, conn.makefile("rwb") as stream:
+            for reply in (
+                {"ok": True, "result": {"session": "s1"}},
+                {"ok": False, "error": {"code": "LeaseQuota", "message": "this host lends no more"}},
+            ):
+                request = json.loads(stream.readline())
+                stream.write(json.dumps({"id": request["id"], **reply}).encode() + b"\n")
+                stream.flush()
+            stream.readline()  # until the producer hangs up
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "serving.aqua.producer", "--socket", sock_path, "--nbytes", "4096"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        listener.close()
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == "error: this host lends no more\n"
+    thread.join(10)
+    assert not thread.is_alive()  # the producer closed its session
