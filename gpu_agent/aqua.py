@@ -71,14 +71,15 @@ def device_states(
             as no device's lent bytes, though its consumer's borrowed bytes still count.
 
     Returns:
-        Device index -> state, for devices that lend or borrow (others are "none").
+        Device index -> state, for devices that lend or borrow (others are "none"). A device
+        paired several ways is paired with the first in lease order (region "r2" before "r10").
         A device that both lends and borrows is reported as a consumer (its engine is short of
         memory, which is what an operator must see); lent bytes are still reported.
     """
     lent: dict[int, int] = {}
     borrowed: dict[int, int] = {}
     pair_of: dict[int, int] = {}
-    for region in sorted(stats.get("regions", []), key=lambda r: str(r.get("region_id"))):
+    for region in sorted(stats.get("regions", []), key=_lease_order):
         device = str(region.get("device", ""))
         if is_host_memory(device):  # host DRAM, whichever engine lends it: never a GPU's memory
             producer = host_memory_device
@@ -102,6 +103,14 @@ def device_states(
         role: AquaRole = "consumer" if borrowed.get(dev) else "producer"
         out[dev] = AquaDeviceState(role, lent.get(dev, 0), borrowed.get(dev, 0), pair_of.get(dev))
     return out
+
+
+def _lease_order(region: dict[str, Any]) -> tuple[int, int, str]:
+    """Sort key of a region in lease order: the coordinator numbers regions "r1", "r2", ... "r10"
+    as it leases them (as text "r10" would come before "r2"); any other id after those, by text."""
+    region_id = str(region.get("region_id"))
+    match = re.fullmatch(r"r(\d+)", region_id)
+    return (0, int(match.group(1)), "") if match else (1, 0, region_id)
 
 
 class AquaHost:
