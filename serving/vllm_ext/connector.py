@@ -167,7 +167,9 @@ class AquaConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if self._planner is not None:
-            self._planner.update_connector_output(connector_output.kv_connector_worker_meta)
+            self._planner.update_connector_output(
+                connector_output.kv_connector_worker_meta, connector_output.invalid_block_ids
+            )
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self._planner is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from serving.vllm_ext.offload_meta import AquaConnectorMetadata, AquaWorkerMetadata, LoadJob, SaveJob
@@ -152,8 +153,20 @@ class OffloadPlanner:
         meta, self._meta = self._meta, AquaConnectorMetadata()
         return meta
 
-    def update_connector_output(self, worker_meta: Any) -> None:
-        """Forget offloads the worker could not keep; their requests will recompute."""
+    def update_connector_output(self, worker_meta: Any, invalid_block_ids: Collection[int] = ()) -> None:
+        """Forget offloads the worker could not keep; their requests will recompute.
+
+        `invalid_block_ids`: blocks a load could not fill this step. vLLM truncates each running
+        request holding one to the tokens before its first such block (they are recomputed), and
+        so does the request's extent here: were it preempted before it runs again, the blocks it
+        holds beyond that hold no valid KV, and saving them would restore garbage as computed.
+        """
+        if invalid_block_ids:
+            invalid = set(invalid_block_ids)
+            for ext in self._live.values():
+                first = next((i for i, b in enumerate(ext.block_ids) if b in invalid), None)
+                if first is not None:
+                    ext.num_tokens = min(ext.num_tokens, first * self.block_size)
         if not isinstance(worker_meta, AquaWorkerMetadata):
             return
         for req_id in sorted(worker_meta.lost):

@@ -12,6 +12,7 @@ import torch
 from serving.aqua.offload.dram import DramStore
 from serving.aqua.offload.paged import PagedKV
 from serving.aqua.offload.stats import read_json
+from serving.vllm_ext.connector import AquaConnector
 from serving.vllm_ext.offload_config import OffloadConfig
 from serving.vllm_ext.offload_meta import AquaConnectorMetadata, AquaWorkerMetadata, LoadJob, SaveJob
 from serving.vllm_ext.offload_planner import OffloadPlanner
@@ -92,6 +93,27 @@ def test_planner_loads_only_beyond_a_local_prefix_hit() -> None:
     assert p.get_num_new_matched_tokens(req("a", 101), 64) == (36, False)
     p.update_state_after_alloc(req("a", 101), SimpleNamespace(get_block_ids=lambda: ([5, 6, 7, 8],)), 36)  # type: ignore[arg-type]
     assert step(p, {}, set()).loads == [LoadJob("a", [7, 8], 2, 4)]
+
+
+@pytest.mark.parametrize(("invalid", "saved"), [({8}, [SaveJob("a", [7], 32)]), ({7, 8, 1}, [])])
+def test_planner_saves_only_the_valid_prefix_of_a_request_whose_load_failed(
+    invalid: set[int], saved: list[SaveJob]
+) -> None:
+    p = OffloadPlanner(BS)
+    step(p, {"a": (0, 70, [4, 9, 2])}, set())
+    step(p, {}, {"a"})
+    assert p.get_num_new_matched_tokens(req("a", 71), 0) == (70, False)
+    p.update_state_after_alloc(req("a", 71), SimpleNamespace(get_block_ids=lambda: ([7, 8, 1],)), 70)  # type: ignore[arg-type]
+    assert step(p, {}, set(), cached={"a": (70, 1, [7, 8, 1])}, resumed={"a"}).loads != []
+    # The load could not fill `invalid` (its buffer was gone): vLLM truncates the request to the
+    # tokens before the first such block and recomputes the rest; preempted before it runs again,
+    # only that prefix holds valid KV.
+    connector = AquaConnector.__new__(AquaConnector)  # its scheduler side: the planner alone
+    connector._planner = p
+    output: Any = SimpleNamespace(kv_connector_worker_meta=None, invalid_block_ids=invalid)
+    connector.update_connector_output(output)
+    assert step(p, {}, {"a"}).saves == saved
+    assert p.get_num_new_matched_tokens(req("a", 71), 0) == ((32, False) if saved else (0, False))
 
 
 def test_planner_forgets_lost_offloads_and_drops_finished_ones() -> None:
