@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -102,7 +103,7 @@ def _connected_from_another_thread(client: AquaClient, seen: list[bool]) -> list
 
 
 def test_an_engine_step_reads_its_lent_data_while_the_watcher_waits_on_a_slow_coordinator(
-    server: CoordinatorServer, sock_path: str
+    server: CoordinatorServer, sock_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lender = LenderAgent(sock_path, "cpu0", NBYTES, producer_id="prod")
     lender.lend()
@@ -114,8 +115,18 @@ def test_an_engine_step_reads_its_lent_data_while_the_watcher_waits_on_a_slow_co
         buf.copy_(data)
         client = store._alloc_client
         assert client is not None
+        asked = threading.Event()
+        pending_reclaims = client.pending_reclaims
+
+        def spy(consumer_id: str) -> Any:
+            asked.set()
+            return pending_reclaims(consumer_id)
+
+        monkeypatch.setattr(client, "pending_reclaims", spy)
         with hung(server):
-            # The watcher's pending_reclaims is sent and waits for its reply.
+            # The watcher's next pending_reclaims (sent now: it waits for its reply)
+            asked.clear()
+            assert asked.wait(5)
             wait_until(client._lock.locked, 5, "the watcher's call in flight")
             assert store.poll() == []  # the step's checks
             got = store.get("req-1")
