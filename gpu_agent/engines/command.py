@@ -113,6 +113,10 @@ class VllmLauncher:
         if opts.get("aqua"):
             argv += ["--scheduler-cls", AQUA_SCHEDULER]
             argv += ["--kv-transfer-config", json.dumps(self._kv_transfer(spec))]
+            # vLLM turns async scheduling on by default on GPUs. AquaScheduler subclasses the
+            # synchronous Scheduler (vLLM: no overlap to gain then), and the connector is verified
+            # only with it off: under it, failed loads and lost saves are reported a step late.
+            argv.append("--no-async-scheduling")
         if spec.api_key:  # vLLM's own check leaves /invocations open (serving/vllm_ext/engine_auth.py)
             argv += ["--middleware", ENGINE_KEY_GUARD]
         argv += [str(a) for a in extra_args]  # last: they may override the options above

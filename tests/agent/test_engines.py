@@ -280,6 +280,7 @@ def test_it_builds_the_vllm_command_for_a_gpu_host_with_aqua() -> None:
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert argv[argv.index("--max-model-len") + 1] == "4096"
     assert argv[argv.index("--scheduler-cls") + 1] == AQUA_SCHEDULER
+    assert "--no-async-scheduling" in argv  # the connector's verified mode, not vLLM's GPU default
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert kv == {
         "kv_connector": "AquaConnector",
@@ -317,6 +318,7 @@ def test_it_builds_the_vllm_command_for_a_cpu_host_without_aqua() -> None:
     s = spec(cpu_kvcache_space_gib=2, max_num_seqs=4)
     launch = VllmLauncher("cpu", base_env={})(s, 9000)
     assert "--scheduler-cls" not in launch.argv and "--kv-transfer-config" not in launch.argv
+    assert "--no-async-scheduling" not in launch.argv  # vLLM's default without our plug-ins
     assert launch.argv[launch.argv.index("--max-num-seqs") + 1] == "4"
     assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     # A byte size must not be overridden by vLLM's legacy whole-GiB variable (inherited or ours).
