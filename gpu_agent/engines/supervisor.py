@@ -259,6 +259,7 @@ class EngineSupervisor:
         Whatever happens, it returns (or raises) only once the engine's whole process group is
         gone: a retry must not run beside what is left of this run, nor reuse its port before.
         """
+        self._ran_stable_since = None  # set once this run answers /health
         port = self._ports.acquire()
         try:
             return await self._launch_and_watch(port)
@@ -289,7 +290,6 @@ class EngineSupervisor:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(launch.offload_stats)
         self.port = port  # (the previous run's scrapes were forgotten at its end: _keep_unreported)
-        self._ran_stable_since = None
         try:
             rotate(self.log_path, self._log_max_bytes, self._log_backups)
         except OSError as exc:  # a log we cannot rotate must not keep the engine down
