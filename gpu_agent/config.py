@@ -197,6 +197,7 @@ class AgentConfig:
         _check_url(self.control_plane)
         if not self.token:
             raise ValueError("token is required (--token, GPU_AGENT_TOKEN or the config file)")
+        _refuse_non_ascii_token(self.token)
         if self.simulate is not None:
             parse_simulate_spec(self.simulate)
         for key in ("name", "address", "state_dir"):
@@ -284,6 +285,21 @@ def _refuse_control_characters(key: str, value: Any) -> None:
         return
     shown = "" if key == "token" else f"={value!r}"
     raise ValueError(f"{key}{shown} holds a control character ({value[at]!r} at index {at})")
+
+
+def _refuse_non_ascii_token(token: str) -> None:
+    """ValueError naming the first character of ``token`` that is not ASCII (not the token).
+
+    Host tokens are ASCII (`platform/core/secrets.py`); one pasted with a document's quotes, or
+    read from undecodable bytes, cannot go in the Authorization header: websockets refused it
+    before every handshake (InvalidHeaderValue, whose WARNING showed the whole token) and the link
+    retried for ever."""
+    at = next((i for i, c in enumerate(token) if not c.isascii()), None)
+    if at is not None:
+        raise ValueError(
+            f"token holds a character that is not ASCII ({token[at]!r} at index {at}): host tokens"
+            " are ASCII; copy it again"
+        )
 
 
 def _checked_address(key: str, value: str, *, unspecified_ok: bool = False) -> str:

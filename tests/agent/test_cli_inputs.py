@@ -364,3 +364,29 @@ def test_yaml_merge_keys_still_work_and_may_be_overridden(tmp_path: Path) -> Non
         make_config(["--config", str(path)])
     path.write_text("<<: {control_plane: 'http://cp', token: t}\ntoken: mine\n")
     assert make_config(["--config", str(path)]).token == "mine"
+
+
+@pytest.mark.parametrize(
+    ("token", "named"),
+    [
+        ("\u201cagt_secret\u201d", "'\u201c' at index 0"),  # pasted with a document's quotes
+        ("agt_s\u00e9cret", "'\u00e9' at index 5"),
+        ("agt_secret\udcff", "'\\udcff' at index 10"),  # undecodable bytes in $GPU_AGENT_TOKEN
+    ],
+)
+def test_a_token_that_is_not_ascii_exits_2_without_showing_it(
+    tmp_path: Path,
+    token: str,
+    named: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It was accepted; every connection attempt then failed before the handshake (websockets:
+    # InvalidHeaderValue) and logged a WARNING holding the whole token, retrying for ever.
+    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPU_AGENT_TOKEN", token)
+    assert main(["--control-plane", "http://cp"]) == 2
+    err = capsys.readouterr().err
+    assert "token holds a character that is not ASCII" in err and named in err, err
+    assert "Traceback" not in err and "agt_s" not in err
