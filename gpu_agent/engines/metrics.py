@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from gpu_agent.protocol import LatencySummary
 
@@ -119,8 +120,32 @@ class EngineMetrics:
     bytes_offloaded: int = 0
 
 
+def _finite(sample: Sample) -> float:
+    """A sample's value; ValueError naming the sample when it is no finite number (NaN, +Inf),
+    which no count, gauge or frame field can be."""
+    value = float(sample.value)
+    if not math.isfinite(value):
+        raise ValueError(f"{sample.name} is {value!r}, not a finite number")
+    return value
+
+
+def _bound(sample: Sample) -> float:
+    """A histogram bucket's upper bound (its `le` label; +Inf allowed); ValueError naming the
+    sample when it has none or it is not a number."""
+    le = sample.labels.get("le")
+    bound = float("nan") if le is None else float(le)
+    if math.isnan(bound):
+        raise ValueError(f"{sample.name} has no bucket bound (le={le!r})")
+    return bound
+
+
 def parse_metrics(text: str) -> EngineMetrics:
-    """Parse Prometheus text exposition from a vLLM server's /metrics."""
+    """Parse Prometheus text exposition from a vLLM server's /metrics.
+
+    Raises:
+        ValueError: the text is not Prometheus', or a sample read holds no finite number (a
+            histogram bucket without `le`, a NaN or +Inf value), naming it.
+    """
     out = EngineMetrics()
     kv: list[float] = []
     for family in text_string_to_metric_families(text):
@@ -129,14 +154,14 @@ def parse_metrics(text: str) -> EngineMetrics:
             buckets: dict[float, float] = {}
             for s in family.samples:
                 if s.name == f"{name}_bucket":
-                    bound = float(s.labels["le"])
-                    buckets[bound] = buckets.get(bound, 0.0) + float(s.value)
+                    bound = _bound(s)
+                    buckets[bound] = buckets.get(bound, 0.0) + _finite(s)
             if buckets:
                 out.histograms[name] = Histogram(tuple(sorted(buckets.items())))
         elif name == KV_USAGE:
-            kv.extend(float(s.value) for s in family.samples)
+            kv.extend(_finite(s) for s in family.samples)
         elif name in (RUNNING, WAITING, PREEMPTIONS, OFFLOADED):
-            total = sum(float(s.value) for s in family.samples if s.name in (name, f"{name}_total"))
+            total = sum(_finite(s) for s in family.samples if s.name in (name, f"{name}_total"))
             value = max(0, round(total))
             if name == RUNNING:
                 out.running = value

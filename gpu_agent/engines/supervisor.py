@@ -143,6 +143,7 @@ class EngineSupervisor:
         self._gauges: EngineSample | None = None  # its gauges and counters (no latencies)
         self._taken: EngineMetrics | None = None  # the scrape the last take_sample() reported up to
         self._unreported: list[Window] = []  # ended runs' observations no take reported yet
+        self._unreadable_metrics = False  # a scrape of this run could not be reported (said once)
 
     # ---- control ------------------------------------------------------------------------------
 
@@ -290,6 +291,7 @@ class EngineSupervisor:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(launch.offload_stats)
         self.port = port  # (the previous run's scrapes were forgotten at its end: _keep_unreported)
+        self._unreadable_metrics = False
         try:
             rotate(self.log_path, self._log_max_bytes, self._log_backups)
         except OSError as exc:  # a log we cannot rotate must not keep the engine down
@@ -386,23 +388,35 @@ class EngineSupervisor:
             exited.cancel()
 
     async def _scrape(self, http: httpx.AsyncClient) -> None:
+        """Take the engine's /metrics. One that does not answer, or answers what no telemetry can
+        carry (NaN or +Inf, a count beyond the protocol's range), is a scrape that failed: the last
+        figures stand, and the engine, which may well be serving, is left alone."""
         try:
             resp = await http.get("/metrics")
             resp.raise_for_status()
-            current = parse_metrics(resp.text)
-        except (httpx.HTTPError, ValueError) as exc:
+        except httpx.HTTPError as exc:
             log.debug("Scraping %s failed: %s", self.spec.id, exc)
             return
-        self._metrics = current
-        self._gauges = EngineSample(
-            deployment_id=self.spec.id,
-            state="running",
-            kv_cache_usage=current.kv_cache_usage,
-            running=current.running,
-            waiting=current.waiting,
-            preemptions_total=current.preemptions_total,
-            bytes_offloaded=max(current.bytes_offloaded, self._connector_offloaded_bytes()),
-        )
+        try:
+            current = parse_metrics(resp.text)
+            gauges = EngineSample(
+                deployment_id=self.spec.id,
+                state="running",
+                kv_cache_usage=current.kv_cache_usage,
+                running=current.running,
+                waiting=current.waiting,
+                preemptions_total=current.preemptions_total,
+                bytes_offloaded=max(current.bytes_offloaded, self._connector_offloaded_bytes()),
+            )
+        except ValueError as exc:  # (ProtocolError too: a figure out of the frame's range)
+            (log.debug if self._unreadable_metrics else log.warning)(
+                "Deployment %s: its engine's /metrics cannot be reported (%s); skipping such scrapes.",
+                self.spec.id,
+                exc,
+            )
+            self._unreadable_metrics = True
+            return
+        self._metrics, self._gauges = current, gauges
 
     def _connector_offloaded_bytes(self) -> int:
         """Bytes the Aqua connector's worker reports offloaded (0 without its counters file)."""

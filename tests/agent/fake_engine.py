@@ -1,7 +1,7 @@
 """A tiny stand-in engine process for supervision tests: serves /health and vLLM-style /metrics.
 
     python fake_engine.py --port P [--fail-at-start MSG] [--ignore-sigterm] [--start-delay S]
-                          [--health-fail-file PATH]
+                          [--health-fail-file PATH] [--extra-metrics TEXT]
 
 Every /metrics request adds observations (TTFT 0.05 s x2 and 0.3 s x1 per scrape; ITL 0.02 s x10),
 so each scrape window is non-empty. While PATH (--health-fail-file) exists, the next /health is
@@ -27,6 +27,7 @@ ITL_BOUNDS = ["0.01", "0.025", "0.05", "+Inf"]
 
 class State:
     scrapes = 0
+    extra_metrics = ""  # appended to every /metrics answer
     health_fail_file: str | None = None
     lock = threading.Lock()
 
@@ -76,7 +77,7 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/metrics":
             with State.lock:
                 State.scrapes += 1
-                body = metrics_text(State.scrapes).encode()
+                body = (metrics_text(State.scrapes) + State.extra_metrics).encode()
                 stats_dir = os.environ.get("AQUA_STATS_DIR")
                 if stats_dir:  # like serving.vllm_ext's offload worker: counters as JSON
                     os.makedirs(stats_dir, exist_ok=True)
@@ -124,8 +125,10 @@ def main() -> None:
     p.add_argument("--health-fail-file", help="answer /health 503 once each time this file appears")
     p.add_argument("--aqua-lease", type=int, help="lease this many bytes as a producer")
     p.add_argument("--aqua-allocate", type=int, help="allocate this many bytes as a consumer")
+    p.add_argument("--extra-metrics", default="", help="text appended to every /metrics answer")
     args = p.parse_args()
     State.health_fail_file = args.health_fail_file
+    State.extra_metrics = args.extra_metrics
     clients = aqua(args.aqua_lease, args.aqua_allocate)  # kept open: the session owns the memory
     if os.environ.get("FAKE_ENGINE_PIDFILE"):
         with open(os.environ["FAKE_ENGINE_PIDFILE"], "a") as f:
