@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from typing import IO
@@ -81,6 +82,7 @@ def make_host(cfg: AgentConfig) -> Host:
     from gpu_agent.host import LocalHost
     from gpu_agent.inventory import detect_inventory
 
+    check_engine_bind(cfg)
     try:  # now, not from inside the running agent
         os.makedirs(cfg.state_dir, exist_ok=True)
     except OSError as exc:
@@ -94,6 +96,23 @@ def make_host(cfg: AgentConfig) -> Host:
         liveness=Liveness(cfg.liveness_interval_s, cfg.liveness_timeout_s, cfg.liveness_failures),
         readings_max_age_s=cfg.readings_max_age_s,
     )
+
+
+def check_engine_bind(cfg: AgentConfig) -> None:
+    """ValueError naming `--engine-bind` when engines could not listen on it (an address of no
+    interface of this machine: a NAT'd or public address given as `--address`, which engines bind
+    by default); otherwise every engine failed to bind its port, and was restarted for ever."""
+    host = cfg.engine_bind or "127.0.0.1"
+    try:  # as the engine's server binds it: the first address the name resolves to
+        family, _, _, _, where = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(where)
+    except OSError as exc:  # (socket.gaierror too: a name that does not resolve)
+        default = " (the default: --address)" if host == cfg.address else ""
+        raise ValueError(
+            f"--engine-bind {host!r}{default}: engines cannot listen there ({exc.strerror}); give"
+            " --engine-bind 0.0.0.0 (every interface) or an address of this machine"
+        ) from None
 
 
 def claim_state_dir(state_dir: str) -> IO[str]:

@@ -390,3 +390,37 @@ def test_a_token_that_is_not_ascii_exits_2_without_showing_it(
     err = capsys.readouterr().err
     assert "token holds a character that is not ASCII" in err and named in err, err
     assert "Traceback" not in err and "agt_s" not in err
+
+
+NOT_HERE = "203.0.113.77"  # TEST-NET-3: an address of no interface of this machine
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        # The gateway reaches the host through a NAT'd address: engines bound it by default.
+        (["--address", NOT_HERE], f"--engine-bind {NOT_HERE!r} (the default: --address)"),
+        (["--engine-bind", NOT_HERE], f"--engine-bind {NOT_HERE!r}: engines cannot listen"),
+    ],
+)
+def test_an_engine_bind_address_of_no_interface_here_exits_2(
+    tmp_path: Path,
+    args: list[str],
+    named: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It was accepted: every engine then failed to bind its port (EADDRNOTAVAIL), restarted with
+    # backoff for ever, each run's failure only in the engine's log tail.
+    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
+    monkeypatch.chdir(tmp_path)
+    assert main([*BASE, *args]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Cannot assign requested address" in err, err
+    assert "--engine-bind 0.0.0.0" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # no state directory
+
+
+def test_a_simulated_host_runs_no_engines_so_any_address_will_do() -> None:
+    cfg = make_config([*BASE, "--simulate", "1xH100", "--address", NOT_HERE])
+    assert make_host(cfg).simulated
