@@ -277,14 +277,23 @@ def _refuse_control_characters(key: str, value: Any) -> None:
     """ValueError naming ``key`` if the string ``value`` holds a control character (NUL, newline,
     ESC, ...), which a YAML file can spell ("\\0"): no path, URL, header or host name holds one, and
     a NUL made os.makedirs fail with a bare "embedded null byte" naming nothing. A token's value is
-    not shown."""
+    not shown.
+
+    Nor may a value but the state dir (a path: any bytes) hold a lone surrogate, which is how
+    Python spells bytes that are not UTF-8 in a command line or the environment: a CPU host's
+    device uuid failed on such a name with a bare "'utf-8' codec can't encode", a GPU host
+    registered a name no frame may carry, and a control plane URL failed every connection."""
     if not isinstance(value, str):
         return
-    at = next((i for i, c in enumerate(value) if unicodedata.category(c) == "Cc"), None)
-    if at is None:
-        return
     shown = "" if key == "token" else f"={value!r}"
-    raise ValueError(f"{key}{shown} holds a control character ({value[at]!r} at index {at})")
+    at = next((i for i, c in enumerate(value) if unicodedata.category(c) == "Cc"), None)
+    if at is not None:
+        raise ValueError(f"{key}{shown} holds a control character ({value[at]!r} at index {at})")
+    if key in ("state_dir", "token"):  # (a token that is not ASCII is refused on its own)
+        return
+    at = next((i for i, c in enumerate(value) if unicodedata.category(c) == "Cs"), None)
+    if at is not None:
+        raise ValueError(f"{key}{shown} holds undecodable bytes ({value[at]!r} at index {at}): not UTF-8")
 
 
 def _refuse_non_ascii_token(token: str) -> None:

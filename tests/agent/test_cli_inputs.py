@@ -424,3 +424,36 @@ def test_an_engine_bind_address_of_no_interface_here_exits_2(
 def test_a_simulated_host_runs_no_engines_so_any_address_will_do() -> None:
     cfg = make_config([*BASE, "--simulate", "1xH100", "--address", NOT_HERE])
     assert make_host(cfg).simulated
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        # A CPU host failed with "'utf-8' codec can't encode character '\udcff' in position 3:
+        # surrogates not allowed", naming no option; a GPU host registered a name the control plane
+        # refuses (no string of a frame may hold a lone surrogate).
+        (["--name", "gpu\udcff1"], "name='gpu\\udcff1' holds undecodable bytes ('\\udcff' at index 3)"),
+        # Accepted: every connection attempt failed with a UnicodeError traceback.
+        (
+            ["--control-plane", "http://cp\udcff:8000"],
+            "control_plane='http://cp\\udcff:8000' holds undecodable",
+        ),
+    ],
+)
+def test_a_value_holding_undecodable_bytes_exits_2_naming_it(
+    tmp_path: Path,
+    args: list[str],
+    named: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
+    monkeypatch.chdir(tmp_path)
+    assert main([*BASE, *args]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err, err
+
+
+def test_a_state_dir_of_undecodable_bytes_is_a_path_like_any_other(tmp_path: Path) -> None:
+    path = os.fsdecode(os.fsencode(str(tmp_path)) + b"/st\xff")
+    assert make_config([*BASE, "--state-dir", path]).state_dir == path
