@@ -127,6 +127,8 @@ class LocalHost(Host):
             grace_s=self._grace_s,
             liveness=self._liveness,
         )
+        # Before any engine starts: a killed agent's engines would hold their GPUs' memory.
+        await self.engines.end_leftovers()
 
     def _manager(self) -> EngineManager:
         if self.engines is None:

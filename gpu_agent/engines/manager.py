@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 from gpu_agent.engines.command import safe_name
+from gpu_agent.engines.leftovers import RECORD_SUFFIX, end_leftovers
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.ports import PortAllocator
@@ -61,6 +62,11 @@ class EngineManager:
 
     def log_path(self, deployment_id: str) -> str:
         return os.path.join(self.log_dir, f"{safe_name(deployment_id)}.log")
+
+    async def end_leftovers(self) -> int:
+        """End the engines a killed agent left running on this log dir (engines/leftovers.py);
+        call it before the first `apply()`. The number ended."""
+        return await asyncio.to_thread(end_leftovers, self.log_dir, self._grace_s)
 
     async def apply(self, desired: list[DeploymentSpec]) -> None:
         """Converge to `desired` (the complete list for this host); ignored once closing."""
@@ -117,6 +123,7 @@ class EngineManager:
             scrape_interval_s=self._scrape_s,
             liveness=self._liveness,
             ports=self.ports,
+            group_record=os.path.join(self.log_dir, safe_name(spec.id) + RECORD_SUFFIX),
         )
         self._engines[spec.id] = sup
         log.info("Starting deployment %s (%s on devices %s).", spec.id, spec.model.name, spec.devices)

@@ -54,11 +54,12 @@ import httpx
 
 from gpu_agent.engines.command import EngineConfigError, LaunchSpec
 from gpu_agent.engines.exec_guard import guarded
+from gpu_agent.engines.leftovers import remove_record, write_record
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
 from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, Window, combine, parse_metrics, summarize
 from gpu_agent.engines.ports import PortAllocator
-from gpu_agent.engines.process_group import end_group
+from gpu_agent.engines.process_group import end_group, group_alive
 from gpu_agent.protocol import (
     DeploymentSpec,
     DeploymentState,
@@ -94,6 +95,7 @@ class EngineSupervisor:
         log_max_bytes: int = LOG_MAX_BYTES,
         log_backups: int = LOG_BACKUPS,
         ports: PortAllocator | None = None,
+        group_record: str | None = None,
     ) -> None:
         """
         Args:
@@ -113,6 +115,8 @@ class EngineSupervisor:
             log_backups: Rotated files kept.
             ports: Where engine ports come from; shared by a host's supervisors, so that no two
                 engines are given one port.
+            group_record: Where the running engine's process group is recorded, for an agent
+                started after this one was killed to end it (engines/leftovers.py); None: nowhere.
         """
         self.spec = spec
         self._launcher = launcher
@@ -128,6 +132,7 @@ class EngineSupervisor:
         self._log_max_bytes = log_max_bytes
         self._log_backups = log_backups
         self._ports = ports or PortAllocator()
+        self._group_record = group_record
         self.state: DeploymentState = "starting"
         self.restarts = 0
         self.port: int | None = None
@@ -266,6 +271,8 @@ class EngineSupervisor:
             return await self._launch_and_watch(port)
         finally:
             await self._terminate()
+            if self._proc is not None and self._group_record is not None and not group_alive(self._proc.pid):
+                remove_record(self._group_record)  # (one left after SIGKILL stays recorded)
             self._proc = None  # its pid may be reused: never signal that group again
             self.port = None
             self._ports.release(port)
@@ -313,6 +320,8 @@ class EngineSupervisor:
             except OSError as exc:
                 return f"engine could not be started: {exc}"
         proc = self._proc
+        if self._group_record is not None:
+            write_record(self._group_record, proc.pid, self.spec.id)
         if self._restart_requested:
             # restart() came while the process was being created, when it had nothing to end: end
             # this one now, so that `_run` starts the next at once and takes the request as done.

@@ -1,6 +1,6 @@
 """A process that supervises one fake engine the way the agent does, for the orphan test.
 
-    python agent_stand_in.py LOG_DIR PIDFILE
+    python agent_stand_in.py LOG_DIR PIDFILE [ENGINE_ARGS...]
 
 Prints "running" once the engine answers /health, then waits to be killed.
 """
@@ -18,10 +18,10 @@ from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
 FAKE_ENGINE = str(Path(__file__).with_name("fake_engine.py"))
 
 
-async def main(log_dir: str, pidfile: str) -> None:
+async def main(log_dir: str, pidfile: str, *engine_args: str) -> None:
     def launch(spec: DeploymentSpec, port: int) -> LaunchSpec:
         env = {**os.environ, "FAKE_ENGINE_PIDFILE": pidfile}
-        return LaunchSpec([sys.executable, FAKE_ENGINE, "--port", str(port)], env)
+        return LaunchSpec([sys.executable, FAKE_ENGINE, "--port", str(port), *engine_args], env)
 
     running = asyncio.Event()
 
@@ -37,4 +37,4 @@ async def main(log_dir: str, pidfile: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(*sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""Engine process groups a previous agent left running, found and ended when the agent starts.
+
+The engine's exec guard (exec_guard.py) has the kernel send its leader SIGTERM when the agent dies,
+but a leader that does not exit on it (stuck in CUDA, its shutdown hung) and the workers it spawned
+outlive a killed agent (SIGKILL, the OOM killer, a crash; outside a systemd unit, nothing else ends
+them). They hold their GPUs' memory, so every engine the restarted agent starts there fails. So a
+supervisor records each engine's process group (`<log_dir>/<deployment>.group`: its pgid and its
+leader's start time) while the group lives, and removes the record once the group is gone. A record
+found when the agent starts is a group the previous agent left: it is ended (SIGTERM, SIGKILL after
+the grace period) before any engine starts, with a WARNING naming it.
+
+A recorded pgid is only signalled while it is still that group: while its leader is the process
+that was recorded (same start time, so not a reused pid), or, once the leader is gone, while
+members are left (the kernel does not reuse a pid that is still a process group's id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import signal
+import time
+
+from gpu_agent.engines.process_group import KILL_WAIT_S, POLL_S, group_alive, signal_group
+
+log = logging.getLogger(__name__)
+
+RECORD_SUFFIX = ".group"
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat); None if it is gone
+    or there is no procfs."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # from field 3 (state) on
+    try:
+        return int(fields[19])  # field 22: starttime
+    except (IndexError, ValueError):
+        return None
+
+
+def write_record(path: str, pgid: int, deployment_id: str) -> None:
+    """Record the engine group `pgid` (whose leader was just started) at `path`."""
+    record = {"pgid": pgid, "start": start_time(pgid), "deployment": deployment_id}
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+    except OSError as exc:  # the engine runs anyway; only a killed agent's leftovers go unseen
+        log.warning("Could not record engine group %d at %s: %s", pgid, path, exc)
+
+
+def remove_record(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _still_ours(pgid: int, start: object) -> bool:
+    """Whether process group `pgid` is still the recorded engine group (see the module)."""
+    if not group_alive(pgid):
+        return False
+    now = start_time(pgid)
+    return now is None or now == start  # leader gone (members left), or the same leader
+
+
+def end_leftovers(log_dir: str, grace_s: float) -> int:
+    """End every engine group recorded in `log_dir` that is still running; the number ended.
+    Blocks up to grace_s + KILL_WAIT_S a group: call it before engines start, off the loop."""
+    ended = 0
+    for path in sorted(glob.glob(os.path.join(glob.escape(log_dir), f"*{RECORD_SUFFIX}"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                record = json.load(f)
+            pgid, start, name = int(record["pgid"]), record.get("start"), str(record.get("deployment"))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("Ignoring an unreadable engine group record %s: %s", path, exc)
+            remove_record(path)
+            continue
+        if pgid > 1 and _still_ours(pgid, start):
+            log.warning(
+                "Engine of deployment %s (process group %d) was left running by a previous agent;"
+                " ending it before any engine starts.",
+                name,
+                pgid,
+            )
+            ended += 1
+            if not _end(pgid, grace_s):
+                log.error("Engine group %d of deployment %s is left after SIGKILL.", pgid, name)
+                continue  # kept: the next start tries again
+        remove_record(path)
+    return ended
+
+
+def _end(pgid: int, grace_s: float) -> bool:
+    """SIGTERM the group, SIGKILL it after `grace_s`; whether it is gone."""
+    signal_group(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGCONT)  # a stopped member acts on SIGTERM only once continued
+    for sig, wait_s in ((None, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
+        if sig is not None:
+            signal_group(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while group_alive(pgid):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S)
+        else:
+            return True
+    return False

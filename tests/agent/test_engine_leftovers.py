@@ -1,0 +1,96 @@
+"""Engines a killed agent left running (their leader did not exit on the SIGTERM the kernel sent
+it when the agent died) are ended by the next agent on that state dir before it starts any."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_agent.engines import EngineManager
+from gpu_agent.engines.command import REPO_ROOT
+from gpu_agent.engines.leftovers import end_leftovers, start_time
+from tests.agent.test_engines import alive, fake_launcher, spec
+from tests.agent.ws_server import wait_for
+
+
+async def killed_agent_leaving(tmp_path: Path, *engine_args: str) -> int:
+    """Runs a stand-in agent whose engine gets `engine_args`, SIGKILLs the agent; the engine's pid."""
+    pidfile = tmp_path / "pids"
+    stand_in = str(Path(__file__).with_name("agent_stand_in.py"))
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, stand_in, str(tmp_path / "logs"), str(pidfile), *engine_args,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT}, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert agent.stdout is not None
+    assert (await asyncio.wait_for(agent.stdout.readline(), 30)).strip() == b"running"
+    (engine,) = [int(x) for x in pidfile.read_text().split()]
+    agent.kill()
+    await agent.wait()
+    return engine
+
+
+@pytest.mark.asyncio
+async def test_the_next_agent_ends_an_engine_a_killed_agent_left(tmp_path: Path) -> None:
+    engine = await killed_agent_leaving(tmp_path, "--ignore-sigterm")
+    try:
+        # It ignored the SIGTERM the exec guard had the kernel send: it lives on, holding its GPUs.
+        assert "ignoring SIGTERM" in await asyncio.to_thread(_log_when_told, tmp_path / "logs" / "d1.log")
+        assert alive(engine)
+        manager = EngineManager(
+            fake_launcher(tmp_path / "pids2"),
+            str(tmp_path / "logs"),
+            lambda s: None,
+            devices={0},
+            grace_s=0.5,
+        )
+        assert await manager.end_leftovers() == 1
+        assert not alive(engine)
+        assert not list((tmp_path / "logs").glob("*.group"))
+        await manager.close()
+    finally:
+        if alive(engine):
+            os.kill(engine, signal.SIGKILL)  # do not leak it when the test fails
+
+
+def _log_when_told(path: Path) -> str:
+    for _ in range(200):
+        text = path.read_text(errors="replace")
+        if "ignoring SIGTERM" in text:
+            return text
+        time.sleep(0.05)
+    return path.read_text(errors="replace")
+
+
+def test_a_record_whose_pid_is_now_another_process_is_dropped_unsignalled(tmp_path: Path) -> None:
+    # A group leader started after the record was written: its pid was reused, it is no engine.
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        started = start_time(other.pid)
+        assert started is not None
+        record = tmp_path / "d1.group"
+        record.write_text(json.dumps({"pgid": other.pid, "start": started - 1, "deployment": "d1"}))
+        assert end_leftovers(str(tmp_path), grace_s=0.1) == 0
+        assert not record.exists() and other.poll() is None  # not signalled
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.asyncio
+async def test_a_stopped_engine_leaves_no_record(tmp_path: Path) -> None:
+    manager = EngineManager(
+        fake_launcher(tmp_path / "pids"), str(tmp_path / "logs"), lambda s: None, devices={0}, grace_s=2
+    )
+    await manager.apply([spec()])
+    await wait_for(lambda: (sup := manager.supervisor("d1")) is not None and sup.state == "running")
+    assert [p.name for p in (tmp_path / "logs").glob("*.group")] == ["d1.group"]
+    await manager.close()
+    assert not list((tmp_path / "logs").glob("*.group"))
