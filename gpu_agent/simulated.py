@@ -253,7 +253,10 @@ class SimulatedHost(Host):
         if taken:
             raise ValueError(f"device(s) {sorted(taken)} already run another deployment")
         model = spec.model.name if spec.model.name in MODEL_CONFIGS else self.model
-        rate = float(spec.model.engine_options.get("sim_rate", self.rate))
+        raw = spec.model.engine_options.get("sim_rate", self.rate)
+        if isinstance(raw, bool) or not isinstance(raw, int | float):  # strict, as the control plane
+            raise ValueError(f"engine_options.sim_rate={raw!r:.200} must be a number of requests/s")
+        rate = float(raw)
         if not 0 < rate <= MAX_SIM_RATE:  # as the control plane checks it (an older one did not)
             raise ValueError(f"engine_options.sim_rate={rate} must be positive and at most {MAX_SIM_RATE:g}")
         stream = WorkloadStream("poisson", rate, self.seed * 1000 + 500 + len(self._deployed))

@@ -164,3 +164,15 @@ def test_once_stopped_it_starts_no_deployment() -> None:
     asyncio.run(host.apply([DeploymentSpec("dep-a", model, [0]), DeploymentSpec("dep-b", model, [1])]))
     assert [(s.deployment_id, s.state) for s in statuses] == [("dep-a", "running"), ("dep-a", "stopped")]
     assert host.statuses() == [] and host.sample_at(5.0)[1] == []
+
+
+@pytest.mark.parametrize("rate", [None, [2.0], {"r": 2}, True, "2"])
+def test_a_sim_rate_that_is_no_number_fails_its_deployment_alone(rate: object) -> None:
+    # None, a list or a mapping raised TypeError out of apply(): the deployments after it in the
+    # desired list were never placed (True and "2" ran at 1 and 2 requests/s).
+    host, statuses = started("2xH100")
+    bad = ModelSpec("llama-3-8b", "m", engine_options={"sim_rate": rate})
+    good = ModelSpec("llama-3-8b", "m", engine_options={"sim_rate": 2.0})
+    asyncio.run(host.apply([DeploymentSpec("dep-a", bad, [0]), DeploymentSpec("dep-b", good, [1])]))
+    assert [(s.deployment_id, s.state) for s in statuses] == [("dep-a", "failed"), ("dep-b", "running")]
+    assert statuses[0].error is not None and "engine_options.sim_rate" in statuses[0].error
