@@ -227,8 +227,8 @@ class ProbeRunner:
         timeout = httpx.Timeout(frame.timeout_s, connect=10.0)
         # The engine's key (DeploymentSpec.api_key): /v1/completions refuses requests without it.
         headers = {"authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
-        async with httpx.AsyncClient(
-            base_url=self.base_url, limits=limits, timeout=timeout, headers=headers
+        async with httpx.AsyncClient(  # to this host's engine: never through the env's proxy
+            base_url=self.base_url, limits=limits, timeout=timeout, headers=headers, trust_env=False
         ) as http:
             capacity_tokens = await self._capacity_tokens(http)
             capacity = capacity_tokens * self.kv_bytes_per_token

@@ -329,7 +329,9 @@ class EngineSupervisor:
         self._set_state("starting", error=None)
         base_url = f"http://{_url_host(launch.probe_host)}:{port}"
         hung: str | None = None
-        async with httpx.AsyncClient(base_url=base_url, timeout=5.0) as http:
+        # trust_env=False: the engine is on this host; an HTTP(S)_PROXY of the environment (for
+        # weights downloads) would take /health and /metrics to a proxy that cannot reach it.
+        async with httpx.AsyncClient(base_url=base_url, timeout=5.0, trust_env=False) as http:
             healthy = await self._wait_healthy(proc, http)
             if healthy:
                 self._ran_stable_since = time.monotonic()
