@@ -144,6 +144,11 @@ def _end(track: _Track) -> float:
     return track.chunks[-1] if track.chunks else math.inf
 
 
+def draw_prompts(tracks: list[_Track], rng: random.Random, low: int, high: int) -> list[list[int]]:
+    """Each request's prompt: `prompt_tokens` token ids drawn from [low, high), in order."""
+    return [[rng.randrange(low, high) for _ in range(t.spec.prompt_tokens)] for t in tracks]
+
+
 def prefill_samples(tracks: list[_Track], rng: random.Random) -> list[IterationSample]:
     """((prompt,), TTFT) of each request that had the engine to itself until its first token."""
     out = []
@@ -218,11 +223,11 @@ class ProbeRunner:
                 del _REPLAYS[frame.probe_id]
 
     async def _replay(self, frame: Probe, stop: asyncio.Event) -> ProbeReport:
-        rng = random.Random(frame.seed)
         tracks = [_Track(r) for r in sorted(frame.requests, key=lambda r: r.arrival_s)]
-        prompts = [
-            [rng.randrange(self.vocab_floor, self.vocab) for _ in range(t.spec.prompt_tokens)] for t in tracks
-        ]
+        # In a worker thread, as the samples at the end: both take seconds for a few thousand
+        # requests, which on the agent's loop would hold up its heartbeats (the host goes stale).
+        rng = random.Random(frame.seed)
+        prompts = await asyncio.to_thread(draw_prompts, tracks, rng, self.vocab_floor, self.vocab)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         timeout = httpx.Timeout(frame.timeout_s, connect=10.0)
         # The engine's key (DeploymentSpec.api_key): /v1/completions refuses requests without it.
@@ -263,7 +268,8 @@ class ProbeRunner:
                 f"the engine was unreachable during the probe: {len(lost)} of {len(tracks)} requests "
                 f"lost their connection (first: {lost[0]})",
             )
-        return self._report(frame, tracks, capacity, peaks, duration)
+        # (Every task touching the tracks has ended: the thread has them to itself.)
+        return await asyncio.to_thread(self._report, frame, tracks, capacity, peaks, duration)
 
     async def _capacity_tokens(self, http: httpx.AsyncClient) -> int:
         with contextlib.suppress(httpx.HTTPError, ValueError):
