@@ -46,7 +46,7 @@ def build_cluster(fast_forward: bool) -> ClusterSim:
         num_kv_blocks=kv_capacity_tokens(MODEL, GPU) // 16,
         fast_forward=fast_forward,
     )
-    engines = [EngineSpec(f"s0/g{g}", "s0", (g,), MODEL, cost, replace(config)) for g in range(GPUS)]
+    engines = [EngineSpec(f"s0/g{g}", "s0", (g,), MODEL, cost, replace(config), gpu=GPU) for g in range(GPUS)]
     return ClusterSim({"s0": GPUS}, engines)
 
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_agent.protocol import EngineSample, LatencySummary
+from serving.costmodel.gpus import get_gpu
 from serving.costmodel.model import CostModel
+from serving.costmodel.transfer import nvlink
 from serving.metrics.latency import percentile
 from serving.metrics.records import RequestRecord
 from serving.policies import get_policy
@@ -99,6 +101,7 @@ class SimEngine:
         config: EngineConfig,
         workload: WorkloadStream,
         *,
+        gpu: str,
         policy: str = "fcfs",
         start_s: float = 0.0,
     ) -> None:
@@ -108,6 +111,8 @@ class SimEngine:
             cost: Iteration latency model.
             config: Engine limits and preemption mode.
             workload: Its requests.
+            gpu: Name of its GPU (serving/costmodel/gpus.py); lent memory is reached over that
+                GPU's own NVLink (`costmodel.nvlink`: NVLink 3 on an A100, 4 on an H100).
             policy: Scheduling policy name (serving.policies registry).
             start_s: Simulated second it starts at (engines added to a running host); earlier
                 arrivals of `workload` are skipped.
@@ -116,7 +121,7 @@ class SimEngine:
         self.config = config
         self.store: CountingPeerStore | CountingDramStore | None = None
         if config.preemption_mode == "offload_peer":
-            self.store = CountingPeerStore(config.peer_capacity_bytes)
+            self.store = CountingPeerStore(config.peer_capacity_bytes, nvlink(get_gpu(gpu).name))
         elif config.preemption_mode == "offload_dram":
             self.store = CountingDramStore()
         self.sim = EngineSim(cost, config, get_policy(policy), store=self.store, on_iteration=self._iter)

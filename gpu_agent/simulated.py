@@ -103,7 +103,8 @@ class SimulatedHost(Host):
         mode = "offload_peer" if peer_bytes else "recompute"
         config = EngineConfig(num_kv_blocks=blocks, block_size=BLOCK, preemption_mode=mode,
                               peer_capacity_bytes=peer_bytes)  # fmt: skip
-        return SimEngine(engine_id, cost, config, workload, start_s=float(int(self._sim_now)))
+        start_s = float(int(self._sim_now))
+        return SimEngine(engine_id, cost, config, workload, gpu=self.gpu.name, start_s=start_s)
 
     def _build_builtin(self, device: int) -> _Placed:
         mem = self.gpu.memory_bytes

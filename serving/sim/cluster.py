@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from serving.costmodel.gpus import get_gpu
 from serving.costmodel.model import CostModel, PhaseCoeffs
+from serving.costmodel.transfer import nvlink
 from serving.metrics.records import RequestRecord
 from serving.policies import get_policy
 from serving.sim.config import EngineConfig
 from serving.sim.engine import EngineSim
 from serving.sim.events import KV_GROW, PEER_CAPACITY, EngineStats, TimedChange
+from serving.sim.preemption import PeerStore
 from serving.workload.request import Request
 
 TP_EFFICIENCY = 0.9
@@ -62,6 +65,8 @@ class EngineSpec:
         cost: Single-GPU cost model; scaled by `tp_cost` for len(gpus) > 1.
         config: Engine limits (KV blocks are the engine's total over its GPUs).
         policy: Scheduling-policy name.
+        gpu: Name of its GPUs (serving/costmodel/gpus.py), keyword only; a borrower reaches lent
+            memory over that GPU's own NVLink (`costmodel.nvlink`: NVLink 3 on an A100).
     """
 
     name: str
@@ -71,10 +76,12 @@ class EngineSpec:
     cost: CostModel
     config: EngineConfig
     policy: str = "fcfs"
+    gpu: str = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.gpus or len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"{self.gpus=} must be distinct GPU indices, at least one")
+        get_gpu(self.gpu)  # unknown name: ValueError listing the known ones
 
 
 @dataclass(frozen=True)
@@ -221,7 +228,15 @@ class ClusterSim:
             config = spec.config
             if config.preemption_mode == "offload_peer":
                 config = replace(config, peer_capacity_bytes=peer_capacity[spec.name])
-            engine = EngineSim(tp_cost(spec.cost, len(spec.gpus)), config, get_policy(spec.policy))
+            # Lent memory is reached over this GPU's own NVLink (PeerStore's default is NVLink 4,
+            # which priced an A100's offloads at 450 GB/s instead of its 300).
+            store = (
+                PeerStore(config.peer_capacity_bytes, nvlink(spec.gpu))
+                if config.preemption_mode == "offload_peer"
+                else None
+            )
+            cost = tp_cost(spec.cost, len(spec.gpus))
+            engine = EngineSim(cost, config, get_policy(spec.policy), store=store)
             cb = None
             if progress is not None:
                 name = spec.name

@@ -10,10 +10,11 @@ import pytest
 
 from gpu_agent.engines.command import REPO_ROOT
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
-from gpu_agent.sim_engine import SimEngine, WorkloadStream
+from gpu_agent.sim_engine import CountingPeerStore, SimEngine, WorkloadStream
 from gpu_agent.simulated import LEND_FRACTION, SimulatedHost
 from serving.costmodel.gpus import GPU_SPECS
 from serving.costmodel.presets import get_preset
+from serving.costmodel.transfer import NVLINK3, NVLINK4, Link
 from serving.metrics.latency import percentile
 from serving.policies import get_policy
 from serving.sim import EngineConfig, EngineSim
@@ -47,7 +48,7 @@ def test_it_rejects_an_unknown_model_preset() -> None:
 def test_it_simulates_in_one_second_chunks_exactly_like_one_run() -> None:
     cost = get_preset("llama-3-8b", "h100")
     config = EngineConfig(num_kv_blocks=400, block_size=16)  # small: forces preemptions
-    chunked = SimEngine("e", cost, config, WorkloadStream("poisson", 8.0, seed=3))
+    chunked = SimEngine("e", cost, config, WorkloadStream("poisson", 8.0, seed=3), gpu="h100")
     windows = [chunked.advance() for _ in range(20)]
 
     requests = WorkloadStream("poisson", 8.0, seed=3).take_until(20.0)
@@ -86,6 +87,23 @@ def test_it_pairs_producers_with_consumers_that_borrow_under_bursts() -> None:
     assert by_id["sim:0"].preemptions_total > 0 and by_id["sim:0"].bytes_offloaded > 0
     assert by_id["sim:1"].preemptions_total == 0
     assert all(e.state == "running" for e in engines)
+
+
+@pytest.mark.parametrize(("kind", "link"), [("2xA100", NVLINK3), ("2xH100", NVLINK4)])
+def test_it_offloads_to_lent_memory_over_the_gpus_own_nvlink(kind: str, link: Link) -> None:
+    host, _ = started(kind)
+    consumer = host._builtin[0]  # device 0 borrows from device 1
+    assert consumer.role == "consumer"
+    store = consumer.engine.store
+    assert isinstance(store, CountingPeerStore)
+    assert store.peer_link == link  # an A100 pair is NVLink 3 (300 GB/s), not NVLink 4's 450
+
+
+def test_a_sim_engine_rejects_an_unknown_gpu() -> None:
+    cost = get_preset("llama-3-8b", "h100")
+    config = EngineConfig(num_kv_blocks=400, block_size=16, preemption_mode="offload_peer")
+    with pytest.raises(ValueError, match="unknown gpu 'A100'"):
+        SimEngine("e", cost, config, WorkloadStream("poisson", 8.0, seed=3), gpu="A100")
 
 
 def test_it_is_deterministic_for_a_seed() -> None:

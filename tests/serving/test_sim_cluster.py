@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.costmodel.transfer import PCIE5_X16
+from serving.costmodel.transfer import NVLINK3, NVLINK4, PCIE5_X16, Link
 from serving.sim.cluster import ClusterSim, EngineSpec, Lending, tp_cost
 from serving.sim.config import EngineConfig
 from serving.sim.preemption import PeerStore
@@ -15,8 +15,8 @@ COST = make_cost(kv_bytes_per_token=8192)
 BLOCK_BYTES = 16 * 8192
 
 
-def spec(name: str, gpus: tuple[int, ...], **config: object) -> EngineSpec:
-    return EngineSpec(name, "s0", gpus, "m", COST, EngineConfig(**config))  # type: ignore[arg-type]
+def spec(name: str, gpus: tuple[int, ...], gpu: str = "h100", **config: object) -> EngineSpec:
+    return EngineSpec(name, "s0", gpus, "m", COST, EngineConfig(**config), gpu=gpu)  # type: ignore[arg-type]
 
 
 def test_it_routes_round_robin_and_runs_every_engine() -> None:
@@ -109,3 +109,21 @@ def test_without_reclaim_the_borrower_keeps_using_lent_memory() -> None:
     store = result.engines["borrower"].store
     assert isinstance(store, PeerStore) and store.evacuated_bytes == 0
     assert result.stats["borrower"].preemptions > 0
+
+
+@pytest.mark.parametrize(("gpu", "link"), [("a100", NVLINK3), ("h100", NVLINK4), ("h200", NVLINK4)])
+def test_a_borrower_reaches_lent_memory_over_its_gpus_own_nvlink(gpu: str, link: Link) -> None:
+    # Every borrower's PeerStore was NVLink 4 (450 GB/s), so an A100's offloads were priced 1.5x
+    # too fast; an A100 pair is NVLink 3 (300 GB/s).
+    borrower = spec("borrower", (1,), gpu, num_kv_blocks=120, preemption_mode="offload_peer")
+    lending = [Lending("lender", "borrower", 400 * BLOCK_BYTES)]
+    cluster = ClusterSim({"s0": 2}, [spec("lender", (0,), gpu), borrower], lending)
+    result = cluster.run(workloads={"m": [Request(i, 0.01 * i, 200, 300) for i in range(60)]})
+    store = result.engines["borrower"].store
+    assert isinstance(store, PeerStore) and store.peer_link == link
+    assert result.stats["borrower"].transfer_seconds > 0
+
+
+def test_an_engine_of_an_unknown_gpu_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown gpu 'A100'"):
+        spec("a", (0,), "A100")

@@ -292,9 +292,16 @@ def test_a_lending_pair_finishes_everything_and_the_lender_gets_back_what_was_re
     # 240 tokens of KV: every request fits (prompt + output - 1 <= 167), a few at a time.
     small = EngineConfig(max_num_batched_tokens=64, max_num_seqs=4, block_size=4, num_kv_blocks=60)
     engines = [
-        EngineSpec("lender", "s0", (0,), "m", cost, small, policies[0]),
+        EngineSpec("lender", "s0", (0,), "m", cost, small, policies[0], gpu="h100"),
         EngineSpec(
-            "borrower", "s0", (1,), "m", cost, replace(small, preemption_mode="offload_peer"), policies[1]
+            "borrower",
+            "s0",
+            (1,),
+            "m",
+            cost,
+            replace(small, preemption_mode="offload_peer"),
+            policies[1],
+            gpu="h100",
         ),
     ]
     result = ClusterSim({"s0": 2}, engines, [Lending("lender", "borrower", lent, tuple(steps))]).run(reqs)
