@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -352,3 +353,21 @@ def test_it_reads_a_trace_saved_with_a_byte_order_mark(tmp_path: Path) -> None:
     p.write_bytes(b"\xef\xbb\xbftimestamp,input_tokens,output_tokens\r\n0,10,5\r\n1,20,3\r\n")
     got = [(r.arrival, r.prompt_tokens, r.output_tokens) for r in load_trace(p)]
     assert got == [(0.0, 10, 5), (1.0, 20, 3)]
+
+
+@pytest.mark.parametrize(
+    ("field", "values"),
+    [
+        ("arrival", (math.nan, math.inf, -1.0)),
+        ("prompt_tokens", (math.nan, math.inf, 0, -5)),
+        ("output_tokens", (math.nan, math.inf, 0, -5)),
+    ],
+)
+def test_a_request_refuses_a_non_finite_or_out_of_range_field(field: str, values: tuple[float, ...]) -> None:
+    # A NaN arrival or length passed the `< 0` / `< 1` checks (comparisons with NaN are false), and
+    # an infinite arrival was accepted too; the simulator then ordered and sized requests by them.
+    for value in values:
+        kwargs: dict[str, Any] = {"req_id": 0, "arrival": 0.0, "prompt_tokens": 10, "output_tokens": 5}
+        kwargs[field] = value
+        with pytest.raises(ValueError, match=rf"self\.{field}=.* must be finite"):
+            Request(**kwargs)
