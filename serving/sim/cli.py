@@ -68,9 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests/s (burst: base rate; trace: time-scale it to this mean rate, default as recorded)",
     )  # fmt: skip
     p.add_argument("--duration", type=positive_float, default=300.0, help="arrival window (s)")
-    p.add_argument("--dataset", default="sharegpt", choices=available_length_dists())
+    p.add_argument(
+        "--dataset", default=None, choices=available_length_dists(),
+        help="length distribution of a generated workload (default sharegpt; a trace has its own)",
+    )  # fmt: skip
     p.add_argument("--trace", type=_path, default=None, help="CSV trace for --workload trace")
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument(
+        "--seed", type=non_negative_int, default=None,
+        help="seed of a generated workload (default 0; a trace is replayed, drawing nothing)",
+    )  # fmt: skip
     p.add_argument(
         "--predict", default="none", choices=("none", "oracle"),
         help="response-length predictions for the policy: none, or each request's true length",
@@ -107,6 +113,14 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--workload trace needs --trace PATH")
     if a.workload != "trace" and a.trace is not None:  # it was silently ignored
         p.error(f"--trace {a.trace} is only read with --workload trace, not --workload {a.workload}")
+    if a.workload == "trace":  # both were silently ignored: a trace brings its lengths and draws nothing
+        if a.dataset is not None:
+            p.error(f"--dataset {a.dataset} is only read by generated workloads, not --workload trace")
+        if a.seed is not None:
+            p.error(f"--seed {a.seed} is only used by generated workloads, not --workload trace")
+    else:
+        a.dataset = "sharegpt" if a.dataset is None else a.dataset
+        a.seed = 0 if a.seed is None else a.seed
     if a.workload != "trace" and a.rate is None:
         p.error(f"--workload {a.workload} needs --rate")
     if a.gpu_memory_utilization > 1:
@@ -146,14 +160,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             preemption_mode=a.preemption_mode,
             peer_capacity_bytes=int(a.peer_memory_gib * GIB),
         )
-        kw: dict[str, Any] = {"path": a.trace}
-        if a.workload != "trace":
+        kw: dict[str, Any] = {}
+        requests: list[Request]
+        if a.workload == "trace":
+            requests = make_workload("trace", a.rate, a.duration, path=a.trace)
+        else:
             # Generated prompts are cut to the model's context window, as the dataset module does
             # for its own window (LongBench truncates a document that exceeds it); without this a
             # longbench run on llama-2-13b (4,096 tokens) simulated 8,700-token prompts.
             window = min(get_model_config(a.model).max_context, get_length_dist(a.dataset).max_context)
             kw = {"max_context": window}
-        requests: list[Request] = make_workload(a.workload, a.rate, a.duration, a.dataset, a.seed, **kw)
+            requests = make_workload(a.workload, a.rate, a.duration, a.dataset, a.seed, **kw)
         slo = SLO(a.ttft_slo_ms / 1e3, a.tbt_slo_ms / 1e3)
     except UnicodeDecodeError as exc:
         parser.error(f"--trace {a.trace}: not a UTF-8 text file ({exc.reason} at byte {exc.start})")
@@ -201,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_info = {
         "model": a.model, "gpu": a.gpu, "tp": a.tp, "policy": a.policy, "workload": a.workload,
         "rate": a.rate, "duration_s": window, "seed": a.seed, "predict": a.predict,
-        "dataset": a.dataset if a.workload != "trace" else None,  # a trace brings its own lengths
+        "dataset": a.dataset,  # None for a trace: it brings its own lengths (and seed None: draws nothing)
         "trace": None if a.trace is None else str(a.trace),
         "ttft_slo_s": slo.ttft_s, "tbt_slo_s": slo.tbt_s, "preemption_mode": a.preemption_mode,
         "kv_blocks": blocks, "block_size": a.block_size, "max_num_batched_tokens": a.max_num_batched_tokens,

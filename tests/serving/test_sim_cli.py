@@ -242,6 +242,26 @@ def test_a_trace_given_with_a_generated_workload_is_an_error(
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--dataset", "longbench"), ("--seed", "7")])
+def test_a_dataset_or_seed_given_with_a_trace_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    # Both were silently ignored: a trace brings its own lengths and its replay draws nothing, so
+    # --seed 7 gave the run of --seed 0 (and recorded seed 7 in summary.json).
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,input_tokens,output_tokens\n0,100,20\n1,80,10\n")
+    base = ["--workload", "trace", "--trace", str(trace), "--no-progress"]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, flag, value, "--out", str(tmp_path / "x")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {value} is only" in err and "not --workload trace" in err
+    assert not (tmp_path / "x").exists()
+    assert main([*base, "--out", str(tmp_path / "y")]) == 0  # without them: replayed
+    run = json.loads((tmp_path / "y" / "summary.json").read_text())["run"]
+    assert run["seed"] is None and run["dataset"] is None
+
+
 @pytest.mark.parametrize(("gpu", "link"), [("a100", "nvlink3"), ("h100", "nvlink4")])
 def test_offloads_to_lent_memory_cross_the_gpus_own_nvlink(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: str, link: str
