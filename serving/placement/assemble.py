@@ -62,7 +62,9 @@ def assemble_plan(
                 server=server.name,
                 gpus_used=sum(p.tp for p in models),
                 num_gpus=server.num_gpus,
-                memory_balance_bytes=sum(p.balance_on(server.gpu_memory_bytes) for p in models),
+                memory_balance_bytes=sum(
+                    p.balance_on(server.gpu_memory_bytes, server.nvlink) for p in models
+                ),
                 role_balance=sum(p.role_sign for p in models),
             )
         )

@@ -94,16 +94,20 @@ class ModelProfile:
             return 0
         return self.lendable_bytes if self.role == "producer" else -self.needed_bytes
 
-    def lendable_on(self, gpu_memory_bytes: int) -> int:
-        """What it can lend on GPUs of `gpu_memory_bytes` each: its profile's figure, at most the
-        memory of its `tp` GPUs (a profile measured on larger GPUs, e.g. a simulator preset of an
-        80 GB H100, lent 40 GiB from one 24 GB GPU). Pairing lends this, and the placer balances it."""
-        return min(self.lendable_bytes, self.tp * gpu_memory_bytes)
+    def lendable_on(self, gpu_memory_bytes: int, nvlink: bool) -> int:
+        """What it can lend on a server of GPUs of `gpu_memory_bytes` each, joined by NVLink or not:
+        its profile's figure, at most the memory of its `tp` GPUs (a profile measured on larger
+        GPUs, e.g. a simulator preset of an 80 GB H100, lent 40 GiB from one 24 GB GPU), and
+        nothing without NVLink (pairing lends only inside an NVLink domain). Pairing lends this,
+        and the placer balances it."""
+        return min(self.lendable_bytes, self.tp * gpu_memory_bytes) if nvlink else 0
 
-    def balance_on(self, gpu_memory_bytes: int) -> int:
-        """`balance_bytes` on GPUs of `gpu_memory_bytes` each: a producer's lending capped by
-        `lendable_on`."""
-        return self.lendable_on(gpu_memory_bytes) if self.role == "producer" else self.balance_bytes
+    def balance_on(self, gpu_memory_bytes: int, nvlink: bool) -> int:
+        """`balance_bytes` on a server of GPUs of `gpu_memory_bytes` each, with or without NVLink:
+        a producer's lending is `lendable_on` (capped, and 0 without NVLink)."""
+        if self.role == "producer":
+            return self.lendable_on(gpu_memory_bytes, nvlink)
+        return self.balance_bytes
 
     @property
     def role_sign(self) -> int:
@@ -119,7 +123,8 @@ class ServerSpec:
         name: Unique server name.
         num_gpus: GPUs in the server.
         gpu_memory_bytes: Memory of each GPU.
-        nvlink: Whether the GPUs are joined by NVLink; lending is only paired on NVLink servers.
+        nvlink: Whether the GPUs are joined by NVLink; lending is only paired on NVLink servers,
+            so a producer there counts as lending nothing (`ModelProfile.lendable_on`).
     """
 
     name: str

@@ -8,9 +8,10 @@ Objective (what every placer minimises, in balance units of `PlacerConfig.balanc
     role_s = (#producers on s) - (#consumers on s)
 
 lendable_ms is what pairing lends from producer m on server s: its profile's figure, at most tp_m x
-the memory of one of s's GPUs (`ModelProfile.lendable_on`), so a producer's weight depends on the
-GPU memory of its server (servers of one GPU memory form a "class"); a consumer's does not. w_m
-below is a model's weight on the largest GPUs.
+the memory of one of s's GPUs, and nothing on a server without NVLink, where pairing lends nothing
+(`ModelProfile.lendable_on`). So a producer's weight depends on the GPU memory and the NVLink of its
+server (servers of one GPU memory and NVLink form a "class"); a consumer's does not. w_m below is a
+model's weight on the largest GPUs of NVLink servers (of any server when none has NVLink).
 
 A model only goes on a server with at least tp_m GPUs, each with the memory it needs (its share of
 its weights and minimal KV cache: `ModelProfile.gpu_memory_needed_bytes`); a model no server holds
@@ -69,15 +70,17 @@ class PlacementInstance:
     Attributes:
         models: Profiles sorted by name; index i is "model i" everywhere below.
         servers: Server specs; index s is "server s".
-        weights: w_m in balance units (signed), per model, on the largest GPUs (for ordering
-            and the default role weight; balances use `weight`).
+        weights: w_m in balance units (signed), per model, on the largest GPUs of NVLink servers
+            (of any server when none has NVLink; for ordering and the default role weight;
+            balances use `weight`).
         roles: +1 producer / -1 consumer / 0 neutral, per model.
         tps: GPUs per model.
         capacities: GPUs per server.
         needs: Memory each GPU of a model's server must have, per model (0: any GPU holds it).
         gpu_memory: Memory of each GPU, per server.
-        classes: The distinct GPU memories of the servers, ascending.
-        server_class: Index into `classes` of each server's GPU memory.
+        classes: The distinct (GPU memory, NVLink) of the servers, servers without NVLink first,
+            then by ascending memory.
+        server_class: Index into `classes` of each server's (GPU memory, NVLink).
         class_weights: class_weights[m][c] = w_ms in balance units for servers s of class c.
         role_weight: Weight of one unit of role imbalance, in balance units.
         unit_bytes: Bytes per balance unit.
@@ -91,7 +94,7 @@ class PlacementInstance:
     capacities: tuple[int, ...]
     needs: tuple[int, ...]
     gpu_memory: tuple[int, ...]
-    classes: tuple[int, ...]
+    classes: tuple[tuple[int, bool], ...]
     server_class: tuple[int, ...]
     class_weights: tuple[tuple[int, ...], ...]
     role_weight: int
@@ -123,8 +126,9 @@ class PlacementInstance:
             raise PlacementError(f"the models need {needed} GPUs but the servers have {have}")
         ordered = tuple(sorted(models, key=lambda m: m.name))
         unit = config.balance_unit_bytes
-        classes = tuple(sorted({s.gpu_memory_bytes for s in servers}))
-        class_weights = tuple(tuple(round(m.balance_on(c) / unit) for c in classes) for m in ordered)
+        # (memory, nvlink) ordered by (nvlink, memory): the last is the largest GPUs that can lend
+        classes = tuple(sorted({(s.gpu_memory_bytes, s.nvlink) for s in servers}, key=lambda c: (c[1], c[0])))
+        class_weights = tuple(tuple(round(m.balance_on(*c) / unit) for c in classes) for m in ordered)
         weights = tuple(row[-1] for row in class_weights)
         if config.role_weight_units is not None:
             role_weight = config.role_weight_units
@@ -143,7 +147,7 @@ class PlacementInstance:
             needs=tuple(m.gpu_memory_needed_bytes for m in ordered),
             gpu_memory=tuple(s.gpu_memory_bytes for s in servers),
             classes=classes,
-            server_class=tuple(classes.index(s.gpu_memory_bytes) for s in servers),
+            server_class=tuple(classes.index((s.gpu_memory_bytes, s.nvlink)) for s in servers),
             class_weights=class_weights,
             role_weight=role_weight,
             unit_bytes=unit,
@@ -197,7 +201,7 @@ class PlacementInstance:
                     # models of the other role pull the balance back
                     abs(self.class_weights[m][c]) - most[-self.roles[m], c][cap - self.tps[m]]
                     for cap, c in sizes
-                    if cap >= self.tps[m] and self.classes[c] >= self.needs[m]
+                    if cap >= self.tps[m] and self.classes[c][0] >= self.needs[m]
                 ),
                 default=0,
             )

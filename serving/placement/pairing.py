@@ -49,7 +49,7 @@ def pair_within_server(
 
     # What a producer can lend here: its profile's figure, at most the memory of its GPUs on this
     # server (ModelProfile.lendable_on; the placer balances the same figure).
-    lendable = [p.lendable_on(server.gpu_memory_bytes) for p, _ in producers]
+    lendable = [p.lendable_on(server.gpu_memory_bytes, server.nvlink) for p, _ in producers]
     lend = np.array(lendable, dtype=np.float64)
     need = np.array([c.needed_bytes for c, _ in consumers], dtype=np.float64)
     big = float(need.sum()) + 1.0

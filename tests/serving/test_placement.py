@@ -46,7 +46,8 @@ def brute_force_optimum(
     models: list[ModelProfile], servers: list[ServerSpec], role_weight: int
 ) -> int | None:
     """The documented objective minimised over every assignment, computed independently of the placer:
-    max_s |sum of +lendable/-needed (MiB)| + role_weight * max_s |#producers - #consumers|."""
+    max_s |sum of +lendable/-needed (MiB)| + role_weight * max_s |#producers - #consumers|, where
+    a producer lends nothing on a server without NVLink."""
     best = None
     for combo in itertools.product(range(len(servers)), repeat=len(models)):
         used = [0] * len(servers)
@@ -55,7 +56,7 @@ def brute_force_optimum(
         for m, s in zip(models, combo, strict=True):
             used[s] += m.tp
             if m.role == "producer":
-                mem[s] += m.lendable_bytes >> 20
+                mem[s] += m.lendable_bytes >> 20 if servers[s].nvlink else 0
                 role[s] += 1
             else:
                 mem[s] -= m.needed_bytes >> 20
