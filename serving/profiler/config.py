@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,10 @@ class ProfilingCancelled(RuntimeError):
 def _positive_finite(name: str, value: float) -> None:
     if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
         raise ValueError(f"{name}={value!r} must be a positive finite number")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +79,14 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         if self.kind not in ("poisson", "gamma"):
             raise ValueError(f"{self.kind=} must be 'poisson' or 'gamma'")
-        if self.num_requests < 1:
-            raise ValueError(f"{self.num_requests=} must be positive")
+        # Caught here, not at the first probe (a NaN num_requests passed `< 1` and the probe then
+        # failed on a duration_s nobody gave; a negative seed or a max_context of 1 likewise).
+        if not _is_int(self.num_requests) or self.num_requests < 1:
+            raise ValueError(f"{self.num_requests=} must be a positive integer")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"{self.seed=} must be an integer >= 0")
+        if self.max_context is not None and (not _is_int(self.max_context) or self.max_context < 2):
+            raise ValueError(f"{self.max_context=} must be an integer >= 2 (one prompt and one output token)")
         _positive_finite("burstiness", self.burstiness)
         if self.burstiness < MIN_GAMMA_SHAPE:  # caught here, not at the first probe's make_workload
             raise ValueError(f"burstiness={self.burstiness} must be >= {MIN_GAMMA_SHAPE} (gap CV <= 10)")

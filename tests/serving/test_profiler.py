@@ -149,6 +149,17 @@ def test_it_rejects_a_bad_workload_or_config_up_front() -> None:
         WorkloadSpec(num_requests=0)
     with pytest.raises(ValueError, match="burstiness=1e-12"):  # hung the first probe's arrivals
         WorkloadSpec(kind="gamma", burstiness=1e-12)
+    # These were accepted and failed only at the first probe, a NaN num_requests naming a
+    # duration_s nobody gave.
+    for kw, name in [
+        ({"num_requests": math.nan}, "num_requests"),
+        ({"num_requests": 2.5}, "num_requests"),
+        ({"seed": -1}, "seed"),
+        ({"max_context": 1}, "max_context"),
+        ({"max_context": math.inf}, "max_context"),
+    ]:
+        with pytest.raises(ValueError, match=rf"self\.{name}="):
+            WorkloadSpec(**kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="initial_rate"):
         ProfilerConfig(initial_rate=0.0)
     with pytest.raises(ValueError, match="safety_margin"):
