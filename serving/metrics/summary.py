@@ -53,10 +53,10 @@ def summarize(
         counts are floats so the dict is uniformly typed.
 
     Raises:
-        ValueError: duration_s not positive.
+        ValueError: duration_s not positive and finite.
     """
-    if not duration_s > 0:
-        raise ValueError(f"{duration_s=} must be positive")
+    if not 0 < duration_s < math.inf:  # an infinite window reported 0 tokens/s, whatever was emitted
+        raise ValueError(f"{duration_s=} must be positive and finite")
     ttft = ttfts(records)
     tbt = tbts(records)
     tpot = tpots(records)

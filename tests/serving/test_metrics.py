@@ -114,8 +114,9 @@ def test_it_summarizes_a_run() -> None:
     assert (s["requests"], s["finished"], s["preemptions"], s["bytes_moved"]) == (4, 2, 3, 150)
     assert s["attainment"] == pytest.approx(0.5)
     assert math.isnan(summarize(recs, 10.0)["attainment"])
-    with pytest.raises(ValueError, match="duration_s"):
-        summarize(recs, 0.0)
+    for bad in (math.inf, 0.0, -1.0, math.nan):  # inf was accepted and reported 0 tokens/s
+        with pytest.raises(ValueError, match=r"duration_s=\S+ must be positive and finite"):
+            summarize(recs, bad)
 
 
 def test_it_reports_nan_latencies_for_an_empty_run() -> None:
