@@ -18,8 +18,10 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
+from core.ascii_forms import AsciiDigitsAdmin
 
-class LockedDeleteAdmin(admin.ModelAdmin):
+
+class LockedDeleteAdmin(AsciiDigitsAdmin, admin.ModelAdmin):
     def lock_for_delete(self, pks: list[Any]) -> None:
         """Lock these rows as the model's own delete does, until the transaction ends."""
         raise NotImplementedError

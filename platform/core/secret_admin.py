@@ -7,8 +7,10 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from core.ascii_forms import AsciiDigitsAdmin
 
-class IssuedSecretAdmin(admin.ModelAdmin):
+
+class IssuedSecretAdmin(AsciiDigitsAdmin, admin.ModelAdmin):
     """Tokens and keys are issued by the API and the dashboard, which show the secret once and
     store its digest; an admin form cannot, so the admin lists, edits and revokes but never adds.
 

@@ -11,6 +11,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
+from core.ascii_forms import AsciiDigitsAdmin
 from deployments import services
 from deployments.models import Deployment, DesiredState
 from deployments.services import PlacementError, check_placement, update_deployment
@@ -34,7 +35,7 @@ class DeploymentAdminForm(forms.ModelForm):
         return value
 
 
-class PlacementRefusalShown(admin.ModelAdmin):
+class PlacementRefusalShown(AsciiDigitsAdmin, admin.ModelAdmin):
     """A save the deployments refuse under their locks (a `PlacementError` after the form's own
     check: another request took the devices, or started a deployment, meanwhile) rolls back the
     admin's transaction and brings the change page back, unchanged, with the reason instead of a

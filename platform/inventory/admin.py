@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 
+from core.ascii_forms import AsciiDigitsAdmin
 from core.locked_delete_admin import LockedDeleteAdmin
 from core.secret_admin import IssuedSecretAdmin
 from inventory.models import AgentToken, Device, Host, lock_devices_for_delete, lock_hosts_for_delete
@@ -39,7 +40,7 @@ class DeviceFormSet(BaseInlineFormSet):
                 )
 
 
-class DeviceInline(admin.TabularInline):
+class DeviceInline(AsciiDigitsAdmin, admin.TabularInline):
     """A host's devices, as its agent registered them: shown, not edited (the agent's next
     register overwrites them, and a changed index or host moved a running deployment's engine
     without its agent being told). A device no deployment uses may be deleted."""
