@@ -8,12 +8,12 @@ last minute, and jobs by kind and status.
 
 Read from the database at each scrape with the dashboard's own functions (dashboard/snapshots.py),
 so every ASGI process answers the same and the figures match the pages; nothing is kept between
-scrapes, and a scrape costs a fixed number of queries whatever the fleet's size. An engine whose
-newest window is older than ``FRESH`` is left out rather than repeated as current, and so are a
-device's readings (memory used, free, lent and borrowed, utilisation) when its sample is older
-than that (or than its host's stale time, for an agent that reports less often) or its host is not
-online (the dashboard's host badge): its total is kept and its role reads none, as for a device
-never sampled. The
+scrapes, and a scrape costs a fixed number of queries whatever the fleet's size. Figures are
+exported while current (`Freshness`: the host online, the dashboard's host badge, and the sample
+or window younger than ``FRESH`` or the host's stale time, for an agent that reports less often):
+an engine without a current window is left out rather than repeated as current, and so are a
+device's readings (memory used, free, lent and borrowed, utilisation) without a current sample:
+its total is kept and its role reads none, as for a device never sampled. The
 engines' preemption and offload counts are counters: they restart from zero with their engine,
 which Prometheus' rate() handles as a counter reset.
 
@@ -51,9 +51,42 @@ from rest_framework.views import APIView
 from dashboard import snapshots
 
 PREFIX = "llmp"
-# An engine window or device sample older than this is not reported: its engine or agent stopped
-# reporting and its last figures are not current. Agents report every second.
+# An engine window or device sample older than this (or than its host's stale time) is not
+# reported: its engine or agent stopped reporting and its last figures are not current.
 FRESH = timedelta(seconds=60)
+
+
+class Freshness:
+    """Whether a host's device sample or engine window is current, one rule for both: the host is
+    online and the figure younger than ``FRESH`` or the host's stale time, whichever is longer. An
+    agent reports every heartbeat interval (up to a minute): its newest figure may be as old as the
+    host may stay silent and still be online; with a fixed minute an agent reporting each minute
+    lost its figures for the second half of every minute."""
+
+    def __init__(self, snap: snapshots.Snapshot) -> None:
+        self.now = timezone.now()
+        # host pk -> whether the dashboard shows it online
+        self.online = {
+            int(key.split(":")[1]): host["status"] == HostStatus.ONLINE
+            for key, host in snap.items()
+            if key.startswith("host:")
+        }
+        # host pk -> how old its figures may be
+        self.within = {
+            pk: max(FRESH, timedelta(seconds=stale_after_s(beat)))
+            for pk, beat in Host.objects.values_list("pk", "heartbeat_interval_s")
+        }
+
+    def since(self) -> datetime:
+        """The oldest time any host's figures may be current from."""
+        return self.now - max(self.within.values(), default=FRESH)
+
+    def current(self, host_pk: int, ts: datetime | None) -> bool:
+        return (
+            ts is not None
+            and self.online.get(host_pk, False)
+            and self.now - ts < self.within.get(host_pk, FRESH)
+        )
 
 
 class FleetCollector(Collector):
@@ -61,11 +94,12 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = snapshots.overview()
+        fresh = Freshness(snap)
         yield from _hosts(snap)
-        yield from _gpus(snap)
+        yield from _gpus(snap, fresh)
         deployments = list(Deployment.objects.select_related("model", "host").order_by("pk"))
         yield from _deployments(deployments)
-        yield from _engines(deployments)
+        yield from _engines(deployments, fresh)
         yield from _jobs()
 
 
@@ -81,7 +115,7 @@ def _hosts(snap: snapshots.Snapshot) -> Iterator[Metric]:
     yield up
 
 
-def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
+def _gpus(snap: snapshots.Snapshot, fresh: Freshness) -> Iterator[Metric]:
     # gpu: the device's index; kind: gpu, or cpu (a CPU host's one device)
     labels = ["host", "gpu", "name", "kind"]
     memory = {
@@ -93,10 +127,6 @@ def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
         "gpu_aqua_role", "1 for the device's Aqua role: producer, consumer or none", [*labels, "role"]
     )
     hosts = {int(key.split(":")[1]): host for key, host in snap.items() if key.startswith("host:")}
-    now = timezone.now()
-    # An agent reports every heartbeat interval (up to a minute): its newest sample may be as old
-    # as the host may stay silent and still be online.
-    beats = dict(Host.objects.values_list("pk", "heartbeat_interval_s"))
     for key, card in snap.items():
         if not key.startswith("device:"):
             continue
@@ -104,12 +134,8 @@ def _gpus(snap: snapshots.Snapshot) -> Iterator[Metric]:
         values = [host["name"], str(card["index"]), card["name"], card["kind"]]
         # A current reading: without a sample, used 0 / free total is no reading; with one from a
         # host that is down (stale or offline) or an old one, the figures are not today's.
-        current = (
-            card["ts"] is not None
-            and host["status"] == HostStatus.ONLINE
-            and now - datetime.fromisoformat(card["ts"])
-            < max(FRESH, timedelta(seconds=stale_after_s(beats.get(card["host"]))))
-        )
+        ts = None if card["ts"] is None else datetime.fromisoformat(card["ts"])
+        current = fresh.current(card["host"], ts)
         if card["total"]:  # 0: the GPU reports no memory of its own (unified memory), nothing to show
             memory["total"].add_metric(values, float(card["total"]))
             if current:
@@ -134,17 +160,19 @@ def _deployments(deployments: list[Deployment]) -> Iterator[Metric]:
     yield info
 
 
-def _engines(deployments: list[Deployment]) -> Iterator[Metric]:
+def _engines(deployments: list[Deployment], fresh: Freshness) -> Iterator[Metric]:
     by_pk = {d.pk: d for d in deployments}
     rows = (
-        EngineSample.objects.filter(deployment_id__in=list(by_pk), ts__gt=timezone.now() - FRESH)
+        EngineSample.objects.filter(deployment_id__in=list(by_pk), ts__gt=fresh.since())
         .order_by("deployment_id", "ts", "pk")
         .values("deployment_id", *history.ENGINE_RAW_FIELDS)
     )
-    newest: dict[int, dict[str, Any]] = {}  # deployment pk -> its newest fresh window
-    windows: dict[int, list[dict[str, Any]]] = {}  # model pk -> every fresh window of its engines
+    newest: dict[int, dict[str, Any]] = {}  # deployment pk -> its newest current window
+    windows: dict[int, list[dict[str, Any]]] = {}  # model pk -> every current window of its engines
     for row in rows:
         deployment = by_pk[row["deployment_id"]]
+        if not fresh.current(deployment.host_id, row["ts"]):
+            continue
         newest[deployment.pk] = row
         windows.setdefault(deployment.model_id, []).append(
             {"ts": row["ts"].isoformat(), "ttft_p99": row["ttft_p99"], "tbt_p99": row["itl_p99"]}

@@ -226,3 +226,30 @@ def test_a_device_of_an_agent_that_reports_each_minute_keeps_its_readings_betwee
     gpu = labels(host="sim-a", name="H100", kind="gpu", gpu="0")
     assert got[("llmp_gpu_memory_used_bytes", gpu)] == 10 * GIB
     assert got[("llmp_gpu_utilization_ratio", gpu)] == 0.5
+
+
+def test_an_engine_of_an_agent_that_reports_each_minute_keeps_its_window_between_reports(
+    viewer_client: Client, host: Host, deployment: Deployment
+) -> None:
+    # As for its devices: the engine's newest window, 90 s old, is current while the host, beating
+    # each minute, is online (150 s); a fixed minute dropped it for the second half of every minute.
+    host.status, host.heartbeat_interval_s = HostStatus.ONLINE, 60.0
+    host.save()
+    add_engine_sample(deployment, timezone.now() - timedelta(seconds=90), running=4)
+    got = scrape(viewer_client)
+    dep = {"deployment": str(deployment.pk), "model": "tiny"}
+    assert got[("llmp_engine_requests_running", labels(**dep))] == 4
+    assert got[("llmp_engine_ttft_seconds", labels(**dep, quantile="0.99"))] == 0.3
+
+
+@pytest.mark.parametrize("status", [HostStatus.STALE, HostStatus.OFFLINE])
+def test_an_engine_whose_host_is_down_is_not_shown_as_current(
+    viewer_client: Client, host: Host, deployment: Deployment, status: HostStatus
+) -> None:
+    # The rule of its host's devices: a window a second old from a host gone stale is not current.
+    host.status = status
+    host.save()
+    add_engine_sample(deployment, timezone.now() - timedelta(seconds=1), running=5)
+    got = scrape(viewer_client)
+    assert not [key for key in got if key[0].startswith("llmp_engine_")]
+    assert ("llmp_model_slo_attainment_ratio", labels(model="tiny")) not in got
