@@ -10,4 +10,4 @@ from jobs.models import Job
 class JobAdmin(AsciiDigitsAdmin, admin.ModelAdmin):
     list_display = ("id", "kind", "status", "progress", "created_by", "created_at", "finished_at")
     list_filter = ("status", "kind")
-    readonly_fields = ("celery_id", "created_at", "started_at", "finished_at")
+    readonly_fields = ("celery_id", "claim", "created_at", "started_at", "finished_at")

@@ -40,6 +40,8 @@ class Job(models.Model):
     # Written by the worker while the job runs (jobs/liveness.py): who runs it, last sign of life.
     worker = models.CharField(max_length=200, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The delivery that claimed the job (jobs.services.execute_job): only its retries take it up again.
+    claim = models.CharField(max_length=32, blank=True)
 
     class Meta:
         ordering = ["-id"]

@@ -17,6 +17,7 @@ from typing import Any
 
 from accounts.services import lock_owner
 from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
 
@@ -170,18 +171,28 @@ class _RowContext(JobContext):
             raise JobCancelled(self.job_id)
 
 
-def execute_job(job_id: int, *, retrying: bool = False) -> JobStatus | None:
+def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
     """Run a job in this (worker) process; returns its final status, ``None`` if not run.
 
-    A job runs only if it is queued (or, on a Celery retry of the same task, still running); while
-    it runs, a heartbeat thread shows the worker is alive (jobs/liveness.py). Errors
-    from the runner are recorded as ``failed`` with the error text; transient database errors are
-    re-raised so the task's retry policy applies.
+    A job runs only if it is queued, or running under ``claim``: the token of the delivery that
+    claimed it, which its Celery retries carry (jobs.tasks.run_job). A job may have several
+    messages (`requeue_queued_jobs`); one whose claim failed on a transient error is retried too,
+    and with "a retry takes up a running job" alone it ran the job a second time, beside the
+    delivery running it. While the job runs, a heartbeat thread shows the worker is alive
+    (jobs/liveness.py). Errors from the runner are recorded as ``failed`` with the error text;
+    transient database errors are re-raised so the task's retry policy applies.
     """
-    claimable = ACTIVE_STATUSES if retrying else (JobStatus.QUEUED,)
+    claimable = Q(status=JobStatus.QUEUED)
+    if claim:
+        claimable |= Q(status=JobStatus.RUNNING, claim=claim)
     now = timezone.now()
-    claimed = Job.objects.filter(pk=job_id, status__in=claimable).update(
-        status=JobStatus.RUNNING, started_at=now, error="", worker=worker_name(), heartbeat_at=now
+    claimed = Job.objects.filter(claimable, pk=job_id).update(
+        status=JobStatus.RUNNING,
+        started_at=now,
+        error="",
+        worker=worker_name(),
+        heartbeat_at=now,
+        claim=claim,
     )
     if not claimed:
         logger.info("job %s is not queued (cancelled, finished or missing); skipping", job_id)

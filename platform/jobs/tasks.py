@@ -4,28 +4,34 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready
+from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
 from django.db import connection
 
 from jobs import liveness, services
 
+RETRY_BACKOFF_MAX_S = 60
 
-@shared_task(
-    bind=True,
-    name="jobs.run_job",
-    autoretry_for=services.TRANSIENT_DB_ERRORS,
-    retry_backoff=True,
-    retry_backoff_max=60,
-    max_retries=5,
-    ignore_result=True,
-)
-def run_job(self: Any, job_id: int) -> str | None:
-    """Run job ``job_id``; transient database errors are retried with backoff."""
-    status = services.execute_job(job_id, retrying=self.request.retries > 0)
+
+@shared_task(bind=True, name="jobs.run_job", max_retries=5, ignore_result=True)
+def run_job(self: Any, job_id: int, claim: str = "") -> str | None:
+    """Run job ``job_id``; transient database errors are retried with backoff.
+
+    ``claim`` is this delivery's token (a new one for each message); its retries carry it, so that a
+    retry takes up the job this delivery claimed and no other delivery's (services.execute_job)."""
+    claim = claim or uuid.uuid4().hex
+    try:
+        status = services.execute_job(job_id, claim=claim)
+    except services.TRANSIENT_DB_ERRORS as exc:
+        countdown = get_exponential_backoff_interval(
+            factor=1, retries=self.request.retries, maximum=RETRY_BACKOFF_MAX_S, full_jitter=True
+        )
+        raise self.retry(exc=exc, kwargs={"claim": claim}, countdown=countdown) from exc
     return None if status is None else str(status)
 
 
