@@ -217,7 +217,13 @@ class AgentEngineProbe(EngineProbe):
         deadline = time.monotonic() + self.timeout_s + RELAY_MARGIN_S
         away_since: float | None = None  # when this worker first saw the agent disconnected
         while True:
-            row.refresh_from_db(fields=["status", "result", "error"])
+            try:
+                row.refresh_from_db(fields=["status", "result", "error"])
+            except ProbeRequest.DoesNotExist:  # its host was deleted (the row goes with it)
+                raise ProfilingError(
+                    f"host {self.deployment.host.name!r} was deleted while probing {self._where()} "
+                    f"at {rate:.4g} req/s"
+                ) from None
             if row.status == ProbeStatus.DONE and row.result is not None:
                 break
             if row.status == ProbeStatus.FAILED:
