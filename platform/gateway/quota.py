@@ -29,9 +29,11 @@
   quota, except by a prompt longer than its estimate (4 characters a token) or a request that
   outlives its reservation (``GATEWAY_RESERVATION_TTL_S``). Refusals: a key whose day is used up,
   or whose used and reserved tokens leave too little, is 429 ``tokens_quota_exceeded`` with
-  Retry-After (the next UTC midnight; a few seconds when only requests in flight are in the way:
-  their reservations free up as they end); a request whose estimate alone exceeds the whole quota
-  could never be admitted and is 400 ``request_too_large``, naming its output limit to lower.
+  Retry-After (the next UTC midnight, and then, more than a minute away, ``x-should-retry:
+  false``, so that OpenAI's SDKs do not retry into the same refusal; a few seconds when only
+  requests in flight are in the way: their reservations free up as they end); a request whose
+  estimate alone exceeds the whole quota could never be admitted and is 400
+  ``request_too_large``, naming its output limit to lower.
 
 An admitted request's response carries OpenAI's rate-limit headers (``RateLimits.headers``):
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``. Remaining requests are how many more
@@ -196,8 +198,19 @@ def refuse_over_quota(
     )
 
 
+# The longest wait a client's automatic retry is left to: OpenAI's SDKs wait up to a minute on
+# Retry-After (some versions two), then retry at once with their own backoff instead, twice by
+# default, into the same refusal.
+SOON_MS = 60_000
+
+
 def _quota_exceeded(message: str, retry_after_ms: int) -> GatewayError:
-    return rate_limited(message, retry_after_ms, "tokens_quota_exceeded")
+    """A 429 ``tokens_quota_exceeded``; one to wait longer than ``SOON_MS`` for (until midnight)
+    says ``x-should-retry: false``: no retry before then can be admitted. Retry-After stays."""
+    refused = rate_limited(message, retry_after_ms, "tokens_quota_exceeded")
+    if retry_after_ms > SOON_MS:
+        refused.retry = False
+    return refused
 
 
 def request_too_large(estimate: int, quota: int, limit_field: str) -> GatewayError:

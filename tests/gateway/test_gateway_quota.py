@@ -392,3 +392,25 @@ def test_concurrent_requests_are_admitted_exactly_up_to_the_limit(gateway_data: 
     assert race(NOW) == 5  # all of them the key's first request: one creates its row
     assert race(NOW + timedelta(seconds=30)) == 2  # two refilled, one per 12 s
     assert race(NOW + timedelta(seconds=90)) == 5  # rested: the full burst
+
+
+def test_a_token_quota_refusal_until_midnight_tells_clients_not_to_retry(
+    gateway_data: dict[str, Any],
+) -> None:
+    """OpenAI's SDKs retry a 429 (twice, by default) unless told not to; one refused until the
+    day ends would only be refused again, while one that requests in flight stand in the way of,
+    or one a minute before midnight, may be admitted on retry."""
+    issued = create_api_key(gateway_data["user"], "noretry", requests_per_minute=50, tokens_per_day=100)
+    record_usage(issued.record.pk, gateway_data["model"].pk, 30, 10, NOW)
+    admit(issued.record, "tiny", NOW, body={"model": "tiny", "prompt": "12345678", "max_tokens": 8})
+    in_flight = refused_headers(issued.record, NOW + timedelta(seconds=1), 50, "tokens_quota_exceeded")
+    assert b"x-should-retry" not in in_flight
+    tomorrow = refused_headers(issued.record, NOW + timedelta(seconds=2), 70, "tokens_quota_exceeded")
+    assert tomorrow[b"x-should-retry"] == b"false"
+    assert tomorrow[b"retry-after"] == b"49154"  # kept: when it will be admitted
+    record_usage(issued.record.pk, gateway_data["model"].pk, 60, 0, NOW)  # the day used up
+    spent = refused_headers(issued.record, NOW + timedelta(seconds=3), 1, "tokens_quota_exceeded")
+    assert spent[b"x-should-retry"] == b"false" and spent[b"retry-after"] == b"49153"
+    almost_midnight = NOW.replace(hour=23, minute=59, second=30)
+    late = refused_headers(issued.record, almost_midnight, 1, "tokens_quota_exceeded")
+    assert late[b"retry-after"] == b"31" and b"x-should-retry" not in late
