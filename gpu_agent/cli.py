@@ -57,17 +57,26 @@ def make_config(argv: Sequence[str] | None) -> AgentConfig:
         from_file = key is not None and file_values.get(key) is not None and overrides.get(key) is None
         if args.config is not None and (from_file or str(exc).startswith("unknown config key")):
             raise ValueError(f"config file {args.config!r}: {exc}") from None
+        if key is not None and getattr(args, key, None) is not None:  # a flag the user typed
+            raise ValueError(_as_flag(key, str(exc))) from None
         raise
+
+
+def _as_flag(key: str, message: str) -> str:
+    """``message`` naming ``key`` as its flag: "sim_rate=nan must ..." -> "--sim-rate=nan must ..."."""
+    if re.match(rf"{key}(?:=| holds)", message):
+        return f"--{key.replace('_', '-')}{message[len(key) :]}"
+    return message
 
 
 def _key_named(message: str) -> str | None:
     """The config key an AgentConfig error is about: "config key 'k' must be ...", "k=... must",
-    "self.k=...", "k holds ...", "--simulate ...", "control plane URL ..."; None if none is."""
+    "k holds ...", "--simulate ...", "control plane URL ..."; None if none is."""
     if message.startswith("control plane URL"):
         return "control_plane"
     if message.startswith("--simulate"):
         return "simulate"
-    match = re.match(r"config key '(\w+)'|(?:self\.)?(\w+)(?:=| holds| is required)", message)
+    match = re.match(r"config key '(\w+)'|(\w+)(?:=| holds| is required)", message)
     return None if match is None else match.group(1) or match.group(2)
 
 

@@ -215,23 +215,26 @@ class AgentConfig:
         interval = self.telemetry_interval_s
         if not MIN_TELEMETRY_INTERVAL_S <= interval <= MAX_HEARTBEAT_INTERVAL_S:  # also refuses nan
             raise ValueError(
-                f"{self.telemetry_interval_s=} must be in [{MIN_TELEMETRY_INTERVAL_S:g},"
+                f"telemetry_interval_s={interval!r} must be in [{MIN_TELEMETRY_INTERVAL_S:g},"
                 f" {MAX_HEARTBEAT_INTERVAL_S:g}] seconds: the control plane refuses a longer"
                 " heartbeat interval, and a shorter one floods it with telemetry"
             )
         if not 1 <= self.buffer_size <= MAX_BUFFER_SIZE:
             raise ValueError(
-                f"{self.buffer_size=} must be in 1..{MAX_BUFFER_SIZE} telemetry frames: all of them are"
-                " sent when the link is back, and a longer backlog floods the control plane"
+                f"buffer_size={self.buffer_size!r} must be in 1..{MAX_BUFFER_SIZE} telemetry frames: all"
+                " of them are sent when the link is back, and a longer backlog floods the control plane"
             )
         if not 0 < self.sim_rate <= MAX_SIM_RATE:  # also refuses nan
-            raise ValueError(f"{self.sim_rate=} must be positive and at most {MAX_SIM_RATE:g} requests/s")
+            raise ValueError(
+                f"sim_rate={self.sim_rate!r} must be positive and at most {MAX_SIM_RATE:g} requests/s"
+            )
         if not 0 <= self.sim_seed <= MAX_SIM_SEED:
-            raise ValueError(f"{self.sim_seed=} must be in 0..{MAX_SIM_SEED} (a 32-bit seed)")
+            raise ValueError(f"sim_seed={self.sim_seed!r} must be in 0..{MAX_SIM_SEED} (a 32-bit seed)")
         if not MIN_HEALTH_TIMEOUT_S <= self.health_timeout_s <= MAX_HEALTH_TIMEOUT_S:  # also refuses nan
             raise ValueError(
-                f"{self.health_timeout_s=} must be in [{MIN_HEALTH_TIMEOUT_S:g}, {MAX_HEALTH_TIMEOUT_S:g}]"
-                " seconds: no engine starts in less, and a longer limit lets a stuck start hold its GPUs"
+                f"health_timeout_s={self.health_timeout_s!r} must be in [{MIN_HEALTH_TIMEOUT_S:g},"
+                f" {MAX_HEALTH_TIMEOUT_S:g}] seconds: no engine starts in less, and a longer limit lets"
+                " a stuck start hold its GPUs"
             )
         for key, most in (
             ("liveness_interval_s", MAX_LIVENESS_INTERVAL_S),
@@ -245,7 +248,8 @@ class AgentConfig:
                 )
         if not 1 <= self.liveness_failures <= MAX_LIVENESS_FAILURES:
             raise ValueError(
-                f"{self.liveness_failures=} must be in 1..{MAX_LIVENESS_FAILURES} failed /health probes"
+                f"liveness_failures={self.liveness_failures!r} must be in 1..{MAX_LIVENESS_FAILURES}"
+                " failed /health probes"
             )
         if not MIN_READINGS_MAX_AGE_S <= self.readings_max_age_s <= MAX_READINGS_MAX_AGE_S:  # refuses nan
             raise ValueError(
@@ -254,7 +258,7 @@ class AgentConfig:
                 " is only slow, a longer one passes a hung driver's last readings for current ones"
             )
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise ValueError(f"{self.log_level=} must be DEBUG, INFO, WARNING or ERROR")
+            raise ValueError(f"log_level={self.log_level!r} must be DEBUG, INFO, WARNING or ERROR")
 
     @classmethod
     def build(cls, file_values: dict[str, Any], overrides: dict[str, Any]) -> AgentConfig:

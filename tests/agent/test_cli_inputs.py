@@ -45,48 +45,48 @@ def never_started(*args: object, **kwargs: object) -> None:
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["--sim-rate", "nan"], "sim_rate=nan"),
-        (["--sim-rate", "inf"], "sim_rate=inf"),
+        (["--sim-rate", "nan"], "--sim-rate=nan"),
+        (["--sim-rate", "inf"], "--sim-rate=inf"),
         # Accepted: the first simulated engine's workload then failed inside the running agent
         # (MemoryError for 1e9; ValueError "more than an array can hold" for 1e308).
-        (["--sim-rate", "1e9"], "sim_rate=1000000000.0 must be positive and at most 1000 requests/s"),
-        (["--sim-rate", "1001"], "sim_rate=1001.0 must be positive and at most 1000"),
-        (["--telemetry-interval-s", "nan"], "telemetry_interval_s=nan"),
-        (["--telemetry-interval-s", "inf"], "telemetry_interval_s=inf"),
-        (["--health-timeout-s", "nan"], "health_timeout_s=nan"),
+        (["--sim-rate", "1e9"], "--sim-rate=1000000000.0 must be positive and at most 1000 requests/s"),
+        (["--sim-rate", "1001"], "--sim-rate=1001.0 must be positive and at most 1000"),
+        (["--telemetry-interval-s", "nan"], "--telemetry-interval-s=nan"),
+        (["--telemetry-interval-s", "inf"], "--telemetry-interval-s=inf"),
+        (["--health-timeout-s", "nan"], "--health-timeout-s=nan"),
         # Accepted: every engine was stopped as failed the moment it started.
-        (["--health-timeout-s", "1e-300"], r"health_timeout_s=1e-300 must be in \[10, 86400\] seconds"),
-        (["--health-timeout-s", "9.5"], r"health_timeout_s=9.5 must be in \[10, 86400\]"),
-        (["--health-timeout-s", "1e300"], r"health_timeout_s=1e\+300 must be in \[10, 86400\]"),
-        (["--liveness-interval-s", "nan"], "liveness_interval_s=nan"),
+        (["--health-timeout-s", "1e-300"], r"--health-timeout-s=1e-300 must be in \[10, 86400\] seconds"),
+        (["--health-timeout-s", "9.5"], r"--health-timeout-s=9.5 must be in \[10, 86400\]"),
+        (["--health-timeout-s", "1e300"], r"--health-timeout-s=1e\+300 must be in \[10, 86400\]"),
+        (["--liveness-interval-s", "nan"], "--liveness-interval-s=nan"),
         # Probes that fail engines only busy, or leave a hung one serving for hours.
-        (["--liveness-interval-s", "0.5"], r"liveness_interval_s=0.5 must be in \[1, 3600\] seconds"),
-        (["--liveness-interval-s", "3601"], r"liveness_interval_s=3601.0 must be in \[1, 3600\]"),
-        (["--liveness-timeout-s", "0"], r"liveness_timeout_s=0.0 must be in \[1, 600\] seconds"),
-        (["--liveness-timeout-s", "inf"], r"liveness_timeout_s=inf must be in \[1, 600\]"),
-        (["--liveness-failures", "0"], r"liveness_failures=0 must be in 1..100 failed /health probes"),
-        (["--liveness-failures", "101"], r"liveness_failures=101 must be in 1..100"),
+        (["--liveness-interval-s", "0.5"], r"--liveness-interval-s=0.5 must be in \[1, 3600\] seconds"),
+        (["--liveness-interval-s", "3601"], r"--liveness-interval-s=3601.0 must be in \[1, 3600\]"),
+        (["--liveness-timeout-s", "0"], r"--liveness-timeout-s=0.0 must be in \[1, 600\] seconds"),
+        (["--liveness-timeout-s", "inf"], r"--liveness-timeout-s=inf must be in \[1, 600\]"),
+        (["--liveness-failures", "0"], r"--liveness-failures=0 must be in 1..100 failed /health probes"),
+        (["--liveness-failures", "101"], r"--liveness-failures=101 must be in 1..100"),
         # Devices that flip to unknown readings on a sample that is only slow, or a hung driver's
         # last readings reported as current for hours.
-        (["--readings-max-age-s", "nan"], "readings_max_age_s=nan"),
-        (["--readings-max-age-s", "0.5"], r"readings_max_age_s=0.5 must be in \[1, 600\] seconds"),
-        (["--readings-max-age-s", "inf"], r"readings_max_age_s=inf must be in \[1, 600\]"),
-        (["--sim-seed", "-1"], "sim_seed=-1"),
-        (["--buffer-size", str(1 << 63)], f"buffer_size={1 << 63}"),
+        (["--readings-max-age-s", "nan"], "--readings-max-age-s=nan"),
+        (["--readings-max-age-s", "0.5"], r"--readings-max-age-s=0.5 must be in \[1, 600\] seconds"),
+        (["--readings-max-age-s", "inf"], r"--readings-max-age-s=inf must be in \[1, 600\]"),
+        (["--sim-seed", "-1"], "--sim-seed=-1"),
+        (["--buffer-size", str(1 << 63)], f"--buffer-size={1 << 63}"),
         # Accepted: frames kept in memory while disconnected, then all sent to the control plane.
         (
             ["--buffer-size", str(sys.maxsize)],
-            f"buffer_size={sys.maxsize} must be in 1..3600 telemetry frames",
+            f"--buffer-size={sys.maxsize} must be in 1..3600 telemetry frames",
         ),
-        (["--name", ""], "name=''"),
+        (["--name", ""], "--name=''"),
         # Accepted: on every connection the link failed building its Register frame (ProtocolError,
         # logged with a traceback as "failed unexpectedly") and reconnected, for ever.
         (
             ["--name", "n" * 101],
-            r"name='n{40}'\.\.\. \(101 characters\) is longer than the limit of 100",
+            r"--name='n{40}'\.\.\. \(101 characters\) is longer than the limit of 100",
         ),
-        (["--address", " "], "address=' '"),
-        (["--state-dir", ""], "state_dir=''"),
+        (["--address", " "], "--address=' '"),
+        (["--state-dir", ""], "--state-dir=''"),
     ],
 )
 def test_it_rejects_values_the_running_agent_could_not_use(args: list[str], named: str) -> None:
@@ -201,14 +201,14 @@ def test_a_control_plane_url_that_does_not_parse_is_named(url: str) -> None:
     ("args", "named", "bound"),
     [
         # Agent(...) raised ValueError outside cli.main's try: a traceback instead of exit 2.
-        (["--telemetry-interval-s", "600"], "telemetry_interval_s=600.0", "[0.05, 60] seconds"),
-        (["--telemetry-interval-s", "60.5"], "telemetry_interval_s=60.5", "[0.05, 60] seconds"),
+        (["--telemetry-interval-s", "600"], "--telemetry-interval-s=600.0", "[0.05, 60] seconds"),
+        (["--telemetry-interval-s", "60.5"], "--telemetry-interval-s=60.5", "[0.05, 60] seconds"),
         # Accepted: the agent sent telemetry frames and heartbeats as fast as its loop ran.
-        (["--telemetry-interval-s", "1e-300"], "telemetry_interval_s=1e-300", "[0.05, 60] seconds"),
-        (["--telemetry-interval-s", "0.04"], "telemetry_interval_s=0.04", "[0.05, 60] seconds"),
+        (["--telemetry-interval-s", "1e-300"], "--telemetry-interval-s=1e-300", "[0.05, 60] seconds"),
+        (["--telemetry-interval-s", "0.04"], "--telemetry-interval-s=0.04", "[0.05, 60] seconds"),
         # Accepted, far past any seed range (numpy's RandomState takes 32 bits).
-        (["--sim-seed", "99999999999999999999999"], "sim_seed=99999999999999999999999", "0..4294967295"),
-        (["--sim-seed", str(2**32)], f"sim_seed={2**32}", "0..4294967295"),
+        (["--sim-seed", "99999999999999999999999"], "--sim-seed=99999999999999999999999", "0..4294967295"),
+        (["--sim-seed", str(2**32)], f"--sim-seed={2**32}", "0..4294967295"),
     ],
 )
 def test_the_command_line_exits_2_naming_an_interval_or_seed_out_of_range_and_its_bound(
@@ -337,8 +337,39 @@ def test_a_flag_overriding_a_bad_config_value_is_not_blamed_on_the_file(tmp_path
     path = tmp_path / "agent.yaml"
     path.write_text("control_plane: http://cp\ntoken: t\nbuffer_size: 0\n")
     assert make_config(["--config", str(path), "--buffer-size", "5"]).buffer_size == 5
-    with pytest.raises(ValueError, match=r"^self\.sim_rate=nan must be positive"):
+    with pytest.raises(ValueError, match=r"^--sim-rate=nan must be positive"):
         make_config(["--config", str(path), "--buffer-size", "5", "--sim-rate", "nan"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("telemetry_interval_s", "0.04", r"telemetry-interval-s=0.04 must be in \[0.05, 60\] seconds"),
+        ("buffer_size", "0", "buffer-size=0 must be in 1..3600 telemetry frames"),
+        ("sim_rate", "0", "sim-rate=0.0 must be positive"),
+        ("sim_seed", "-1", "sim-seed=-1 must be in 0..4294967295"),
+        ("health_timeout_s", "5", r"health-timeout-s=5.0 must be in \[10, 86400\] seconds"),
+        ("liveness_interval_s", "0.5", r"liveness-interval-s=0.5 must be in \[1, 3600\] seconds"),
+        ("liveness_failures", "0", "liveness-failures=0 must be in 1..100"),
+        ("readings_max_age_s", "0.5", r"readings-max-age-s=0.5 must be in \[1, 600\] seconds"),
+        ("log_level", "LOUD", "log-level='LOUD' must be DEBUG, INFO, WARNING or ERROR"),
+    ],
+)
+def test_a_value_out_of_range_is_named_as_the_user_wrote_it(
+    tmp_path: Path, flag: str, value: str, said: str
+) -> None:
+    """As the flag on the command line, as the key in a config file: not as the attribute of the
+    code that checked it (it read "self.telemetry_interval_s=0.04 must be ...")."""
+    with pytest.raises(ValueError, match=f"^--{said}") as err:
+        make_config([*BASE, f"--{flag.replace('_', '-')}", value])
+    assert "self." not in str(err.value)
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"control_plane: http://cp\ntoken: t\n{flag}: {value}\n")
+    with pytest.raises(ValueError) as err:
+        make_config(["--config", str(path)])
+    message = str(err.value)
+    assert message.startswith(f"config file {str(path)!r}: {flag}="), message
+    assert "self." not in message
 
 
 @pytest.mark.parametrize(
