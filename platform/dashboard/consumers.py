@@ -304,14 +304,22 @@ class ModelConsumer(LiveConsumer):
         self._after: dict[int, Any] = {}
         self._recent: dict[int, list[dict[str, Any]]] = {}
         self._summary: dict[str, Any] = {}
+        self._states: dict[str, str] = {}
         await self.tick()
 
     def _read_new(self) -> dict[int, list[dict[str, Any]]] | None:
-        """deployment pk -> its new points; None once the model is deleted."""
-        deps = list(Deployment.objects.filter(model=self.model).order_by("pk").values_list("pk", flat=True))
+        """deployment pk -> its new points; None once the model is deleted. Also reads the
+        deployments' states into ``self._states`` (str pk -> the state the page shows)."""
+        rows = list(
+            Deployment.objects.filter(model=self.model)
+            .order_by("pk")
+            .values_list("pk", "observed_state", "desired_state")
+        )
+        deps = [pk for pk, _, _ in rows]
         # Deployments protect their model: only a model without any can have been deleted.
         if not deps and not ServedModel.objects.filter(pk=self.model.pk).exists():
             return None
+        self._states = {str(pk): snapshots.deployment_state(obs, want) for pk, obs, want in rows}
         # First read: only the recent past (the page drew the history from the same samples).
         start = timezone.now() - snapshots.HISTORY_WINDOW
         after = {pk: self._after.get(pk, start) for pk in deps}
@@ -334,7 +342,11 @@ class ModelConsumer(LiveConsumer):
             await self.send_json({"type": "points", "deployment": pk, "points": points})
             self._recent[pk] = (self._recent.get(pk, []) + points)[-SUMMARY_WINDOWS:]
         recent = [p for points in self._recent.values() for p in points]
-        summary = {"attainment": snapshots.attainment(self.model, recent), "windows": len(recent)}
+        summary = {
+            "attainment": snapshots.attainment(self.model, recent),
+            "windows": len(recent),
+            "deployments": self._states,  # their states, which the page shows as they change
+        }
         change = diff(self._summary, summary)
         if change is not None:
             self._summary = summary

@@ -230,6 +230,11 @@ def engine_points(
     return {pk: (points[pk], newest[pk]) for pk in after}
 
 
+def deployment_state(observed_state: str, desired_state: str) -> str:
+    """A deployment's state as the model page shows it (its template and its socket alike)."""
+    return observed_state + (" (stopping or stopped)" if desired_state == "stopped" else "")
+
+
 def model_history(model: ServedModel) -> dict[int, list[dict[str, Any]]]:
     """deployment pk -> its points over the last ``HISTORY_WINDOW`` (raw, or per-minute further back)."""
     since = timezone.now() - HISTORY_WINDOW

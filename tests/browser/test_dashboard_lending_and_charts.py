@@ -197,3 +197,34 @@ def test_the_charts_of_flat_series_start_at_zero(
         low, high = page.evaluate(f"() => document.getElementById('{chart}')._fullLayout.yaxis.range")
         assert low == 0 and high > 0, (chart, low, high)
     assert errors == []
+
+
+def _pending_deployment() -> Deployment:
+    model = ServedModel.objects.create(
+        name="fresh", source="x/y", max_context_length=512, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+    )
+    host = register_host("fresh-host", "127.0.0.1")
+    return Deployment.objects.create(model=model, host=host, observed_state="pending")
+
+
+def test_a_deployments_state_on_its_model_page_follows_its_agents_reports(
+    users: dict[str, User], server: AsgiServer, browser: Any
+) -> None:
+    """The page is live (its charts and attainment update), but a deployment just made there said
+    "pending" until the page was reloaded, while the GPU map had it running for long."""
+    deployment = db_call(_pending_deployment)
+    page = sign_in(browser, server.url, "ada")
+    errors = _errors(page)
+    page.goto(f"/models/{deployment.model_id}/")
+    state = page.locator(f"#deployments [data-deployment='{deployment.pk}'] .deployment-state")
+    assert state.inner_text() == "pending"
+    # A state the liveness sweep leaves as it is (it makes an offline host's running ones unknown).
+    db_call(lambda: Deployment.objects.filter(pk=deployment.pk).update(observed_state="failed"))
+    page.wait_for_function("(el) => el.textContent === 'failed'", arg=state.element_handle(), timeout=15_000)
+    db_call(lambda: Deployment.objects.filter(pk=deployment.pk).update(desired_state="stopped"))
+    page.wait_for_function(
+        "(el) => el.textContent === 'failed (stopping or stopped)'",
+        arg=state.element_handle(),
+        timeout=15_000,
+    )
+    assert errors == []

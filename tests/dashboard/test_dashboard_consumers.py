@@ -158,7 +158,12 @@ async def test_it_pushes_only_new_engine_samples_and_the_attainment(
     first = await communicator.receive_json_from(timeout=5)
     assert first["type"] == "points" and len(first["points"]) == 1
     summary = await communicator.receive_json_from(timeout=5)
-    assert summary == {"type": "summary", "set": {"attainment": 100.0, "windows": 1}, "remove": []}
+    states = {str(deployment.pk): deployment.observed_state}
+    assert summary == {
+        "type": "summary",
+        "set": {"attainment": 100.0, "windows": 1, "deployments": states},
+        "remove": [],
+    }
 
     await database_sync_to_async(add_engine_sample)(deployment, now - timedelta(seconds=1), itl_p99=0.2)
     points = await communicator.receive_json_from(timeout=5)

@@ -94,6 +94,13 @@
         const shown = document.getElementById("attainment");
         shown.textContent = a === null ? shown.dataset.empty : a.toFixed(1) + "%";
       }
+      if (message.type === "summary" && "deployments" in message.set) {
+        // Each listed deployment's state as its agent reports it (pending -> starting -> running).
+        for (const [dep, state] of Object.entries(message.set.deployments)) {
+          const shown = document.querySelector('#deployments [data-deployment="' + dep + '"] .deployment-state');
+          if (shown) shown.textContent = state;
+        }
+      }
     });
   });
 })();
