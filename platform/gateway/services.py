@@ -326,6 +326,16 @@ def served_model_names() -> list[str]:
     return list(_served().order_by("name").values_list("name", flat=True))
 
 
+def simulated_only_model_names() -> list[str]:
+    """The models deployed to run only on simulated hosts (not served: they have no engine), so
+    that the playground can say why it offers none of them."""
+    on_simulated = Deployment.objects.filter(
+        model=OuterRef("pk"), desired_state=DesiredState.RUNNING, host__simulated=True
+    )
+    models = ServedModel.objects.filter(Exists(on_simulated)).exclude(pk__in=_served().values("pk"))
+    return list(models.order_by("name").values_list("name", flat=True))
+
+
 def _model_object(model: ServedModel) -> dict[str, object]:
     created = int(model.created_at.timestamp())
     return {"id": model.name, "object": "model", "created": created, "owned_by": "platform"}

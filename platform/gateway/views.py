@@ -18,7 +18,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
 from core.secrets import digest_secret
-from gateway.services import served_model_names
+from gateway.services import served_model_names, simulated_only_model_names
 
 SESSION_KEY = "gateway_playground_key"
 
@@ -26,7 +26,12 @@ SESSION_KEY = "gateway_playground_key"
 @require_GET
 @login_required
 def playground(request: HttpRequest) -> HttpResponse:
-    context = {"models": served_model_names(), "is_admin": is_admin(request.user)}
+    models = served_model_names()
+    context = {
+        "models": models,
+        "simulated_only": [] if models else simulated_only_model_names(),
+        "is_admin": is_admin(request.user),
+    }
     return render(request, "gateway/playground.html", context)
 
 

@@ -56,3 +56,28 @@ def test_the_playground_offers_only_served_models() -> None:
     assert client.login(username="bob", password="bob-pw-7k2q")
     page = client.get("/playground/").content.decode()
     assert ">tiny<" in page and "demo-only" not in page
+
+
+def test_a_playground_with_only_simulated_deployments_says_why_it_offers_no_model(
+    gateway_data: dict[str, Any],
+) -> None:
+    """It said "No model is deployed yet." beside a GPU map showing the model deployed and
+    running on the simulated host (`make run SIMULATE=1` with LOCAL_AGENT=0)."""
+    demo = register_host("demo-8xh100", "10.0.0.9")
+    demo.simulated = True
+    demo.save()
+    Deployment.objects.filter(model=gateway_data["model"]).delete()  # "tiny" ran on the real host
+    for name in ("demo-b", "demo-a"):
+        model = ServedModel.objects.create(
+            name=name, source="/m", max_context_length=256, slo_ttft_p99_ms=500, slo_tbt_p99_ms=50
+        )
+        Deployment.objects.create(model=model, host=demo)
+    User.objects.create_user(username="bob", password="bob-pw-7k2q", role=Role.VIEWER)
+    client = Client()
+    assert client.login(username="bob", password="bob-pw-7k2q")
+    page = client.get("/playground/").content.decode()
+    assert "No model is deployed yet" not in page
+    assert "No model is served: demo-a, demo-b run only on simulated hosts" in page
+    Deployment.objects.filter(model__name="demo-b").delete()
+    page = client.get("/playground/").content.decode()
+    assert "No model is served: demo-a runs only on simulated hosts" in page
