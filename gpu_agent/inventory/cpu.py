@@ -9,6 +9,7 @@ import uuid
 import psutil
 
 from gpu_agent.inventory.base import Inventory
+from gpu_agent.inventory.cgroup_memory import CGROUP_ROOT, SELF_CGROUP, cgroup_memory
 from gpu_agent.protocol import DeviceInfo, DeviceSample
 
 
@@ -33,34 +34,51 @@ def cpu_uuid(agent_name: str | None = None) -> str:
 
 
 class CpuInventory(Inventory):
-    """One device, index 0, kind "cpu": host memory from psutil, CPU utilisation."""
+    """One device, index 0, kind "cpu": host memory from psutil, or the container's cgroup memory
+    limit when that is smaller (inventory/cgroup_memory.py), and CPU utilisation."""
 
     kind = "cpu"
 
-    def __init__(self, agent_name: str | None = None) -> None:
+    def __init__(
+        self, agent_name: str | None = None, *, cgroup_root: str = CGROUP_ROOT, self_cgroup: str = SELF_CGROUP
+    ) -> None:
         """
         Args:
             agent_name: The host name the agent registers as (its --name). It goes into the
                 device's uuid, so that agents of different hosts on one machine report different
                 devices (device uuids are unique in the control plane); None or the machine's own
                 name: the machine's id alone, as before agents were named.
+            cgroup_root: Where the cgroup filesystem is mounted (tests pass a directory of their own).
+            self_cgroup: This process's cgroup memberships (/proc/self/cgroup).
         """
+        self._cgroup = (cgroup_root, self_cgroup)
         self._uuid = cpu_uuid(agent_name)
         self._name = f"{_cpu_name()} ({psutil.cpu_count(logical=True)} threads)"
         psutil.cpu_percent(interval=None)  # primes the counter; the next call measures from here
 
+    def _memory(self) -> tuple[int, int]:
+        """(total, free) bytes: the machine's, or under the cgroup limit where that is smaller (a
+        container limited to 8 GiB on a 512 GiB machine registered 512 GiB, and engines placed to
+        fit that were OOM-killed)."""
+        vm = psutil.virtual_memory()
+        total, free = int(vm.total), int(vm.available)
+        limited = cgroup_memory(*self._cgroup)
+        if limited is not None:
+            total = min(total, limited.limit_bytes)
+            free = min(free, limited.free_bytes)
+        return total, max(0, min(free, total))
+
     def describe(self) -> list[DeviceInfo]:
-        total = int(psutil.virtual_memory().total)
+        total, _ = self._memory()
         return [DeviceInfo(0, self._uuid, self._name, "cpu", total, [])]
 
     def sample(self) -> list[DeviceSample]:
-        vm = psutil.virtual_memory()
-        used = int(vm.total - vm.available)
+        total, free = self._memory()
         return [
             DeviceSample(
                 index=0,
-                memory_used_bytes=used,
-                memory_free_bytes=int(vm.available),
+                memory_used_bytes=total - free,
+                memory_free_bytes=free,
                 utilization_pct=min(100.0, float(psutil.cpu_percent(interval=None))),
                 temperature_c=_cpu_temperature(),
                 power_w=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -95,8 +96,9 @@ def test_it_falls_back_when_the_driver_lists_no_gpus(monkeypatch: pytest.MonkeyP
     assert nvml.shutdowns == 1
 
 
-def test_it_reports_the_cpu_with_host_memory() -> None:
-    inv = CpuInventory()
+def test_it_reports_the_cpu_with_host_memory(tmp_path: Path) -> None:
+    # No cgroup limit (an empty cgroup root): the machine's memory.
+    inv = CpuInventory(cgroup_root=str(tmp_path), self_cgroup=str(tmp_path / "none"))
     (dev,) = inv.describe()
     assert dev.kind == "cpu" and dev.index == 0 and dev.nvlink_peers == []
     assert dev.memory_total_bytes == psutil.virtual_memory().total
