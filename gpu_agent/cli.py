@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from gpu_agent.agent import Agent
-from gpu_agent.config import AgentConfig, load_config_file, sim_gpu_kinds
+from gpu_agent.config import AgentConfig, fallback_address_warning, load_config_file, sim_gpu_kinds
 from gpu_agent.host import Host
 
 log = logging.getLogger("gpu_agent")
@@ -45,13 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_config(argv: Sequence[str] | None) -> AgentConfig:
     """Parse the command line (and config file) into a validated config; ValueError if bad."""
+    return _make_config(argv)[0]
+
+
+def _make_config(argv: Sequence[str] | None) -> tuple[AgentConfig, bool]:
+    """`make_config`'s config, and whether --address was given (flag or file)."""
     args = build_parser().parse_args(argv)
     file_values = load_config_file(args.config) if args.config is not None else {}
     overrides = {k: v for k, v in vars(args).items() if k != "config"}
     if overrides.get("token") is None and file_values.get("token") is None:
         overrides["token"] = os.environ.get("GPU_AGENT_TOKEN")
+    address_given = overrides.get("address") is not None or file_values.get("address") is not None
     try:
-        return AgentConfig.build(file_values, overrides)
+        return AgentConfig.build(file_values, overrides), address_given
     except ValueError as exc:
         key = _key_named(str(exc))
         from_file = key is not None and file_values.get(key) is not None and overrides.get(key) is None
@@ -165,12 +171,15 @@ async def _serve(agent: Agent) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        cfg = make_config(argv)
+        cfg, address_given = _make_config(argv)
     except ValueError as exc:
         print(f"python -m gpu_agent: error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    warning = fallback_address_warning(cfg, address_given)
+    if warning is not None:
+        log.warning("%s", warning)
     held = len(_state_locks)
     try:
         host = make_host(cfg)

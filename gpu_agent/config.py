@@ -60,14 +60,53 @@ MAX_READINGS_MAX_AGE_S = 600.0
 MAX_BUFFER_SIZE = 3600
 
 
-def default_address() -> str:
-    """This host's outward-facing IP (no packet is sent), else 127.0.0.1."""
+# --address when this host's outward IP cannot be found (no route: an isolated network namespace).
+FALLBACK_ADDRESS = "127.0.0.1"
+
+
+def outward_ip() -> str | None:
+    """This host's outward-facing IP (no packet is sent), or None when there is no route out."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect(("10.255.255.255", 1))
             return str(s.getsockname()[0])
     except OSError:
-        return "127.0.0.1"
+        return None
+
+
+def default_address() -> str:
+    """This host's outward-facing IP, else `FALLBACK_ADDRESS` (cli warns of it at start)."""
+    return outward_ip() or FALLBACK_ADDRESS
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """Whether `host` (a URL's host name or IP) names this machine's loopback interface."""
+    if not host:
+        return False
+    host = host.lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def fallback_address_warning(cfg: AgentConfig, address_given: bool) -> str | None:
+    """The WARNING to log at start when --address fell back to the loopback address (the outward
+    IP could not be found) while the control plane is on another machine: its gateway would send
+    requests for this host's engines to its own loopback. None when the address was given, the
+    host is simulated (no engine is reached) or the control plane is itself on loopback."""
+    if address_given or cfg.simulate is not None or cfg.address != FALLBACK_ADDRESS:
+        return None
+    if is_loopback_host(urlsplit(cfg.control_plane).hostname):
+        return None
+    return (
+        f"Could not determine this host's outward IP address; engines are announced on the fallback"
+        f" --address {FALLBACK_ADDRESS}, which the control plane's gateway ({cfg.control_plane}, on"
+        " another machine) would take for its own loopback. Set --address (or `address:` in the"
+        " config file) to this host's name or IP."
+    )
 
 
 def sim_gpu_kinds() -> dict[str, int]:
