@@ -51,6 +51,8 @@ def make_config(argv: Sequence[str] | None) -> AgentConfig:
 def _make_config(argv: Sequence[str] | None) -> tuple[AgentConfig, bool]:
     """`make_config`'s config, and whether --address was given (flag or file)."""
     args = build_parser().parse_args(argv)
+    if args.config is not None:  # (--config=~/agent.yaml: no shell expands a '~' after '=')
+        args.config = os.path.expanduser(args.config)
     file_values = load_config_file(args.config) if args.config is not None else {}
     overrides = {k: v for k, v in vars(args).items() if k != "config"}
     if overrides.get("token") is None and file_values.get("token") is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
 import socket
 import unicodedata
@@ -242,6 +243,9 @@ class AgentConfig:
         for key in ("name", "address", "state_dir"):
             if not getattr(self, key).strip():
                 raise ValueError(f"{key}={getattr(self, key)!r} must not be empty")
+        # A YAML file's `state_dir: ~/agent` (or `--state-dir=~/agent`, which no shell expands)
+        # made a directory named '~' in the working directory.
+        self.state_dir = os.path.expanduser(self.state_dir)
         if len(self.name) > MAX_HOST_NAME_LENGTH:  # its Register frame could not be built
             raise ValueError(
                 f"name={quoted(self.name)} is longer than the limit of {MAX_HOST_NAME_LENGTH} characters"
