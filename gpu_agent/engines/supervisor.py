@@ -66,6 +66,7 @@ from gpu_agent.protocol import (
     DeploymentStatus,
     EngineSample,
 )
+from gpu_agent.schema import INT64_MAX
 from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ class EngineSupervisor:
         self._taken: EngineMetrics | None = None  # the scrape the last take_sample() reported up to
         self._unreported: list[Window] = []  # ended runs' observations no take reported yet
         self._unreadable_metrics = False  # a scrape of this run could not be reported (said once)
+        self._bad_offload_counter = False  # the connector's file held a bad count this run (said once)
 
     # ---- control ------------------------------------------------------------------------------
 
@@ -298,7 +300,7 @@ class EngineSupervisor:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(launch.offload_stats)
         self.port = port  # (the previous run's scrapes were forgotten at its end: _keep_unreported)
-        self._unreadable_metrics = False
+        self._unreadable_metrics = self._bad_offload_counter = False
         try:
             rotate(self.log_path, self._log_max_bytes, self._log_backups)
         except OSError as exc:  # a log we cannot rotate must not keep the engine down
@@ -430,15 +432,31 @@ class EngineSupervisor:
         self._metrics, self._gauges = current, gauges
 
     def _connector_offloaded_bytes(self) -> int:
-        """Bytes the Aqua connector's worker reports offloaded (0 without its counters file)."""
+        """Bytes the Aqua connector's worker reports offloaded (0 without its counters file).
+
+        A value that is no count the control plane stores (a signed 64-bit integer, >= 0; `true`,
+        a bool, is no count) is left out, with one WARNING per engine run: it went into the
+        telemetry frame, and the control plane refused the host's whole frame every tick."""
         if self._offload_stats is None:
             return 0
         try:
             with open(self._offload_stats, encoding="utf-8") as f:
-                value = json.load(f).get("bytes_offloaded", 0)
-        except (OSError, ValueError, AttributeError):
+                counters = json.load(f)
+        except (OSError, ValueError):  # (a half-written or missing file: the next scrape reads it)
             return 0
-        return value if isinstance(value, int) and value >= 0 else 0
+        value = counters.get("bytes_offloaded", 0) if isinstance(counters, dict) else 0
+        if type(value) is int and 0 <= value <= INT64_MAX:  # (type(True) is bool, not int)
+            return value
+        if not self._bad_offload_counter:
+            self._bad_offload_counter = True
+            log.warning(
+                "Deployment %s: the Aqua connector's counters file %s holds bytes_offloaded=%.60r,"
+                " not a count in 0..2**63-1; leaving it out of telemetry for this engine run.",
+                self.spec.id,
+                self._offload_stats,
+                value,
+            )
+        return 0
 
     async def _terminate(self) -> None:
         """End the engine's process group (SIGTERM, SIGKILL after the grace period), also what is
