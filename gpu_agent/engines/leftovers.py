@@ -4,8 +4,11 @@ The engine's exec guard (exec_guard.py) has the kernel send its leader SIGTERM w
 but a leader that does not exit on it (stuck in CUDA, its shutdown hung) and the workers it spawned
 outlive a killed agent (SIGKILL, the OOM killer, a crash; outside a systemd unit, nothing else ends
 them). They hold their GPUs' memory, so every engine the restarted agent starts there fails. So a
-supervisor records each engine's process group (`<log_dir>/<deployment>.group`: its pgid and its
-leader's start time) while the group lives, and removes the record once the group is gone. A record
+supervisor records each engine's process group (`<log_dir>/<deployment>.<pgid>.group`: its pgid and
+its leader's start time) while the group lives, and removes the record once the group is gone. One
+file a group: a group that outlived its SIGKILL keeps its record when the same deployment's next
+engine starts (one file a deployment was overwritten by it, and no later agent tried to end the
+group that survived). A record
 found when the agent starts is a group the previous agent left: it is ended (SIGTERM, SIGKILL after
 the grace period) before any engine starts, with a WARNING naming it.
 
@@ -46,8 +49,15 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def record_path(stem: str, pgid: int) -> str:
+    """Where engine group `pgid` of the deployment whose records start with `stem` is recorded:
+    `<stem>.<pgid>.group`. No two groups alive at once share a pgid, so a record kept for a group
+    that is still there is never overwritten."""
+    return f"{stem}.{pgid}{RECORD_SUFFIX}"
+
+
 def write_record(path: str, pgid: int, deployment_id: str) -> None:
-    """Record the engine group `pgid` (whose leader was just started) at `path`."""
+    """Record the engine group `pgid` (whose leader was just started) at `path` (`record_path`)."""
     record = {"pgid": pgid, "start": start_time(pgid), "deployment": deployment_id}
     try:
         with open(path, "w", encoding="utf-8") as f:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from gpu_agent.engines.command import safe_name
-from gpu_agent.engines.leftovers import RECORD_SUFFIX, end_leftovers
+from gpu_agent.engines.leftovers import end_leftovers
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.ports import PortAllocator
@@ -123,7 +123,7 @@ class EngineManager:
             scrape_interval_s=self._scrape_s,
             liveness=self._liveness,
             ports=self.ports,
-            group_record=os.path.join(self.log_dir, safe_name(spec.id) + RECORD_SUFFIX),
+            group_record=os.path.join(self.log_dir, safe_name(spec.id)),  # + .<pgid>.group
         )
         self._engines[spec.id] = sup
         log.info("Starting deployment %s (%s on devices %s).", spec.id, spec.model.name, spec.devices)

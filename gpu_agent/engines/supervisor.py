@@ -54,7 +54,7 @@ import httpx
 
 from gpu_agent.engines.command import EngineConfigError, LaunchSpec
 from gpu_agent.engines.exec_guard import guarded
-from gpu_agent.engines.leftovers import remove_record, write_record
+from gpu_agent.engines.leftovers import record_path, remove_record, write_record
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
 from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, Window, combine, parse_metrics, summarize
@@ -116,8 +116,9 @@ class EngineSupervisor:
             log_backups: Rotated files kept.
             ports: Where engine ports come from; shared by a host's supervisors, so that no two
                 engines are given one port.
-            group_record: Where the running engine's process group is recorded, for an agent
-                started after this one was killed to end it (engines/leftovers.py); None: nowhere.
+            group_record: Where each run's engine process group is recorded, for an agent
+                started after this one was killed to end it: `<group_record>.<pgid>.group`
+                (engines/leftovers.py); None: nowhere.
         """
         self.spec = spec
         self._launcher = launcher
@@ -274,7 +275,9 @@ class EngineSupervisor:
         finally:
             await self._terminate()
             if self._proc is not None and self._group_record is not None and not group_alive(self._proc.pid):
-                remove_record(self._group_record)  # (one left after SIGKILL stays recorded)
+                remove_record(
+                    record_path(self._group_record, self._proc.pid)
+                )  # (one left after SIGKILL stays)
             self._proc = None  # its pid may be reused: never signal that group again
             self.port = None
             self._ports.release(port)
@@ -323,7 +326,7 @@ class EngineSupervisor:
                 return f"engine could not be started: {exc}"
         proc = self._proc
         if self._group_record is not None:
-            write_record(self._group_record, proc.pid, self.spec.id)
+            write_record(record_path(self._group_record, proc.pid), proc.pid, self.spec.id)
         if self._restart_requested:
             # restart() came while the process was being created, when it had nothing to end: end
             # this one now, so that `_run` starts the next at once and takes the request as done.

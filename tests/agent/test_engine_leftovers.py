@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+import gpu_agent.engines.supervisor as supervisor_module
 from gpu_agent.engines import EngineManager
 from gpu_agent.engines.command import REPO_ROOT
 from gpu_agent.engines.leftovers import end_leftovers, start_time
+from serving.backoff import Backoff
 from tests.agent.test_engines import alive, fake_launcher, spec
 from tests.agent.ws_server import wait_for
 
@@ -91,6 +93,39 @@ async def test_a_stopped_engine_leaves_no_record(tmp_path: Path) -> None:
     )
     await manager.apply([spec()])
     await wait_for(lambda: (sup := manager.supervisor("d1")) is not None and sup.state == "running")
-    assert [p.name for p in (tmp_path / "logs").glob("*.group")] == ["d1.group"]
+    (pid,) = manager_pids(tmp_path / "pids")
+    assert [p.name for p in (tmp_path / "logs").glob("*.group")] == [f"d1.{pid}.group"]
     await manager.close()
     assert not list((tmp_path / "logs").glob("*.group"))
+
+
+def manager_pids(pidfile: Path) -> list[int]:
+    return [int(x) for x in pidfile.read_text().split()]
+
+
+@pytest.mark.asyncio
+async def test_a_group_left_after_sigkill_keeps_its_record_when_the_deployment_starts_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first engine's group outlives its SIGKILL (a worker in uninterruptible sleep, say): seen
+    # here as the supervisor's check after the kill still finding it.
+    first: list[int] = []
+    monkeypatch.setattr(supervisor_module, "group_alive", lambda pgid: pgid in first)
+    manager = EngineManager(
+        fake_launcher(tmp_path / "pids"), str(tmp_path / "logs"), lambda s: None, devices={0}, grace_s=0.5,
+        backoff_factory=lambda dep: Backoff(base_s=0.1, cap_s=0.1, seed=1),
+    )  # fmt: skip
+    try:
+        await manager.apply([spec()])
+        await wait_for(lambda: (sup := manager.supervisor("d1")) is not None and sup.state == "running")
+        sup = manager.supervisor("d1")
+        assert sup is not None
+        first.extend(manager_pids(tmp_path / "pids"))
+        os.kill(first[0], signal.SIGKILL)
+        await wait_for(lambda: sup.restarts == 1 and sup.state == "running")
+        second = manager_pids(tmp_path / "pids")[1]
+        records = {json.loads(p.read_text())["pgid"]: p.name for p in (tmp_path / "logs").glob("*.group")}
+        # The survivor's record is still there for a later agent to end, beside the new engine's.
+        assert records == {first[0]: f"d1.{first[0]}.group", second: f"d1.{second}.group"}
+    finally:
+        await manager.close()
