@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Literal
 from gpu_agent.address import MAX_ADDRESS_LENGTH, MAX_HOST_NAME, address_problem, host_address, quoted
 from gpu_agent.probe_frames import IterationSample, Probe, ProbeReport, ProbeRequestSpec
 from gpu_agent.schema import (
+    INT64_MAX,
     MAX_COUNT,
     MAX_DEVICE_INDEX,
     MAX_TS,
@@ -260,7 +261,8 @@ class EngineSample:
 
     def __post_init__(self) -> None:
         at_most(self, MAX_COUNT, "running", "waiting")
-        non_negative(self, "preemptions_total", "bytes_offloaded")
+        # Stored as signed 64-bit integers: an engine's /metrics can give any float (1e30 bytes).
+        at_most(self, INT64_MAX, "preemptions_total", "bytes_offloaded")
         k = self.kv_cache_usage
         if k is not None and not 0 <= k <= 1:
             raise ProtocolError("kv_cache_usage", f"must be in [0, 1], got {k!r}")
