@@ -11,6 +11,7 @@ from __future__ import annotations
 from serving.aqua.coordinator.client import AquaClient
 from serving.aqua.coordinator.coordinator import ALIGNMENT, Coordinator
 from serving.aqua.coordinator.errors import (
+    CallInFlight,
     CoordinatorError,
     CoordinatorUnavailable,
     InsufficientMemory,
@@ -30,6 +31,7 @@ __all__ = [
     "ALIGNMENT",
     "Allocation",
     "AquaClient",
+    "CallInFlight",
     "Coordinator",
     "CoordinatorError",
     "CoordinatorServer",

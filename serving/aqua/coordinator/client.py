@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from serving.aqua.coordinator.errors import (
+    CallInFlight,
     CoordinatorError,
     CoordinatorUnavailable,
     InsufficientMemory,
@@ -137,20 +138,23 @@ class AquaClient:
         min_nbytes: int | None = None,
         exclude_regions: Iterable[str] = (),
         strict: bool = False,
+        wait: bool = True,
     ) -> Allocation | None:
         """`nbytes` contiguous bytes of one lent region, or None (InsufficientMemory if `strict`).
 
         With `min_nbytes`, the largest piece of at least that size when no region holds `nbytes`
         (check the allocation's `nbytes`). No region named in `exclude_regions` is used. A
         coordinator older than one of these arguments refuses it (InvalidArgument, "unexpected
-        arguments" naming it); each is sent only when given."""
+        arguments" naming it); each is sent only when given. With `wait=False` the call is not
+        sent while another thread's call waits for its reply (CallInFlight): an engine's step
+        then waits for its own round trip only, never for the other one's."""
         args: dict[str, Any] = {"consumer_id": consumer_id, "nbytes": nbytes, "device_hint": device_hint}
         if min_nbytes is not None:  # only when asked: older coordinators refuse the argument
             args["min_nbytes"] = min_nbytes
         excluded = list(exclude_regions)
         if excluded:
             args["exclude_regions"] = excluded
-        data = self._call("allocate", **args)
+        data = self._request("allocate", args, wait=wait)
         if data is None:
             if strict:
                 raise InsufficientMemory(f"no lent region can hold {nbytes} bytes for {consumer_id!r}")
@@ -239,37 +243,51 @@ class AquaClient:
 
     # ----------------------------------------------------------------- wire
     def _call(self, op: str, **args: Any) -> Any:
+        return self._request(op, args, wait=True)
+
+    def _request(self, op: str, args: dict[str, Any], *, wait: bool) -> Any:
+        """One call; with `wait` False, CallInFlight at once while another thread's call holds
+        the connection (waits for its reply) instead of waiting for it."""
         if os.getpid() != self._pid:
             raise CoordinatorUnavailable("AquaClient used after fork(); open a new client in this process")
         req_id = next(self._ids)
-        with self._lock:
-            if self._sock.fileno() < 0:
-                raise CoordinatorUnavailable("client is closed")
-            try:
-                self._sock.sendall(encode({"id": req_id, "op": op, "args": args}))
-                line = self._reader.readline(MAX_FRAME + 1)
-            except (OSError, ValueError) as exc:  # timeouts are OSErrors too
-                self._hang_up()
-                raise CoordinatorUnavailable(f"coordinator at {self.socket_path}: {exc}") from exc
-            if not line.endswith(b"\n"):  # end of stream (the server never sends a longer frame)
-                self._hang_up()
-                raise CoordinatorUnavailable(f"coordinator at {self.socket_path} closed the connection")
-            try:
-                reply = decode(line)
-                if reply.get("id") != req_id:
-                    raise ProtocolError(f"reply id {reply.get('id')!r} does not match request id {req_id}")
-                if not reply.get("ok") and not isinstance(reply.get("error"), dict):
-                    raise ProtocolError(f"a reply neither ok nor an error: {str(reply)[:200]}")
-            except ProtocolError:
-                # Replies are no longer in step with requests, or the peer does not speak the
-                # protocol: every later call would read another call's answer. The session ends
-                # here (later calls raise CoordinatorUnavailable).
-                self._hang_up()
-                raise
+        if not self._lock.acquire(blocking=wait):  # only when not waiting: another call is in flight
+            raise CallInFlight(f"{op} not sent: another call on this session is waiting for its reply")
+        try:
+            reply = self._round_trip(req_id, op, args)
+        finally:
+            self._lock.release()
         if reply.get("ok"):
             return reply.get("result")
         err = reply["error"]
         raise error_from_code(str(err.get("code")), str(err.get("message")))
+
+    def _round_trip(self, req_id: int, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and read its reply (lock held)."""
+        if self._sock.fileno() < 0:
+            raise CoordinatorUnavailable("client is closed")
+        try:
+            self._sock.sendall(encode({"id": req_id, "op": op, "args": args}))
+            line = self._reader.readline(MAX_FRAME + 1)
+        except (OSError, ValueError) as exc:  # timeouts are OSErrors too
+            self._hang_up()
+            raise CoordinatorUnavailable(f"coordinator at {self.socket_path}: {exc}") from exc
+        if not line.endswith(b"\n"):  # end of stream (the server never sends a longer frame)
+            self._hang_up()
+            raise CoordinatorUnavailable(f"coordinator at {self.socket_path} closed the connection")
+        try:
+            reply = decode(line)
+            if reply.get("id") != req_id:
+                raise ProtocolError(f"reply id {reply.get('id')!r} does not match request id {req_id}")
+            if not reply.get("ok") and not isinstance(reply.get("error"), dict):
+                raise ProtocolError(f"a reply neither ok nor an error: {str(reply)[:200]}")
+        except ProtocolError:
+            # Replies are no longer in step with requests, or the peer does not speak the
+            # protocol: every later call would read another call's answer. The session ends
+            # here (later calls raise CoordinatorUnavailable).
+            self._hang_up()
+            raise
+        return reply
 
 
 _CLIENTS: weakref.WeakSet[AquaClient] = weakref.WeakSet()

@@ -54,6 +54,11 @@ class CoordinatorUnavailable(CoordinatorError, ConnectionError):
     """The coordinator cannot be reached, or the connection to it was lost or timed out."""
 
 
+class CallInFlight(CoordinatorError):
+    """Client side only: a call made with `wait=False` was not sent, because another thread's call
+    on the same client was waiting for its reply. The session is untouched; try again later."""
+
+
 ERRORS: dict[str, type[CoordinatorError]] = {
     cls.__name__: cls
     for cls in (

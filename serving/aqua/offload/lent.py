@@ -42,7 +42,9 @@ So an `allocate` whose reply never came is treated as made and lost with its ses
 never handed out, and no id of it is ever sent on the next session. The store falls back to DRAM
 and the watcher reopens a session as after a restart. The watcher never holds the store's lock
 across a round trip, so a step is held up by at most one call's timeout, and only by its own
-`allocate` (the one round trip a step may make).
+`allocate` (the one round trip a step may make). Nor does the step wait for the watcher's round
+trip on the shared client: its `allocate` is sent only when no other call is in flight
+(`wait=False`); otherwise this save goes to the next tier and the next `reserve` tries again.
 
 Freeing is split in two for that: under the lock `_release` detaches the region and forgets the
 allocation (no view of it is handed out after that: `get` misses, `reserve` allocates anew), and
@@ -61,6 +63,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from serving.aqua.coordinator.errors import CallInFlight
 from serving.aqua.offload.store import KVStore, check_nbytes
 
 if TYPE_CHECKING:
@@ -168,7 +171,11 @@ class LentRegionStore(KVStore):
         if client is None:
             return False
         self._next_try = now + self.retry_seconds
-        got = self._allocate_attached(client, need, 0)
+        try:
+            got = self._allocate_attached(client, need, 0)
+        except CallInFlight:  # the watcher's call waits for its reply: next tier, retry next save
+            self._next_try = now
+            return False
         if got is None:
             return False
         self._adopt(client, *got)
@@ -183,7 +190,11 @@ class LentRegionStore(KVStore):
             return
         self._next_try = now + self.retry_seconds
         client = self._alloc_client
-        got = self._allocate_attached(client, need, self._alloc.nbytes + 1)
+        try:
+            got = self._allocate_attached(client, need, self._alloc.nbytes + 1)
+        except CallInFlight:  # the watcher's call waits for its reply: keep the piece for now
+            self._next_try = now
+            return
         if got is None:
             self._session_up()  # a call that timed out ended the session, and the piece with it
             return
@@ -207,6 +218,8 @@ class LentRegionStore(KVStore):
         for _ in range(ATTACH_TRIES):
             try:
                 alloc = self._allocate(client, need, least)
+            except CallInFlight:
+                raise
             except Exception as exc:  # coordinator gone or silent: DRAM fallback
                 # On a timeout the client has hung up: whatever the call may have allocated dies
                 # with the session (the watcher opens a new one), and its id was never learnt here.
@@ -249,7 +262,8 @@ class LentRegionStore(KVStore):
             for name in self._refused_args:
                 args.pop(name)
             try:
-                return client.allocate(self.consumer_id, self.nbytes, **args)
+                # wait=False: the step never waits behind the watcher's round trip (CallInFlight)
+                return client.allocate(self.consumer_id, self.nbytes, wait=False, **args)
             except InvalidArgument as exc:  # an older coordinator refuses the arguments it lacks
                 refused = {n for n in args if "unexpected arguments" in str(exc) and repr(n) in str(exc)}
                 if not refused:
