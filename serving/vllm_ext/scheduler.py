@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.core.sched.request_queue import SchedulingPolicy as QueuePolicy
@@ -146,7 +147,11 @@ class AquaScheduler(Scheduler):
         running = policy.order_running([self._view(r) for r in self.running], ctx)
         self.running = [v.request for v in running]
         waiting = self._order_waiting(ctx)
-        rotations = policy.select_rotations(running, waiting, ctx) if waiting else []
+        # Rotate only for requests vLLM admits this step: a victim rotated for one it skips (its
+        # grammar still compiling, the engine paused, ...) would be re-admitted in the same step
+        # in its place (a recompute or a KV copy for nothing), and again every step until then.
+        ready = [v for v in waiting if self._admissible_now(v.request)]
+        rotations = policy.select_rotations(running, ready, ctx) if ready else []
         now = time.monotonic()
         for v in rotations:
             r = v.request
@@ -175,6 +180,22 @@ class AquaScheduler(Scheduler):
         self._account(out)
         self._iteration += 1
         return out
+
+    def _admissible_now(self, r: Request) -> bool:
+        """Whether vLLM's `schedule()` may admit waiting request `r` this step (the checks of its
+        waiting loop that do not depend on what else it schedules; read-only)."""
+        if self._pause_state != PauseState.UNPAUSED:  # PAUSED_NEW admits KV-holding requests only
+            return False
+        status = r.status
+        if status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+            so = r.structured_output_request
+            return so is not None and so.grammar is not None and not isinstance(so.grammar, Exception)
+        if status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return r.request_id in self.finished_recving_kv_req_ids
+        if status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            return False
+        # Async scheduling: deliverable stale output still in flight (vLLM skips the request)
+        return not (r.num_stale_output_tokens and not r.drop_stale_output)
 
     def _hold_back(
         self, running: list[VllmRequestView], waiting: list[VllmRequestView], ctx: SchedContext
