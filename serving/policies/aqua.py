@@ -78,10 +78,10 @@ class _StepGrowth:
     """The most KV blocks and tokens the running requests can take this step before admission.
 
     The engine (the simulator and vLLM alike) schedules running requests before it admits waiting
-    ones, so what they take comes out of what a rotation frees: a decode takes one token and a
-    block when its token starts one, a prefill chunk its tokens and the blocks it fills. The
-    chunks share the step's token budget, so together they fill at most budget / block_size
-    blocks plus a partial one each.
+    ones, so what they take comes out of what a rotation frees: a decode takes one token (plus its
+    speculative drafts, `num_draft_tokens`) and a block when they start one, a prefill chunk its
+    tokens and the blocks it fills. The chunks share the step's token budget, so together they
+    fill at most budget / block_size blocks plus a partial one each.
     """
 
     def __init__(self, running: Sequence[SchedRequest], ctx: SchedContext) -> None:
@@ -95,10 +95,14 @@ class _StepGrowth:
 
     def _add(self, r: SchedRequest, sign: int) -> None:
         held = r.num_computed_tokens
-        tokens = min(_tokens_left(r), self._ctx.token_budget)
+        left = _tokens_left(r)
+        decode = left == 1 and r.num_output_tokens > 0
+        # A decode also computes its speculative drafts this step, and takes their KV blocks.
+        drafts = int(getattr(r, "num_draft_tokens", 0) or 0) if decode else 0
+        tokens = min(left + drafts, self._ctx.token_budget)
         grown = _blocks(held + tokens, self._ctx) - _blocks(held, self._ctx)
         self.wanted_tokens += sign * tokens
-        if tokens == 1 and r.num_output_tokens > 0:
+        if decode:
             self.decode_blocks += sign * grown
         else:
             self.prefill_blocks += sign * grown

@@ -89,6 +89,9 @@ class SchedRequest(Protocol):
     #   def kv_blocks_taken_by_admission(self, preempted: Sequence[SchedRequest]) -> int | None
     #       KV blocks admitting this waiting request takes from the free pool once the requests in
     #       `preempted` are preempted.
+    #   num_draft_tokens: int
+    #       Speculative draft tokens a decoding request computes (and takes KV for) in the next
+    #       step besides its last sampled token; 0 when absent (no speculative decoding).
 
 
 R = TypeVar("R", bound=SchedRequest)

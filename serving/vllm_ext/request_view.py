@@ -84,6 +84,11 @@ class VllmRequestView:
         return int(self._r.num_output_tokens)
 
     @property
+    def num_draft_tokens(self) -> int:
+        """Speculative draft tokens vLLM schedules with this request's next decode (their KV too)."""
+        return len(self._r.spec_token_ids)
+
+    @property
     def num_preemptions(self) -> int:
         return int(self._r.num_preemptions)
 

@@ -93,3 +93,40 @@ def _step(s: Any) -> tuple[bool, int, Any]:
     out = bare_scheduler.step(s)
     admitted = len(out.scheduled_new_reqs) + len(out.scheduled_cached_reqs.resumed_req_ids)
     return s.counters["rotations"] > rotations, admitted, out
+
+
+def test_with_speculative_decoding_every_step_that_rotates_admits_a_waiting_request() -> None:
+    # Regression: the policy counted one token for a decode, but vLLM also schedules its draft
+    # tokens and allocates their KV before admitting anyone: the staying decodes took the blocks a
+    # rotation freed and the waiting request was not admitted (4 of 479 rotating steps here).
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.outputs import DraftTokenIds
+
+    drafts = 4
+    s = bare_scheduler.make_scheduler(
+        resolve_obj_by_qualname(AQUA_SCHEDULER),
+        max_num_seqs=8,
+        num_blocks=24,
+        max_num_batched_tokens=128,
+        speculative_config={"method": "ngram", "num_speculative_tokens": drafts, "prompt_lookup_max": 4},
+    )
+    rotating_steps = idle = drafted = 0
+    for seed in range(6):
+        rng = random.Random(seed)
+        pending = sorted((rng.randint(0, 60), rng.randint(8, 150), rng.randint(2, 150)) for _ in range(30))
+        step = 0
+        while pending or s.has_requests():
+            while pending and pending[0][0] <= step:
+                _, prompt, output = pending.pop(0)
+                rid = f"{seed}-{len(pending)}"
+                s.add_request(bare_scheduler.make_request(rid, prompt, output, arrival_time=float(step)))
+            rotated, admitted, out = _step(s)
+            rotating_steps += rotated
+            idle += rotated and not admitted
+            drafted += len(out.scheduled_spec_decode_tokens)
+            # The drafter proposes `drafts` tokens for every decode (the model runner rejects them all).
+            ids = [r.request_id for r in s.running if not r.is_prefill_chunk]
+            s.update_draft_token_ids(DraftTokenIds(ids, [[5] * drafts for _ in ids]))
+            step += 1
+    assert rotating_steps > 100 and drafted > 1000  # pressure, and decodes do carry drafts
+    assert idle == 0, (idle, rotating_steps)
