@@ -275,10 +275,15 @@ class AquaScheduler(Scheduler):
                 c["resumed_requests"] += 1
         c["resumed_requests"] += len(out.scheduled_cached_reqs.resumed_req_ids)
         requests, high_water = self.requests, self._high_water
+        drafts = out.scheduled_spec_decode_tokens
         prefill = 0
         for req_id, n in out.num_scheduled_tokens.items():
             r = requests[req_id]
-            end = r.num_computed_tokens  # already advanced by this step
+            # Speculative draft tokens are decode work, and their KV is kept only where accepted
+            # (rejected positions are computed again with other tokens: no recompute). So neither
+            # counts as prefill nor raises the high water.
+            n -= len(drafts.get(req_id, ()))
+            end = r.num_computed_tokens - len(drafts.get(req_id, ()))  # advanced by this step
             start = end - n
             if n > 1 or end <= r.num_prompt_tokens:
                 prefill += n
