@@ -119,7 +119,9 @@ class AquaScheduler(Scheduler):
             free_kv_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
             total_kv_blocks=int(self.cache_config.num_gpu_blocks or 0),
             block_size=self.block_size,
-            max_running=self.max_num_running_reqs,
+            # The running slots vLLM admits into: max_num_active_seqs (at most max_num_seqs), less
+            # those held by streaming sessions waiting for input (as its waiting loop counts them).
+            max_running=max(0, self.max_num_active_reqs - self.num_waiting_for_streaming_input),
         )
 
     def _order_waiting(self, ctx: SchedContext) -> list[VllmRequestView]:
