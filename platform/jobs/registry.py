@@ -45,6 +45,18 @@ class JobContext(ABC):
     def check_cancelled(self) -> None:
         """Raise ``JobCancelled`` if the job was cancelled (a cancellation point without progress)."""
 
+    @abstractmethod
+    def on_success(self, write: Callable[[], object]) -> None:
+        """Register ``write``, the runner's outcome (a model's profile, a plan), to be applied as
+        the job finishes.
+
+        Called by a runner that has its outcome, instead of writing it itself: ``write`` runs in the
+        transaction that marks the job succeeded, once the job's row is locked and found still
+        running, so a job cancelled before its outcome is written leaves nothing, and a cancel
+        after it finds the job succeeded. An exception from ``write`` fails the job as the
+        runner's own would, and nothing it wrote is kept.
+        """
+
 
 Runner = Callable[[dict[str, Any], JobContext], dict[str, Any]]
 

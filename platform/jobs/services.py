@@ -12,6 +12,7 @@ import logging
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -24,7 +25,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from core.unavailable import BrokerUnavailable
 from jobs.liveness import Heartbeat, worker_name
 from jobs.models import ACTIVE_STATUSES, Job, JobStatus
-from jobs.registry import JobCancelled, JobContext, get_kind
+from jobs.registry import JobCancelled, JobContext, JobKind, get_kind
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class _RowContext(JobContext):
         self.job_id = job_id
         self.latest = 0.0  # the last fraction reported, written or not
         self._last_write = 0.0
+        self.outcome: list[Callable[[], object]] = []  # on_success writes, in registration order
 
     def progress(self, fraction: float) -> None:
         fraction = min(max(float(fraction), 0.0), 1.0)
@@ -169,6 +171,9 @@ class _RowContext(JobContext):
     def check_cancelled(self) -> None:
         if not Job.objects.filter(pk=self.job_id, status=JobStatus.RUNNING).exists():
             raise JobCancelled(self.job_id)
+
+    def on_success(self, write: Callable[[], object]) -> None:
+        self.outcome.append(write)
 
 
 def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
@@ -212,14 +217,8 @@ def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
         return JobStatus.CANCELLED
     except TRANSIENT_DB_ERRORS:
         raise
-    except kind.expected_errors as exc:  # why the job cannot be done: the operator's to act on
-        logger.info("job %s failed: %s", job_id, exc)
-        text = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
-        return _finish(job_id, status=JobStatus.FAILED, error=text, progress=ctx.latest)
     except Exception as exc:
-        logger.exception("job %s failed unexpectedly", job_id)
-        text = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"[:ERROR_TEXT_LIMIT]
-        return _finish(job_id, status=JobStatus.FAILED, error=text, progress=ctx.latest)
+        return _fail(job_id, kind, exc, ctx.latest)
     try:
         # Strict JSON, as the API renders it: NaN, infinities or objects would fail the write (and
         # leave the job running until it is swept as lost) or be stored and break every read.
@@ -227,6 +226,39 @@ def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
     except (TypeError, ValueError) as exc:
         error = f"The job finished but its result cannot be stored as JSON: {exc}"
         return _finish(job_id, status=JobStatus.FAILED, error=error, progress=ctx.latest)
+    try:
+        return _succeed(job_id, result, ctx.outcome)
+    except JobCancelled:
+        return JobStatus.CANCELLED
+    except TRANSIENT_DB_ERRORS:
+        raise
+    except Exception as exc:  # from an outcome write: nothing of it was kept
+        return _fail(job_id, kind, exc, ctx.latest)
+
+
+def _fail(job_id: int, kind: JobKind, exc: Exception, progress: float) -> JobStatus:
+    """Record ``exc``, raised by the runner or its outcome write, as the job's failure."""
+    if isinstance(exc, kind.expected_errors):  # why the job cannot be done: the operator's to act on
+        logger.info("job %s failed: %s", job_id, exc)
+        text = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
+    else:
+        logger.error("job %s failed unexpectedly", job_id, exc_info=exc)
+        trace = "".join(traceback.format_exception(exc))
+        text = f"{type(exc).__name__}: {exc}\n\n{trace}"[:ERROR_TEXT_LIMIT]
+    return _finish(job_id, status=JobStatus.FAILED, error=text, progress=progress)
+
+
+@transaction.atomic
+def _succeed(job_id: int, result: Any, outcome: list[Callable[[], object]]) -> JobStatus:
+    """Apply the runner's outcome writes and mark the job succeeded, in one transaction, only if
+    the job still runs: under its row lock (PostgreSQL; SQLite's immediate transactions serialise
+    writers), so a cancel either came first (nothing is applied) or waits and finds it succeeded.
+    With the writes in a transaction of their own, a cancel between it and the status write left
+    a cancelled job whose profile had become its model's current one."""
+    if not Job.objects.select_for_update().filter(pk=job_id, status=JobStatus.RUNNING).exists():
+        return JobStatus.CANCELLED  # cancelled (or failed as lost) after its last step
+    for write in outcome:
+        write()
     return _finish(job_id, status=JobStatus.SUCCEEDED, progress=1.0, result=result)
 
 

@@ -69,8 +69,9 @@ class ApplyOutcome:
 
 def _not_a_succeeded_place_job(job: Job) -> str | None:
     """Why ``job``'s plan is not applicable for the job's own sake (None: a succeeded place job).
-    A place job's plan is stored just before the job is marked succeeded: a cancel in between, or
-    a worker killed there (failed as lost later), leaves a plan row behind a job that is not."""
+    A place job's plan is stored in the transaction that marks it succeeded, so only a plan stored
+    by an older version (before one a cancel or a killed worker could leave behind) belongs to a
+    job that is not."""
     if job.kind != "place" or job.status != JobStatus.SUCCEEDED:
         return f"job {job.pk} is a {job.status} {job.kind} job, not a succeeded place job"
     return None

@@ -31,6 +31,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from deployments.models import Deployment, DesiredState
@@ -316,7 +317,8 @@ def run_place(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "fingerprint": before,
         "left_out": left_out,  # not profiled: the plan neither moves nor stops them
     }
-    store_plan(job_id_of(ctx), result, {m.name: m.pk for m in models})
+    # Stored as the job finishes, in the transaction that marks it succeeded (JobContext.on_success).
+    ctx.on_success(partial(store_plan, job_id_of(ctx), result, {m.name: m.pk for m in models}))
     return result
 
 
@@ -325,7 +327,8 @@ def store_plan(
     job_id: int | None, result: dict[str, Any], model_ids: dict[str, int] | None = None
 ) -> PlacementPlan | None:
     """Keep the plan for applying, unless the job was cancelled meanwhile; `model_ids` maps the
-    name of each model placed to its id."""
+    name of each model placed to its id. The place job's outcome: run in the transaction that
+    marks the job succeeded."""
     if job_id is None:
         return None
     job = Job.objects.select_for_update().filter(pk=job_id).first()

@@ -15,6 +15,7 @@ the latency-vs-rate curve, the SLA, max_rps, role, lendable bytes and swap neede
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from deployments.models import Deployment, DesiredState
@@ -227,13 +228,15 @@ def run_profile(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         )
     except ProfilingCancelled:
         raise JobCancelled(job_id_of(ctx)) from None
-    store_profile(model, profile, backend, job_id_of(ctx))
+    # Stored as the job finishes, in the transaction that marks it succeeded (JobContext.on_success).
+    ctx.on_success(partial(store_profile, model, profile, backend, job_id_of(ctx)))
     return {"backend": backend, **profile.to_dict()}
 
 
 @transaction.atomic
 def store_profile(model: ServedModel, profile: Profile, backend: str, job_id: int | None) -> ModelProfile:
     """Make `profile` the model's current profile, unless the job was cancelled meanwhile.
+    The profile job's outcome: run in the transaction that marks the job succeeded.
 
     Raises:
         ProfilingError: the model was deleted while it was profiled (nothing is stored).
