@@ -191,9 +191,12 @@ def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
     if claim:
         claimable |= Q(status=JobStatus.RUNNING, claim=claim)
     now = timezone.now()
+    # A run starts from the beginning: a retry's too, whose earlier run's progress would otherwise
+    # show (the API, the dashboard's bar) until the new run's first report.
     claimed = Job.objects.filter(claimable, pk=job_id).update(
         status=JobStatus.RUNNING,
         started_at=now,
+        progress=0.0,
         error="",
         worker=worker_name(),
         heartbeat_at=now,
