@@ -192,8 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (--duration, 300 s by default, only cuts it), so a 10 s trace is not measured over 300 s.
     window = a.duration if a.workload != "trace" else min(a.duration, requests[-1].arrival)
     changes = [] if a.reclaim_at is None else [TimedChange(a.reclaim_at, PEER_CAPACITY, 0, 0)]
-    # Lent memory is reached over the GPU's own NVLink (PeerStore's default is the H100's NVLink 4,
-    # which priced an A100's offloads at 450 GB/s instead of its 300).
+    # Lent memory is reached over the GPU's own NVLink (NVLink 3 on an A100, 4 on an H100).
     store = (
         PeerStore(config.peer_capacity_bytes, nvlink(a.gpu)) if a.preemption_mode == "offload_peer" else None
     )

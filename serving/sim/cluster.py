@@ -228,8 +228,7 @@ class ClusterSim:
             config = spec.config
             if config.preemption_mode == "offload_peer":
                 config = replace(config, peer_capacity_bytes=peer_capacity[spec.name])
-            # Lent memory is reached over this GPU's own NVLink (PeerStore's default is NVLink 4,
-            # which priced an A100's offloads at 450 GB/s instead of its 300).
+            # Lent memory is reached over this GPU's own NVLink (NVLink 3 on an A100, 4 on an H100).
             store = (
                 PeerStore(config.peer_capacity_bytes, nvlink(spec.gpu))
                 if config.preemption_mode == "offload_peer"

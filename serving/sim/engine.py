@@ -53,6 +53,16 @@ class EngineSim:
         store: DramStore | None = None,
         on_iteration: IterationHook | None = None,
     ) -> None:
+        """
+        Args:
+            cost: Iteration latency model.
+            config: Engine limits and preemption mode.
+            policy: Scheduling policy.
+            store: Where preempted KV goes: optional for offload_dram (host DRAM over PCIe 5 by
+                default), required for offload_peer (a PeerStore over the GPU's own NVLink,
+                `costmodel.nvlink(gpu)`), unused for recompute.
+            on_iteration: Called after every iteration (see `IterationHook`).
+        """
         self.cost = cost
         self.config = config
         self.policy = policy
@@ -61,8 +71,15 @@ class EngineSim:
             self.store = None
         elif config.preemption_mode == "offload_dram":
             self.store = store if store is not None else DramStore()
+        elif isinstance(store, PeerStore):
+            self.store = store
         else:
-            self.store = store if store is not None else PeerStore(config.peer_capacity_bytes)
+            # No default: the lent memory's link is the GPU's own NVLink, which only the caller
+            # knows (a default of NVLink 4 priced an A100's offloads at 450 GB/s, not its 300).
+            raise ValueError(
+                f"preemption_mode='offload_peer' needs store=PeerStore(capacity, costmodel.nvlink(gpu)), "
+                f"not {store!r}: lent memory is reached over the GPU's own NVLink"
+            )
         self.on_iteration = on_iteration
         self.now = 0.0
         self.running: list[SimRequest] = []  # service order of the last iteration

@@ -12,7 +12,7 @@ since the blocks are aggregated into one contiguous buffer (Aqua's "Aqua tensor"
 
 from __future__ import annotations
 
-from serving.costmodel.transfer import NVLINK4, PCIE5_X16, Link
+from serving.costmodel.transfer import PCIE5_X16, Link
 from serving.sim.state import SimRequest
 
 
@@ -49,11 +49,12 @@ class PeerStore(DramStore):
 
     Attributes:
         capacity_bytes: Lent bytes currently available to this borrower.
+        peer_link: The NVLink to the lender, the GPU's own (`costmodel.nvlink(gpu)`; no default).
         peer_used_bytes: Bytes of KV now held in lent memory.
         evacuated_bytes: Bytes moved from peer memory to DRAM by reclaims.
     """
 
-    def __init__(self, capacity_bytes: int, peer_link: Link = NVLINK4, dram_link: Link = PCIE5_X16) -> None:
+    def __init__(self, capacity_bytes: int, peer_link: Link, dram_link: Link = PCIE5_X16) -> None:
         super().__init__(dram_link)
         if capacity_bytes < 0:
             raise ValueError(f"{capacity_bytes=} must be >= 0")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 
 from serving.costmodel.model import CostModel, PhaseCoeffs
+from serving.costmodel.transfer import nvlink
 from serving.policies import SchedulingPolicy, get_policy
 from serving.sim.config import EngineConfig
 from serving.sim.engine import EngineSim
+from serving.sim.preemption import PeerStore
 from serving.workload.request import Request
 
 
@@ -44,11 +46,20 @@ def make_requests(
     return out
 
 
+def peer_store(config: EngineConfig, gpu: str = "h100") -> PeerStore | None:
+    """The lent memory of an offload_peer engine on `gpu` (over its NVLink); None for other modes."""
+    if config.preemption_mode != "offload_peer":
+        return None
+    return PeerStore(config.peer_capacity_bytes, nvlink(gpu))
+
+
 def make_engine(
     policy: str | SchedulingPolicy = "fcfs",
     cost: CostModel | None = None,
     **config: object,
 ) -> EngineSim:
-    """An engine with the test cost model and an EngineConfig built from `config` overrides."""
+    """An engine with the test cost model and an EngineConfig built from `config` overrides (an
+    offload_peer one lends over an H100's NVLink 4)."""
     pol = get_policy(policy) if isinstance(policy, str) else policy
-    return EngineSim(cost or make_cost(), EngineConfig(**config), pol)  # type: ignore[arg-type]
+    conf = EngineConfig(**config)  # type: ignore[arg-type]
+    return EngineSim(cost or make_cost(), conf, pol, store=peer_store(conf))

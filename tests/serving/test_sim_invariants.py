@@ -39,7 +39,7 @@ from serving.sim.state import RUNNING, WAITING
 from serving.sim.v0 import watermark_blocks
 from serving.workload.factory import make_workload
 from serving.workload.request import Request
-from tests.serving.conftest import make_cost
+from tests.serving.conftest import make_cost, peer_store
 
 # Iterations in a row without a decode: every run here has at most a few hundred (prefills with the
 # smallest budget); a livelock (requests evicting each other before any decodes) never stops.
@@ -218,7 +218,8 @@ def test_it_keeps_every_invariant_for_every_policy_and_config(
 ) -> None:
     reqs, predictions = workload
     cost = make_cost(kv_bytes_per_token=KV_BYTES)
-    Checked(EngineSim(cost, setup.config, make_policy(policy, cost))).run(reqs, setup.changes, predictions)
+    engine = EngineSim(cost, setup.config, make_policy(policy, cost), store=peer_store(setup.config))
+    Checked(engine).run(reqs, setup.changes, predictions)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -229,7 +230,7 @@ def test_the_same_seed_gives_the_same_run(policy: str, setup: Setup, seed: int, 
 
     def once() -> tuple[list[RequestRecord], object]:
         reqs = make_workload(kind, 20.0, 1.0, seed=seed, max_context=200)
-        engine = EngineSim(cost, setup.config, make_policy(policy, cost))
+        engine = EngineSim(cost, setup.config, make_policy(policy, cost), store=peer_store(setup.config))
         return Checked(engine).run(reqs, setup.changes), engine.stats
 
     assert once() == once()
@@ -259,7 +260,7 @@ def test_a_mid_run_reclaim_moves_lent_kv_to_dram_and_loses_none(
     )
     reclaim = TimedChange(reclaim_ms / 1000, PEER_CAPACITY, 0, left_blocks * 16 * KV_BYTES)
     cost = make_cost(kv_bytes_per_token=KV_BYTES)
-    engine = EngineSim(cost, config, make_policy(policy, cost))
+    engine = EngineSim(cost, config, make_policy(policy, cost), store=peer_store(config))
     recs = Checked(engine).run(reqs, (reclaim,))
     store = engine.store
     assert isinstance(store, PeerStore) and store.capacity_bytes == left_blocks * 16 * KV_BYTES

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from serving.costmodel.transfer import NVLINK4, PCIE5_X16
+from serving.costmodel.transfer import NVLINK3, NVLINK4, PCIE5_X16, nvlink
 from serving.metrics.records import RequestRecord
+from serving.policies import get_policy
+from serving.sim.config import EngineConfig
 from serving.sim.engine import EngineSim
+from serving.sim.preemption import DramStore, PeerStore
 from serving.workload.request import Request
 from tests.serving.conftest import make_cost, make_engine
 
@@ -67,3 +70,26 @@ def test_offload_beats_recompute_when_the_link_is_fast() -> None:
     _, _, b_rec = run("recompute")
     _, _, b_peer = run("offload_peer", 1 << 30)
     assert b_peer.token_times[-1] < b_rec.token_times[-1]
+
+
+@pytest.mark.parametrize("store", [None, DramStore()])
+def test_an_offload_peer_engine_without_a_peer_store_is_refused(store: DramStore | None) -> None:
+    # EngineSim built its own PeerStore over NVLink 4 when given none, whatever the GPU: an A100
+    # engine's lent memory was priced at 450 GB/s instead of its NVLink 3's 300. Only the caller
+    # knows the GPU, so the store (over costmodel.nvlink(gpu)) is now required.
+    config = EngineConfig(num_kv_blocks=6, preemption_mode="offload_peer", peer_capacity_bytes=1 << 30)
+    with pytest.raises(
+        ValueError, match=r"offload_peer.*needs store=PeerStore\(capacity, costmodel.nvlink\(gpu\)\)"
+    ):
+        EngineSim(COST, config, get_policy("fcfs"), store=store)
+
+
+def test_an_a100_engine_offloads_to_lent_memory_over_nvlink_3() -> None:
+    config = EngineConfig(
+        block_size=4, num_kv_blocks=6, preemption_mode="offload_peer", peer_capacity_bytes=1 << 30
+    )
+    engine = EngineSim(COST, config, get_policy("fcfs"), store=PeerStore(1 << 30, nvlink("a100")))
+    a, _ = engine.run([Request(0, 0.0, 8, 8), Request(1, 0.0, 8, 8)])
+    seconds = NVLINK3.seconds(SAVED_BYTES)
+    assert a.token_times[5] - a.token_times[4] == pytest.approx(COST.decode_time([13]) + seconds)
+    assert engine.stats.transfer_seconds == pytest.approx(2 * seconds)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 
 from serving.sim import EngineSim
 from serving.workload.request import Request
-from tests.serving.conftest import make_cost
+from tests.serving.conftest import make_cost, peer_store
 from tests.serving.test_sim_invariants import KV_BYTES, POLICIES, Setup, make_policy, setups, workloads
 
 
@@ -27,7 +27,7 @@ def test_it_never_idles_while_an_accepted_request_is_unfinished(
 ) -> None:
     reqs, predictions = workload
     cost = make_cost(kv_bytes_per_token=KV_BYTES)
-    engine = EngineSim(cost, setup.config, make_policy(policy, cost))
+    engine = EngineSim(cost, setup.config, make_policy(policy, cost), store=peer_store(setup.config))
     spans: list[tuple[float, float]] = []
     engine.on_iteration = lambda start, dt, *_: spans.append((start, start + dt))
     recs = engine.run(reqs, changes=setup.changes, predictions=predictions)
