@@ -86,7 +86,8 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class Lending:
-    """Memory a lender engine lends to a borrower on the same server (over NVLink).
+    """Memory a lender engine lends to a borrower on the same server, of the same GPU kind (over
+    their NVLink).
 
     Attributes:
         lender: Lender engine name.
@@ -153,6 +154,14 @@ class ClusterSim:
                 raise ValueError(f"engine {ln.lender!r} cannot lend memory to itself")
             if lender.server != borrower.server:
                 raise ValueError(f"lending {ln.lender!r} -> {ln.borrower!r} crosses servers (no NVLink)")
+            if lender.gpu != borrower.gpu:
+                # Aqua lends a peer GPU's memory over the NVLink of one server's GPUs, which are of
+                # one kind; the borrower's store is priced at its own GPU's NVLink, so an A100
+                # borrowing from an H100 was priced at NVLink 3 and an H100 from an A100 at NVLink 4.
+                raise ValueError(
+                    f"lending {ln.lender!r} ({lender.gpu}) -> {ln.borrower!r} ({borrower.gpu}) pairs "
+                    "different GPU kinds: memory is lent over NVLink between GPUs of one kind"
+                )
             if borrower.config.preemption_mode != "offload_peer":
                 raise ValueError(f"borrower {ln.borrower!r} needs preemption_mode='offload_peer'")
         borrowers = [ln.borrower for ln in lendings]

@@ -61,6 +61,19 @@ def test_it_requires_the_borrower_to_offload_to_peer() -> None:
         ClusterSim({"s0": 2}, [spec("a", (0,)), spec("b", (1,))], [Lending("a", "b", 1 << 20)])
 
 
+@pytest.mark.parametrize(
+    ("lender_gpu", "borrower_gpu"), [("h100", "a100"), ("a100", "h100"), ("h200", "h100")]
+)
+def test_a_lending_between_different_gpu_kinds_is_refused(lender_gpu: str, borrower_gpu: str) -> None:
+    # It was accepted, the transfer priced at the borrower's own NVLink: an A100 borrowing from
+    # an H100 at NVLink 3, an H100 from an A100 at NVLink 4, a link no such pair has.
+    lender = spec("lender", (0,), lender_gpu)
+    borrower = spec("borrower", (1,), borrower_gpu, num_kv_blocks=120, preemption_mode="offload_peer")
+    message = rf"'lender' \({lender_gpu}\) -> 'borrower' \({borrower_gpu}\) pairs different GPU kinds"
+    with pytest.raises(ValueError, match=message):
+        ClusterSim({"s0": 2}, [lender, borrower], [Lending("lender", "borrower", 400 * BLOCK_BYTES)])
+
+
 def test_an_engine_cannot_lend_memory_to_itself() -> None:
     # It was accepted: on a 1-GPU server the engine (120 blocks) "lent" itself 400 blocks of peer
     # space, and the reclaim then grew its cache to 520 blocks, memory its GPU does not have.
