@@ -25,6 +25,24 @@ def _positive_finite(name: str, value: float) -> None:
         raise ValueError(f"{name}={value!r} must be a positive finite number")
 
 
+def burst_key(factor: float) -> str:
+    """How a burst level is named in a stored profile (`swap_needed_bytes`), e.g. "4x"."""
+    return f"{factor:g}x"
+
+
+def check_distinct_burst_levels(levels: tuple[float, ...] | list[float]) -> None:
+    """Refuse two burst levels named alike (4.0 and 4.0000001 are both "4x"): a stored profile
+    keys its swap needs by that name, so one level's figure would silently replace the other's."""
+    seen: dict[str, float] = {}
+    for level in levels:
+        key = burst_key(level)
+        if key in seen:
+            raise ValueError(
+                f"burst levels {seen[key]!r} and {level!r} are both {key!r}: give distinct levels"
+            )
+        seen[key] = level
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -185,3 +203,4 @@ class ProfilerConfig:
             raise ValueError(f"need 0 <= {self.safety_margin=} <= {self.producer_threshold=} <= 1")
         for level in self.burst_levels:
             _positive_finite("burst level", level)
+        check_distinct_burst_levels(self.burst_levels)

@@ -7,7 +7,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from serving.costmodel.model import CostModel
-from serving.profiler.config import LatencySLA, ProfilingError, WorkloadSpec
+from serving.profiler.config import (
+    LatencySLA,
+    ProfilingError,
+    WorkloadSpec,
+    burst_key,
+    check_distinct_burst_levels,
+)
 from serving.profiler.probe import BurstResult, ProbeResult
 
 Role = Literal["producer", "consumer"]
@@ -51,6 +57,10 @@ class Profile:
     fit_error: str | None = None
     rel_gap: float = 0.0
 
+    def __post_init__(self) -> None:
+        # to_dict keys swap needs by burst_key: two levels named alike would overwrite each other.
+        check_distinct_burst_levels([b.factor for b in self.bursts])
+
     @property
     def swap_needed_bytes(self) -> dict[float, int]:
         """Burst factor -> bytes a consumer must swap out at that burst."""
@@ -83,7 +93,7 @@ class Profile:
             "kv_capacity_bytes": self.kv_capacity_bytes,
             "free_kv_bytes": self.free_kv_bytes,
             "lendable_bytes": self.lendable_bytes,
-            "swap_needed_bytes": {f"{b.factor:g}x": b.swap_needed_bytes for b in self.bursts},
+            "swap_needed_bytes": {burst_key(b.factor): b.swap_needed_bytes for b in self.bursts},
             "bursts": [b.to_dict() for b in self.bursts],
             "cost_model": cost,
             "fit_error": self.fit_error,
@@ -118,7 +128,7 @@ def model_profile_from_dict(data: Mapping[str, Any], tp: int = 1, burst_level: f
         needs: Mapping[str, int] = data["swap_needed_bytes"]
     except KeyError as exc:
         raise ProfilingError(f"stored profile lacks {exc}") from None
-    key = f"{burst_level:g}x"
+    key = burst_key(burst_level)
     if key not in needs:
         raise ProfilingError(f"burst level {key} was not profiled (have {', '.join(needs) or 'none'})")
     if needs[key] == 0:

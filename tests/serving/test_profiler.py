@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -119,6 +120,19 @@ def test_it_classifies_a_tight_engine_as_consumer_and_sizes_swap_per_burst_level
     assert model_profile_from_dict(stored, tp=2, burst_level=8.0).needed_bytes == needs[8.0]
     with pytest.raises(ProfilingError, match="3x was not profiled"):
         model_profile_from_dict(stored, burst_level=3.0)
+
+
+@pytest.mark.parametrize("levels", [(4.0, 4.0000001), (2.0, 2.0)])
+def test_burst_levels_named_alike_are_refused(levels: tuple[float, float]) -> None:
+    # to_dict keys swap needs by f"{factor:g}x": 4.0 and 4.0000001 were both "4x", so the stored
+    # profile kept one level's figure and placement read it for the other.
+    with pytest.raises(ValueError, match=r"burst levels .* are both '.x': give distinct levels"):
+        ProfilerConfig(burst_levels=levels)
+    profile = profile_model("tight", CountingProbe(threshold=5.0), SLA, WORKLOAD, ProfilerConfig())
+    assert profile.role == "consumer"
+    bursts = tuple(BurstResult(profile.max_rps, f, int(1000 + 100 * f), 1000) for f in levels)
+    with pytest.raises(ValueError, match=r"burst levels .* are both '.x'"):
+        dataclasses.replace(profile, bursts=bursts)
 
 
 def test_peak_kv_use_is_the_same_with_and_without_fast_forward() -> None:
