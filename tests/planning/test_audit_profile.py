@@ -30,6 +30,9 @@ BASE = {"model": "llama-3-8b", "preset_gpu": "h100"}
         # a burst replays about rate x level x duration requests: these never fit in a worker
         ({**BASE, "workload": {"burst_duration_s": 1e9}}, ("workload", "burst_duration_s")),
         ({**BASE, "burst_levels": [2.0, 1e9]}, ("burst_levels",)),
+        # levels named alike ("4x") would overwrite each other in the stored profile
+        ({**BASE, "burst_levels": [4.0, 4.0000001]}, ("burst_levels",)),
+        ({**BASE, "burst_levels": [2, 2]}, ("burst_levels",)),
         ({**BASE, "max_rate": 1e12}, ("max_rate",)),
         # the worker failed on these (numpy's seed, the cost-model presets, the policy registry)
         ({**BASE, "workload": {"seed": -1}}, ("workload", "seed")),

@@ -19,6 +19,7 @@ from jobs.registry import JobContext, JobKind, JobRefused, register
 from serving.costmodel.config import MODEL_CONFIGS
 from serving.costmodel.gpus import GPU_SPECS
 from serving.profiler import ProfilerConfig, ProfilingError
+from serving.profiler.config import check_distinct_burst_levels
 
 # Upper bounds that keep one probe's workload in memory and its run in minutes: a burst replays
 # about rate x level x burst_duration_s requests (serving/profiler WorkloadSpec.burst_requests).
@@ -92,6 +93,15 @@ class ProfileParams(StrictParams):
 
     def validate_preset_gpu(self, value: str) -> str:
         return _one_of(value, GPU_SPECS, "cost-model preset GPU")
+
+    def validate_burst_levels(self, value: list[float]) -> list[float]:
+        # A stored profile names each level's swap need "4x": two levels named alike would
+        # overwrite each other, which the worker's ProfilerConfig refuses once the job runs.
+        try:
+            check_distinct_burst_levels(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(_sentence(str(exc))) from None
+        return value
 
     def validate_policy(self, value: str) -> str:
         from serving.policies import available_policies
