@@ -28,7 +28,7 @@ from jobs.api.serializers import describe_kinds
 from jobs.models import Job
 from jobs.registry import JobRefused
 from planning.applying import PlanConflict, PlanNotApplicable, apply_plan
-from planning.applying import refusal as plan_refusal
+from planning.applying import preview as plan_preview
 from planning.models import PlacementPlan
 from registry.models import ServedModel
 from rest_framework.exceptions import ValidationError
@@ -223,11 +223,18 @@ def _job_page(request: HttpRequest, job: Job, refusal: str = "", status: int = 2
     """The job's page; ``refusal`` says why an action on it (Apply) changed nothing."""
     plan = PlacementPlan.objects.filter(job=job).first()
     grid = _plan_grid(plan)
+    preview = plan_preview(plan) if plan is not None else None
     context = {
         "job": job,
         "plan": plan,
         # Why an Apply would be refused now (a stale plan): then the page offers none.
-        "stale": plan_refusal(plan) if plan is not None else None,
+        "stale": preview.refusal if preview is not None else None,
+        # An Apply would change no deployment (no moves, or in effect already): none is offered.
+        "changes_nothing": plan is not None
+        and plan.applied_at is None
+        and preview is not None
+        and preview.refusal is None
+        and not preview.changes,
         "grid": grid,
         "gpu_columns": range(max((len(row["cells"]) for row in grid), default=0)),
         "notice": request.session.pop("dashboard_notice", None),

@@ -22,8 +22,8 @@ offline now (its agent is gone: the model would not run there), or one of
 whose model names now belongs to another model than the one it was computed for. Applies take
 every host's row lock first (the lock deployment writes take, in host order), so two applies run
 one after the other and the second sees the first's deployments; either every change is made or
-none. `refusal` runs the same checks without writing, for the dashboard, which offers no Apply for a
-plan an apply would refuse.
+none. `preview` runs the same checks without writing, for the dashboard, which offers no Apply for a
+plan an apply would refuse or that would change nothing.
 """
 
 from __future__ import annotations
@@ -128,26 +128,40 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
     return ApplyOutcome(True, done, f"Applied {len(done)} change(s).")
 
 
-def refusal(row: PlacementPlan) -> str | None:
-    """Why `apply_plan` would refuse ``row``'s plan as of now (its `PlanConflict` message, or why
-    it is `PlanNotApplicable`: its job did not succeed, the plan cannot be read), or ``None``: it
-    would apply it, find it already in effect, or (applied before) change nothing.
-    Read without locks, for a page that offers Apply: an apply decides again under its locks, and
-    the deployments may still refuse a change then."""
+@dataclass(frozen=True)
+class Preview:
+    """What an Apply of a stored plan would do as of now (see `preview`)."""
+
+    refusal: str | None  # why `apply_plan` would refuse it; None: it would not
+    changes: bool  # it would change deployments; False: refused, applied before, or already in effect
+
+
+def preview(row: PlacementPlan) -> Preview:
+    """What `apply_plan` would do with ``row``'s plan as of now: refuse it (its `PlanConflict`
+    message, or why it is `PlanNotApplicable`: its job did not succeed, the plan cannot be read),
+    change deployments, or change nothing (applied before, or the deployments already match it: a
+    plan with no moves, or deployments changed to it since).
+    Read without locks, for a page that offers Apply only where it would change something: an apply
+    decides again under its locks, and the deployments may still refuse a change then."""
     if row.applied_at is not None:
-        return None
+        return Preview(None, False)
     why = _not_a_succeeded_place_job(row.job)
     if why is not None:
-        return f"{why[:1].upper()}{why[1:]}; run a new place job."
+        return Preview(f"{why[:1].upper()}{why[1:]}; run a new place job.", False)
     try:
         plan = Plan.from_dict(row.plan)
     except ValueError as exc:  # stored by an older version in another shape
-        return f"The stored plan cannot be read ({exc}); run a new place job."
+        return Preview(f"The stored plan cannot be read ({exc}); run a new place job.", False)
     try:
-        _check(row, plan)
+        checked = _check(row, plan)
     except PlanConflict as exc:
-        return str(exc)
-    return None
+        return Preview(str(exc), False)
+    return Preview(None, checked is not None)
+
+
+def refusal(row: PlacementPlan) -> str | None:
+    """Why `apply_plan` would refuse ``row``'s plan as of now, or ``None`` (see `preview`)."""
+    return preview(row).refusal
 
 
 _Checked = tuple[list[Any], list[Deployment], dict[str, "_Target"]]
