@@ -52,7 +52,7 @@ def job(status: str = "running") -> dict[str, Any]:
         "status": status,
         "progress": 0.5,
         "error": "boom" + HOSTILE,
-        "created": "2026-01-01T00:00:00+00:00",
+        "created": "2026-01-01T00:00:09.123456+00:00",
         "finished": None,
     }
 
@@ -77,6 +77,10 @@ def test_new_jobs_are_listed_newest_first_and_a_reconnect_drops_jobs_no_longer_s
     first = page.locator('tr[data-job="1"]')
     assert first.locator("td").nth(1).inner_text() == "noop" + HOSTILE
     assert first.locator(".status").inner_text() == "running: boom" + HOSTILE
+    # Its time as the page writes the rows it was loaded with (the utc_time filter), not raw ISO.
+    created = first.locator("td time")
+    assert created.inner_text() == "2026-01-01 00:00:09 UTC"
+    assert created.get_attribute("datetime") == "2026-01-01T00:00:09.123456+00:00"
 
     reconnect(page)
     # Jobs 4 and 5 were created while the socket was down; 1 and 2 left the newest listed.

@@ -41,7 +41,7 @@
     progress.setAttribute("aria-label", "progress of job " + id);
     const pct = document.createElement("span");
     pct.className = "pct";
-    row.append(cell(link), text(job.kind), status, cell(progress, " ", pct), text(job.created));
+    row.append(cell(link), text(job.kind), status, cell(progress, " ", pct), cell(Live.time(job.created)));
     return row;
   }
   // The list's "No jobs yet." row (jobs.html) while it has no job row, and only then.

@@ -101,6 +101,16 @@ window.Live = (function () {
     while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
     return n.toFixed(i ? 1 : 0) + " " + units[i];
   }
+  // A <time> for an ISO 8601 time from a frame, written as the pages write theirs (the utc_time
+  // filter): "2026-01-02 03:04:05 UTC", with the ISO time as its datetime; text it cannot read as is.
+  function time(iso) {
+    const el = document.createElement("time");
+    el.dateTime = iso || "";
+    // Date takes milliseconds: Python writes microseconds.
+    const parsed = new Date(String(iso || "").replace(/(\.\d{3})\d+/, "$1"));
+    el.textContent = iso && !isNaN(parsed) ? parsed.toISOString().slice(0, 19).replace("T", " ") + " UTC" : (iso || "");
+    return el;
+  }
   function applyDelta(state, message) {
     if (message.type === "snapshot") {
       for (const k of Object.keys(state)) delete state[k];
@@ -116,5 +126,5 @@ window.Live = (function () {
       if (el) el.hidden = true;
     }
   });
-  return { open: open, bytes: bytes, applyDelta: applyDelta };
+  return { open: open, bytes: bytes, time: time, applyDelta: applyDelta };
 })();
