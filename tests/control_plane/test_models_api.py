@@ -96,9 +96,22 @@ def test_it_rejects_a_duplicate_name(admin_client: APIClient, model_payload: dic
     assert admin_client.post(URL, model_payload, format="json").status_code == 201
     again = admin_client.post(URL, {**model_payload, "source": "/models/other"}, format="json")
     assert again.status_code == 400
-    assert "name" in again.data
+    assert again.json() == {"name": ["A model named 'llama-3-8b' already exists; choose another name."]}
     assert ServedModel.objects.count() == 1
     assert ServedModel.objects.get().source == model_payload["source"]
+
+
+def test_it_refuses_renaming_a_model_to_a_taken_name_naming_it(
+    admin_client: APIClient, model_payload: dict[str, Any]
+) -> None:
+    admin_client.post(URL, model_payload, format="json")
+    other = admin_client.post(URL, {**model_payload, "name": "other"}, format="json").data["id"]
+    renamed = admin_client.patch(f"{URL}{other}/", {"name": "llama-3-8b"}, format="json")
+    assert renamed.status_code == 400
+    assert renamed.json() == {"name": ["A model named 'llama-3-8b' already exists; choose another name."]}
+    assert ServedModel.objects.get(pk=other).name == "other"
+    # A model keeps its own name through an edit.
+    assert admin_client.patch(f"{URL}{other}/", {"name": "other"}, format="json").status_code == 200
 
 
 def test_it_leaves_a_model_unchanged_when_an_update_is_invalid(
@@ -131,7 +144,9 @@ def test_it_turns_a_duplicate_name_race_into_a_400(model_payload: dict[str, Any]
     assert late.is_valid(), late.errors
     with pytest.raises(ValidationError) as raised:
         late.save()
-    assert "name" in raised.value.detail
+    assert raised.value.detail == {
+        "name": ["A model named 'llama-3-8b' already exists; choose another name."]
+    }
     assert ServedModel.objects.get().source == model_payload["source"]
 
 

@@ -55,6 +55,20 @@ def test_it_lists_the_other_field_errors_when_engine_options_are_not_json(admin_
     assert not ServedModel.objects.exists()
 
 
+def test_it_names_a_taken_name_in_its_field_error_on_create_and_edit(
+    admin_client: Client, served_model: ServedModel
+) -> None:
+    taken = [f"A model named '{served_model.name}' already exists; choose another name."]
+    response = admin_client.post("/models/new/", {**FORM, "name": served_model.name})
+    assert response.status_code == 400 and field_errors(response)["name"] == taken
+    other = make_model("other-model")
+    edited = admin_client.post(f"/models/{other.pk}/edit/", {**FORM, "name": served_model.name})
+    assert edited.status_code == 400 and field_errors(edited)["name"] == taken
+    assert sorted(ServedModel.objects.values_list("name", flat=True)) == sorted(
+        [served_model.name, "other-model"]
+    )
+
+
 def test_it_answers_a_name_taken_after_validation_with_a_field_error(
     admin_client: Client, served_model: ServedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -63,7 +77,9 @@ def test_it_answers_a_name_taken_after_validation_with_a_field_error(
     monkeypatch.setattr(UniqueValidator, "__call__", lambda self, value, field: None)
     response = admin_client.post("/models/new/", {**FORM, "name": served_model.name})
     assert response.status_code == 400
-    assert field_errors(response)["name"] == ["served model with this name already exists."]
+    assert field_errors(response)["name"] == [
+        f"A model named '{served_model.name}' already exists; choose another name."
+    ]
     assert ServedModel.objects.count() == 1
 
 
