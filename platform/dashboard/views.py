@@ -125,7 +125,8 @@ def _gateway_latency_ms(model: ServedModel) -> dict[str, Any]:
     summary = gateway_services.latency_summary(model, GATEWAY_WINDOW)
     keys = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "tbt_max_p99_s")
     out: dict[str, Any] = {k.removesuffix("_s"): _ms(summary[k]) for k in keys}
-    out["requests"] = summary["requests"]
+    for count in ("requests", "failed", "ttft_requests"):  # all taken, as the usage API counts them
+        out[count] = summary[count]
     out["span"] = snapshots.span_label(GATEWAY_WINDOW)
     return out
 

@@ -367,7 +367,14 @@ def latency_summary(model: ServedModel, window: timedelta = timedelta(minutes=10
 
     The gateway keeps per request only its TTFT and the mean and largest gap between its streamed
     token chunks, not every gap, so the time between tokens (TBT: every gap of every request, what
-    the model's ``slo_tbt_p99_ms`` bounds) cannot be recomputed exactly. Reported (seconds):
+    the model's ``slo_tbt_p99_ms`` bounds) cannot be recomputed exactly. Counted:
+
+    - ``requests``: every request an engine took, as the usage (``/api/v1/gateway/usage/``) counts
+      them: those it refused (a 400) or cut off included;
+    - ``failed``: of them, those that ended in the engine's error (refused, or cut off);
+    - ``ttft_requests``: those that got a first token, which the TTFT percentiles are over.
+
+    Reported (seconds):
 
     - ``ttft_p50_s``, ``ttft_p99_s``: of each request's time to first token.
     - ``tpot_p50_s``, ``tpot_p99_s``: of each streamed request's mean gap (its time per output
@@ -383,7 +390,7 @@ def latency_summary(model: ServedModel, window: timedelta = timedelta(minutes=10
     since = timezone.now() - window
     samples = list(
         RequestSample.objects.filter(model=model, ts__gte=since).values_list(
-            "ttft_s", "tbt_mean_s", "tbt_max_s"
+            "ttft_s", "tbt_mean_s", "tbt_max_s", "outcome"
         )
     )
     ttft = [s[0] for s in samples if s[0] is not None]
@@ -392,6 +399,8 @@ def latency_summary(model: ServedModel, window: timedelta = timedelta(minutes=10
     tpot_p50, tpot_p99 = _percentile(tpot, 50), _percentile(tpot, 99)
     return {
         "requests": len(samples),
+        "failed": sum(1 for s in samples if s[3] == "failed"),
+        "ttft_requests": len(ttft),
         "ttft_p50_s": _percentile(ttft, 50),
         "ttft_p99_s": _percentile(ttft, 99),
         "tpot_p50_s": tpot_p50,

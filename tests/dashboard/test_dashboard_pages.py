@@ -247,7 +247,8 @@ def test_the_model_page_shows_what_users_saw_through_the_gateway(
         )
     page = admin_client.get(f"/models/{served_model.pk}/").content.decode()
     block = page[page.index('id="gateway-latency"') :]
-    assert "<dt>Requests</dt><dd>3</dd>" in block
+    assert '<dt>Requests</dt><dd id="gateway-requests">3</dd>' in block  # none failed
+    assert "over the 3 requests that got a first token" in block
     assert "200.0 / 298.0 ms" in block  # TTFT p50 / p99 (interpolated)
     assert "980.8 ms" in block  # p99 of the largest gaps (0.02, 0.04, 1.0 s)
 

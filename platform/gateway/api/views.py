@@ -32,7 +32,16 @@ class LatencySummarySerializer(serializers.Serializer[dict[str, object]]):
     gateway keeps each request's mean and largest token gap, not every gap (gateway.services
     ``latency_summary``)."""
 
-    requests = IntegerField()
+    requests = IntegerField(
+        help_text="requests an engine took in the window, as /api/v1/gateway/usage/ counts them: "
+        "those it refused or cut off (failed) included"
+    )
+    failed = IntegerField(
+        help_text="of requests, those that ended in the engine's error (refused or cut off)"
+    )
+    ttft_requests = IntegerField(
+        help_text="of requests, those that got a first token: what the TTFT percentiles are over"
+    )
     ttft_p50_s = FloatField(allow_null=True, help_text="P50 time to first token")
     ttft_p99_s = FloatField(allow_null=True, help_text="P99 time to first token; see ttft_slo_s")
     tpot_p50_s = FloatField(
@@ -85,7 +94,7 @@ class UsageRowSerializer(serializers.Serializer[Usage]):
     key_name = serializers.CharField(source="key.name")
     model = serializers.CharField(source="model_name", help_text="the model's name when it was used")
     period_start = serializers.DateTimeField()
-    requests = IntegerField()
+    requests = IntegerField(help_text="requests an engine took: those it refused or cut off included")
     prompt_tokens = IntegerField()
     completion_tokens = IntegerField()
 
