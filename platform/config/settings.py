@@ -66,6 +66,14 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY") else None
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
+# HSTS: with SECURE_COOKIES the platform is declared HTTPS-only, so its HTTPS answers tell browsers
+# to use nothing else for a year (Django's SecurityMiddleware sends the header on secure requests
+# only: behind a proxy, with BEHIND_TLS_PROXY). Without it a user's first plain-HTTP visit (a typed
+# host name, an http:// link) could be intercepted and kept on HTTP, session cookie and password
+# included. SECURE_HSTS_SECONDS sets the time (0: no header); browsers keep it that long.
+SECURE_HSTS_SECONDS = env_int(
+    "SECURE_HSTS_SECONDS", 365 * 24 * 3600 if SESSION_COOKIE_SECURE else 0, minimum=0
+)
 
 INSTALLED_APPS = [
     "daphne",

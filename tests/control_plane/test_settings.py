@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
+from django.test import Client, override_settings
 from kombu import Connection
 
 from config.env import env_bool, env_float, env_int, env_list, env_url
@@ -316,3 +317,35 @@ def test_manage_py_keeps_the_traceback_of_a_misconfiguration_outside_the_setting
     with pytest.raises(ImproperlyConfigured) as elsewhere:  # an app's or a command's own
         raise ImproperlyConfigured("a URLconf without patterns")
     assert not _raised_by_settings(elsewhere.value)
+
+
+def _hsts_seconds(env: dict[str, str], tmp_path: Path) -> object:
+    code = "from django.conf import settings as s; print(s.SECURE_HSTS_SECONDS)"
+    unset = ("SECURE_COOKIES", "SECURE_HSTS_SECONDS", "BEHIND_TLS_PROXY")
+    full_env = {
+        **{k: v for k, v in os.environ.items() if k not in unset},
+        "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "VAR_DIR": str(tmp_path),
+        **env,
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else out.stderr
+
+
+def test_an_https_only_platform_sends_hsts(tmp_path: Path) -> None:
+    """SECURE_COOKIES declares the platform HTTPS-only: its HTTPS answers then carry HSTS (a year),
+    so a later plain-HTTP visit cannot be kept on HTTP; SECURE_HSTS_SECONDS overrides it (0: none)."""
+    assert _hsts_seconds({}, tmp_path) == 0
+    assert _hsts_seconds({"SECURE_COOKIES": "true", "BEHIND_TLS_PROXY": "true"}, tmp_path) == 31536000
+    assert _hsts_seconds({"SECURE_COOKIES": "true", "SECURE_HSTS_SECONDS": "0"}, tmp_path) == 0
+    assert _hsts_seconds({"SECURE_HSTS_SECONDS": "600"}, tmp_path) == 600
+
+
+@pytest.mark.django_db
+@override_settings(SECURE_HSTS_SECONDS=31536000)
+def test_the_hsts_setting_reaches_https_answers(client: Client) -> None:
+    assert client.get("/api/health/", secure=True)["Strict-Transport-Security"] == "max-age=31536000"
+    assert "Strict-Transport-Security" not in client.get("/api/health/")  # plain HTTP: none
