@@ -1,9 +1,12 @@
-"""Signing out: Django's LogoutView (POST), and a page offering it to a GET.
+"""Signing out: Django's LogoutView (POST), and a page offering it to a GET; the password change page.
 
 Django's LogoutView serves POST only (a GET that signed out could be triggered by any page linking
 to it); it answers a GET with an empty 405, which a browser shows as its own error page, as for a
 bookmarked or typed /accounts/logout/. A GET here signs nobody out: a signed-in user gets a page
 with the Sign out button, a signed-out one the sign-in page.
+
+The password change page is Django's, but for its old-password check, which counts as a sign-in
+under the failed sign-in limits (accounts/forms.py).
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.views import LogoutView
+from django.contrib.auth.views import LogoutView, PasswordChangeView
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render, resolve_url
+
+from accounts.forms import LimitedPasswordChangeForm
 
 
 class SignOutView(LogoutView):
@@ -23,3 +28,13 @@ class SignOutView(LogoutView):
         if not request.user.is_authenticated:
             return HttpResponseRedirect(resolve_url(settings.LOGIN_URL))
         return render(request, "registration/sign_out.html")
+
+
+class LimitedPasswordChangeView(PasswordChangeView):
+    """Django's password change page, its old-password check counted as a sign-in (accounts/forms.py)."""
+
+    form_class = LimitedPasswordChangeForm
+    template_name = "accounts/password_change_form.html"
+
+    def get_form_kwargs(self) -> dict[str, Any]:
+        return {**super().get_form_kwargs(), "request": self.request}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accounts.views import SignOutView
+from accounts.views import LimitedPasswordChangeView, SignOutView
 from dashboard.prometheus import PrometheusView
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
@@ -36,7 +36,7 @@ accounts = [
     # Our pages, not the admin's (Django's default templates, headed "Django administration").
     path(
         "password_change/",
-        auth_views.PasswordChangeView.as_view(template_name="accounts/password_change_form.html"),
+        LimitedPasswordChangeView.as_view(),
         name="password_change",
     ),
     path(

@@ -251,3 +251,33 @@ def test_a_check_that_raises_counts_as_a_failure(bob: User, monkeypatch: pytest.
 
     refused = sign_in("bob", BOB_PASSWORD)
     assert refused.locked and IN_PROGRESS not in refused.page
+
+
+def test_the_password_change_page_counts_wrong_old_passwords_as_failed_sign_ins(bob: User) -> None:
+    """A signed-in session (a browser left open, a stolen cookie) cannot guess the account's password
+    on the password change page past the sign-in limits, then change it and lock its owner out."""
+    session = Client(REMOTE_ADDR="198.51.100.4")
+    session.force_login(bob)
+    new = {"new_password1": "n3w-pw-for-bob-7q", "new_password2": "n3w-pw-for-bob-7q"}
+    for _ in range(5):
+        wrong = session.post("/accounts/password_change/", {"old_password": "guess", **new})
+        assert wrong.status_code == 200 and LOCKED not in wrong.content.decode()
+
+    right = session.post("/accounts/password_change/", {"old_password": BOB_PASSWORD, **new})
+    assert right.status_code == 200 and LOCKED in right.content.decode()
+    bob.refresh_from_db()
+    assert bob.check_password(BOB_PASSWORD)  # unchanged
+    # The same budget as the sign-in page's: locked there too from that address, not elsewhere.
+    assert sign_in("bob", BOB_PASSWORD, address="198.51.100.4").locked
+    assert sign_in("bob", BOB_PASSWORD, address="10.0.0.9").signed_in
+
+
+def test_the_password_change_page_still_changes_a_password(bob: User) -> None:
+    session = Client(REMOTE_ADDR="198.51.100.4")
+    session.force_login(bob)
+    new = {"new_password1": "n3w-pw-for-bob-7q", "new_password2": "n3w-pw-for-bob-7q"}
+    assert session.post("/accounts/password_change/", {"old_password": "guess", **new}).status_code == 200
+    changed = session.post("/accounts/password_change/", {"old_password": BOB_PASSWORD, **new})
+    assert changed.status_code == 302 and changed["Location"] == "/accounts/password_change/done/"
+    bob.refresh_from_db()
+    assert bob.check_password("n3w-pw-for-bob-7q")
