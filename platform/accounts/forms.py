@@ -6,7 +6,8 @@ browser left open, a stolen cookie) could guess the account's password there wit
 once found, change it and lock the owner out. Here each check is a sign-in attempt of the user's
 username from the client's address, counted in the same budgets as the sign-in pages' and the token
 endpoint's: a wrong old password is a failed sign-in, and a locked budget refuses the form before the
-password is checked, with the sign-in pages' message.
+password is checked, with the sign-in pages' message. The admin's own password change page
+(/admin/password_change/, Django's AdminPasswordChangeForm) had the same hole and gets the same form.
 """
 
 from __future__ import annotations
@@ -42,3 +43,9 @@ class LimitedPasswordChangeForm(PasswordChangeForm):
         if not right:
             raise ValidationError(self.error_messages["password_incorrect"], code="password_incorrect")
         return old_password
+
+
+class LimitedAdminPasswordChangeForm(LimitedPasswordChangeForm):
+    """The admin's password change form (Django's AdminPasswordChangeForm), limited the same way."""
+
+    required_css_class = "required"

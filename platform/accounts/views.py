@@ -14,11 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.contrib import admin
 from django.contrib.auth.views import LogoutView, PasswordChangeView
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.shortcuts import render, resolve_url
+from django.urls import reverse
 
-from accounts.forms import LimitedPasswordChangeForm
+from accounts.forms import LimitedAdminPasswordChangeForm, LimitedPasswordChangeForm
 
 
 class SignOutView(LogoutView):
@@ -38,3 +40,20 @@ class LimitedPasswordChangeView(PasswordChangeView):
 
     def get_form_kwargs(self) -> dict[str, Any]:
         return {**super().get_form_kwargs(), "request": self.request}
+
+
+def _admin_password_change(request: HttpRequest) -> HttpResponseBase:
+    """``/admin/password_change/``: the admin site's own page (AdminSite.password_change: its
+    template, context and done page), with the limited form."""
+    view = LimitedPasswordChangeView.as_view(
+        form_class=LimitedAdminPasswordChangeForm,
+        template_name="registration/password_change_form.html",  # the admin's
+        success_url=reverse("admin:password_change_done", current_app=admin.site.name),
+        extra_context=admin.site.each_context(request),
+    )
+    request.current_app = admin.site.name
+    return view(request)
+
+
+# Staff only, CSRF-protected and never cached, as the admin's own views (admin_view).
+admin_password_change = admin.site.admin_view(_admin_password_change)

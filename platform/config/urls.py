@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accounts.views import LimitedPasswordChangeView, SignOutView
+from accounts.views import LimitedPasswordChangeView, SignOutView, admin_password_change
 from dashboard.prometheus import PrometheusView
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
@@ -53,6 +53,8 @@ urlpatterns = [
     path("api/docs/", SwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     re_path(r"^api/(?P<rest>.*)$", api_not_found),  # after every API route: JSON 404s under /api/
     path("accounts/", include(accounts)),
+    # Before the admin's own: its password change page with the failed sign-in limits (accounts/forms.py).
+    path("admin/password_change/", admin_password_change, name="admin-password-change"),
     path("admin/", admin.site.urls),
     # The chat playground page (the /v1 gateway itself is mounted in config/asgi.py).
     path("", include("gateway.urls")),

@@ -281,3 +281,25 @@ def test_the_password_change_page_still_changes_a_password(bob: User) -> None:
     assert changed.status_code == 302 and changed["Location"] == "/accounts/password_change/done/"
     bob.refresh_from_db()
     assert bob.check_password("n3w-pw-for-bob-7q")
+
+
+def test_the_admins_password_change_page_counts_wrong_old_passwords_too(bob: User) -> None:
+    bob.is_staff = True
+    bob.save(update_fields=["is_staff"])
+    session = Client(REMOTE_ADDR="198.51.100.4")
+    session.force_login(bob)
+    new = {"new_password1": "n3w-pw-for-bob-7q", "new_password2": "n3w-pw-for-bob-7q"}
+    for _ in range(5):
+        wrong = session.post("/admin/password_change/", {"old_password": "guess", **new})
+        assert wrong.status_code == 200 and LOCKED not in wrong.content.decode()
+    right = session.post("/admin/password_change/", {"old_password": BOB_PASSWORD, **new})
+    assert right.status_code == 200 and LOCKED in right.content.decode()
+    bob.refresh_from_db()
+    assert bob.check_password(BOB_PASSWORD)
+
+    elsewhere = Client(REMOTE_ADDR="10.0.0.9")
+    elsewhere.force_login(bob)
+    assert "Django administration" in elsewhere.get("/admin/password_change/").content.decode()
+    changed = elsewhere.post("/admin/password_change/", {"old_password": BOB_PASSWORD, **new})
+    assert changed.status_code == 302 and changed["Location"] == "/admin/password_change/done/"
+    assert Client().get("/admin/password_change/").status_code == 302  # signed out: the admin's sign-in
