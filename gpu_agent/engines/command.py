@@ -128,6 +128,10 @@ class VllmLauncher:
         # The deployment's key (the gateway sends it): in the environment, not argv, where any
         # user of the host would read it in `ps`. Without one, none the agent happens to have.
         env.pop("VLLM_API_KEY", None)
+        # Nor the agent's own host token: the engine runs model code (a repository's, with
+        # --trust-remote-code in extra_args), which could read it from the environment and
+        # connect as this host's agent.
+        env.pop("GPU_AGENT_TOKEN", None)
         if spec.api_key:
             env["VLLM_API_KEY"] = spec.api_key
         if self.host_kind == "gpu":

@@ -349,6 +349,15 @@ def test_the_engine_gets_its_deployments_key_in_its_environment_not_its_command_
     assert "--middleware" not in VllmLauncher("gpu", base_env={})(spec(), 9000).argv
 
 
+def test_the_engine_does_not_inherit_the_agents_host_token() -> None:
+    """The engine runs model code (a repository's, with --trust-remote-code): the agent's token in
+    its environment would let that code connect to the control plane as this host's agent."""
+    base = {"GPU_AGENT_TOKEN": "at_secret", "PATH": "/usr/bin"}
+    launch = VllmLauncher("gpu", base_env=base)(spec(), 9000)
+    assert "GPU_AGENT_TOKEN" not in launch.env and launch.env["PATH"] == "/usr/bin"
+    assert base["GPU_AGENT_TOKEN"] == "at_secret"  # the agent's own environment is left alone
+
+
 def test_it_interpolates_quantiles_inside_buckets_like_prometheus() -> None:
     h = Histogram(((0.1, 10.0), (0.2, 30.0), (float("inf"), 40.0)))
     assert histogram_quantile(0.25, h) == pytest.approx(0.1)  # rank 10: top of the first bucket
