@@ -12,7 +12,8 @@ A prompt becomes a fixed-width vector:
                  does each of the first 4 words again in a second hashed "opener" space (the
                  instruction's wording says most about the task)
   [4 + D : ]     the same opener space, D columns
-Hashing uses zlib.crc32, stable across processes (Python's str hash is salted per process).
+Hashing uses zlib.crc32 of a word's UTF-8 (lone surrogates passed through), stable across processes
+(Python's str hash is salted per process).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def featurize(texts: Sequence[str], hash_dim: int = DEFAULT_HASH_DIM) -> np.ndar
         for k, w in enumerate(words):
             col = buckets.get(w)
             if col is None:
-                col = zlib.crc32(w.encode()) % hash_dim
+                # surrogatepass: a lone surrogate (JSON's "\ud83d" decodes to one) is a word too;
+                # a strict encode raised UnicodeEncodeError. Other words hash as before.
+                col = zlib.crc32(w.encode("utf-8", "surrogatepass")) % hash_dim
                 buckets[w] = col
             row[_DENSE + col] += weight
             if k < _OPENER_WORDS:

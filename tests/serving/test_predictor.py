@@ -150,3 +150,17 @@ def test_numbers_in_other_scripts_read_as_numbers() -> None:
 
     arabic, ascii_ = featurize(["write about ٤٠٠ words", "write about 400 words"])[:, 2:4]
     assert arabic.tolist() == ascii_.tolist() and ascii_[1] == 1.0
+
+
+def test_a_prompt_with_a_lone_surrogate_is_featurized_like_any_other(predictor: LengthPredictor) -> None:
+    # json.loads('"\\ud83d"') gives a lone surrogate (half an emoji cut by a client); hashing the
+    # word with a strict UTF-8 encode raised UnicodeEncodeError out of predict().
+    import json
+
+    from serving.predictor.features import featurize
+
+    text = json.loads('"Write a poem \\ud83d about the sea"')
+    [length] = predictor.predict([text]).tolist()
+    assert 1 <= length <= predictor.max_prediction
+    # The surrogate is a word of the prompt like any other (counted and hashed).
+    assert featurize([text])[0, 1] == featurize(["Write a poem x about the sea"])[0, 1]
