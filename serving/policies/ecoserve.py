@@ -124,7 +124,9 @@ class EcoServePolicy(SchedulingPolicy):
         doubling). A request with no prediction (and no `default_prediction`) reads as finishing
         with its next token: it reserves nothing beyond what it holds.
         """
-        pred = r.predicted_output_tokens or self.default_prediction
+        pred = r.predicted_output_tokens
+        if pred is None:  # not `or`: a prediction of 0 tokens is a prediction (bucket 0)
+            pred = self.default_prediction
         cap = r.max_output_tokens
         if pred is not None and cap is not None:
             pred = min(pred, cap)  # the response cannot outgrow it, whatever the client predicted

@@ -41,3 +41,17 @@ def test_it_leaves_a_request_without_a_cap_uncapped() -> None:
     simulated = SimRequest(Request(0, 0.0, 8, 5), predicted_output_tokens=100)
     assert simulated.max_output_tokens is None
     assert policy.predicted_output(simulated) == 128  # its true length (5) is no cap
+
+
+def test_a_prediction_of_zero_tokens_is_a_prediction_not_a_missing_one() -> None:
+    # `predicted_output_tokens or default_prediction` read a 0 prediction (a simulator's predictions
+    # map may hold one) as none: it reserved the default (1,024 tokens here) for a request predicted
+    # to end at once, and without a default only what it held, where a 1-token prediction reserves
+    # its bucket's top.
+    with_default = EcoServePolicy(bucket_edges=EDGES, default_prediction=1000)
+    assert with_default.predicted_output(Req(predicted_output_tokens=0)) == 16
+    assert with_default.predicted_output(Req()) == 1024
+    policy = EcoServePolicy(bucket_edges=EDGES)
+    assert policy.predicted_output(Req(predicted_output_tokens=0)) == policy.predicted_output(
+        Req(predicted_output_tokens=1)
+    )
