@@ -166,7 +166,9 @@ class EcoServePolicy(SchedulingPolicy):
             slack = self.ttft_slack(r, now)
             if slack < 0:
                 return (2, 0, 0.0, 0, r.arrival_time, id_key(r.req_id))
-            bucket = bucket_of(self.predicted_output(r), self.bucket_edges)
+            # The bucket whose top predicted_output is: that top is the next bucket's lower edge, and
+            # past the last edge every top reads as the last bucket, which merged the last two.
+            bucket = bucket_of(self.predicted_output(r) - 1, self.bucket_edges)
             return (1, bucket, slack, r.num_prompt_tokens, r.arrival_time, id_key(r.req_id))
 
         return sorted(waiting, key=key)

@@ -204,3 +204,18 @@ def test_the_kv_reservation_of_a_long_queue_is_not_checked_prefix_by_prefix(monk
     waiting = [req(i, 0.0, 10, 20, 10) for i in range(1000)]
     assert EcoServePolicy()._kv_room([], waiting, ctx(total_blocks=10**6)) == 1000
     assert len(calls) <= 11  # log2(1000) + 1
+
+
+def test_the_last_two_buckets_are_ordered_apart_like_the_others() -> None:
+    # The PT queue grouped requests by the bucket of their reservation's top, the next bucket's lower
+    # edge: every bucket moved up one, and the last two (512..1023 and 1024+, tops 1024 and 2048)
+    # both read as the last, so a 600-token prediction waited behind a 1,500-token one with less
+    # slack, while 200 and 300 tokens (two buckets lower) were ordered short first.
+    policy = EcoServePolicy()
+    for short_pred, long_pred in ((200, 300), (600, 1500)):
+        long = req(0, 9.5, 50, long_pred + 1, long_pred)  # less TTFT slack
+        short = req(1, 9.9, 50, short_pred + 1, short_pred)
+        assert [r.req_id for r in policy.order_waiting([long, short], ctx())] == [1, 0]
+    # Within one bucket, least slack first.
+    a, b = req(0, 9.5, 50, 1101, 1100), req(1, 9.9, 50, 1501, 1500)
+    assert [r.req_id for r in policy.order_waiting([b, a], ctx())] == [0, 1]
