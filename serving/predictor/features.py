@@ -19,6 +19,7 @@ Hashing uses zlib.crc32 of a word's UTF-8 (lone surrogates passed through), stab
 from __future__ import annotations
 
 import math
+import unicodedata
 import zlib
 from collections.abc import Sequence
 
@@ -36,12 +37,21 @@ def num_features(hash_dim: int = DEFAULT_HASH_DIM) -> int:
     return _DENSE + 2 * hash_dim
 
 
+def _strip_zeros(word: str) -> str:
+    i = 0
+    while i < len(word) and unicodedata.decimal(word[i]) == 0:
+        i += 1
+    return word[i:]
+
+
 def _first_number(words: Sequence[str]) -> int | None:
     for w in words:
         # isdecimal, not isdigit: superscripts and circled digits ("²", "①") are digits that int()
         # refuses. Only the leading digits past the cap's length are parsed.
         if w.isdecimal():
-            digits = w.lstrip("0") or "0"
+            # Leading zeros of any script (ASCII, Arabic-Indic, Devanagari ...) are not significant.
+            digits = w.lstrip("0") if w.isascii() else _strip_zeros(w)
+            digits = digits or "0"
             return NUMBER_CAP if len(digits) > len(str(NUMBER_CAP)) else min(int(digits), NUMBER_CAP)
     return None
 

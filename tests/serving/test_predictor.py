@@ -164,3 +164,18 @@ def test_a_prompt_with_a_lone_surrogate_is_featurized_like_any_other(predictor: 
     assert 1 <= length <= predictor.max_prediction
     # The surrogate is a word of the prompt like any other (counted and hashed).
     assert featurize([text])[0, 1] == featurize(["Write a poem x about the sea"])[0, 1]
+
+
+def test_leading_zeros_of_any_script_do_not_make_a_number_huge() -> None:
+    # Only ASCII "0"s were stripped before the length check, so 400 written with 14 leading
+    # Arabic-Indic zeros read as NUMBER_CAP (10**12), an ASCII-padded 400 as 400.
+    from serving.predictor.features import featurize
+
+    padded = featurize(
+        ["write about " + "\u0660" * 14 + "\u0664\u0660\u0660 words", "write about " + "0" * 14 + "400 words"]
+    )
+    assert (
+        padded[0, 2:4].tolist()
+        == padded[1, 2:4].tolist()
+        == featurize(["write about 400 words"])[0, 2:4].tolist()
+    )
