@@ -19,6 +19,7 @@ and `kv_blocks_taken_by_admission` read it where a request provides it and estim
 
 from __future__ import annotations
 
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -127,8 +128,10 @@ def id_key(req_id: Hashable) -> IdKey:
     """A request id as the last tie-breaker of an order: integers (the simulator's dense ids, in
     arrival order) by value, any other id (vLLM's strings) by its text. Comparing str(req_id) alone
     put request 10 before request 2 among requests that arrived at the same time."""
-    if isinstance(req_id, int) and not isinstance(req_id, bool):
-        return (0, req_id)
+    # Integral, not int: numpy's integers (ids taken from an array) are no int subclass, and ordered
+    # as text they put 10 before 2 again.
+    if isinstance(req_id, numbers.Integral) and not isinstance(req_id, bool):
+        return (0, int(req_id))
     return (1, str(req_id))
 
 

@@ -145,3 +145,14 @@ def test_a_decode_invariant_claim_holds(name: str) -> None:
     slow = make_engine(name, num_kv_blocks=500, fast_forward=False)
     assert [r.token_times for r in fast.run(reqs)] == [r.token_times for r in slow.run(reqs)]
     assert fast.stats.fast_forwarded_iterations > 0
+
+
+def test_numpy_integer_ids_are_ordered_by_value() -> None:
+    # Ids taken from a numpy array are np.int64, no int subclass: they were ordered as text (10
+    # before 2), the tie-break fixed for Python ints.
+    import numpy as np
+
+    assert sorted([np.int64(10), np.int64(2), 3], key=id_key) == [2, 3, 10]
+    engine = make_engine("fcfs", max_num_seqs=1)
+    recs = engine.run([Request(i, 0.0, 100, 5) for i in np.arange(12)])  # type: ignore[arg-type]
+    assert [int(r.req_id) for r in sorted(recs, key=lambda r: r.token_times[0])] == list(range(12))
