@@ -40,29 +40,55 @@ def another_backend_waits() -> bool:
         return cursor.fetchone() is not None
 
 
-def test_a_deployment_placed_while_the_admin_deletes_its_device_waits_and_is_refused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def a_placeable_model() -> tuple[Host, Device, ServedModel]:
+    """A host with one unused device and a model that fits it."""
     host = register_host("gpu-a", "10.0.0.5")
     device = Device.objects.create(host=host, index=0, uuid="GPU-0", name="H100", memory_total_bytes=80 << 30)
     model = ServedModel.objects.create(
         name="m", source="/m", max_context_length=256, slo_ttft_p99_ms=1.0, slo_tbt_p99_ms=1.0
     )
+    return host, device, model
+
+
+def deploy_until_it_commits_or_waits(
+    model: ServedModel, host: Host, device: Device, errors: list[str]
+) -> threading.Thread:
+    """Place the model on the device in a thread; return once it has finished or waits on a lock."""
+    deploy = in_thread("deploy", lambda: create_deployment(model, host, [device]), errors)
+    while deploy.is_alive() and not another_backend_waits():
+        time.sleep(0.02)
+    return deploy
+
+
+def superuser_client() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="root-pw-8d1x"))
+    return client
+
+
+def admin_delete(client: Client, changelist: str, pk: int, how: str) -> Any:
+    """Delete one row in the admin, by its delete page or by the changelist's "Delete selected"."""
+    if how == "delete page":
+        return client.post(f"{changelist}{pk}/delete/", {"post": "yes"})
+    form = {"action": "delete_selected", "_selected_action": [str(pk)], "post": "yes"}
+    return client.post(changelist, form)
+
+
+def test_a_deployment_placed_while_the_admin_deletes_its_device_waits_and_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    host, device, model = a_placeable_model()
     errors: list[str] = []
     deploys: list[threading.Thread] = []
     checked = DeviceFormSet.clean
 
     def deploy_once_checked(formset: Any) -> None:
         checked(formset)  # the device is unused: the delete is allowed
-        deploy = in_thread("deploy", lambda: create_deployment(model, host, [device]), errors)
         # The deploy either commits (the check was not under the host's lock) or waits for it.
-        while deploy.is_alive() and not another_backend_waits():
-            time.sleep(0.02)
-        deploys.append(deploy)
+        deploys.append(deploy_until_it_commits_or_waits(model, host, device, errors))
 
     monkeypatch.setattr(DeviceFormSet, "clean", deploy_once_checked)
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="root-pw-8d1x"))
+    client = superuser_client()
     answer = client.post(f"/admin/inventory/host/{host.pk}/change/", inline_form(host, {device.pk}))
     assert answer.status_code == 302
     for deploy in deploys:
@@ -77,11 +103,7 @@ def test_a_deployment_placed_while_the_admin_deletes_its_device_waits_and_is_ref
 def test_a_deployment_placed_while_the_admin_deletes_its_host_waits_and_is_refused(
     monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    host = register_host("gpu-a", "10.0.0.5")
-    device = Device.objects.create(host=host, index=0, uuid="GPU-0", name="H100", memory_total_bytes=80 << 30)
-    model = ServedModel.objects.create(
-        name="m", source="/m", max_context_length=256, slo_ttft_p99_ms=1.0, slo_tbt_p99_ms=1.0
-    )
+    host, device, model = a_placeable_model()
     errors: list[str] = []
     deploys: list[threading.Thread] = []
     checked = HostAdmin.get_deleted_objects
@@ -89,20 +111,12 @@ def test_a_deployment_placed_while_the_admin_deletes_its_host_waits_and_is_refus
     def deploy_once_checked(admin: Any, objs: Any, request: Any) -> Any:
         found = checked(admin, objs, request)  # nothing protects the host: the delete is allowed
         if request.POST.get("post") and not deploys:  # the confirmed delete, not its question
-            deploy = in_thread("deploy", lambda: create_deployment(model, host, [device]), errors)
-            while deploy.is_alive() and not another_backend_waits():
-                time.sleep(0.02)
-            deploys.append(deploy)
+            deploys.append(deploy_until_it_commits_or_waits(model, host, device, errors))
         return found
 
     monkeypatch.setattr(HostAdmin, "get_deleted_objects", deploy_once_checked)
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="root-pw-8d1x"))
-    if how == "delete page":
-        answer = client.post(f"/admin/inventory/host/{host.pk}/delete/", {"post": "yes"})
-    else:
-        form = {"action": "delete_selected", "_selected_action": [str(host.pk)], "post": "yes"}
-        answer = client.post("/admin/inventory/host/", form)
+    client = superuser_client()
+    answer = admin_delete(client, "/admin/inventory/host/", host.pk, how)
     assert answer.status_code == 302
     for deploy in deploys:
         deploy.join(30)
@@ -116,11 +130,7 @@ def test_a_deployment_placed_while_the_admin_deletes_its_host_waits_and_is_refus
 def test_a_deployment_placed_while_the_admin_deletes_its_model_waits_and_is_refused(
     monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    host = register_host("gpu-a", "10.0.0.5")
-    device = Device.objects.create(host=host, index=0, uuid="GPU-0", name="H100", memory_total_bytes=80 << 30)
-    model = ServedModel.objects.create(
-        name="m", source="/m", max_context_length=256, slo_ttft_p99_ms=1.0, slo_tbt_p99_ms=1.0
-    )
+    host, device, model = a_placeable_model()
     errors: list[str] = []
     deploys: list[threading.Thread] = []
     checked = ServedModelAdmin.get_deleted_objects
@@ -128,20 +138,12 @@ def test_a_deployment_placed_while_the_admin_deletes_its_model_waits_and_is_refu
     def deploy_once_checked(admin: Any, objs: Any, request: Any) -> Any:
         found = checked(admin, objs, request)  # nothing protects the model: the delete is allowed
         if request.POST.get("post") and not deploys:
-            deploy = in_thread("deploy", lambda: create_deployment(model, host, [device]), errors)
-            while deploy.is_alive() and not another_backend_waits():
-                time.sleep(0.02)
-            deploys.append(deploy)
+            deploys.append(deploy_until_it_commits_or_waits(model, host, device, errors))
         return found
 
     monkeypatch.setattr(ServedModelAdmin, "get_deleted_objects", deploy_once_checked)
-    client = Client()
-    client.force_login(User.objects.create_superuser("root", password="root-pw-8d1x"))
-    if how == "delete page":
-        answer = client.post(f"/admin/registry/servedmodel/{model.pk}/delete/", {"post": "yes"})
-    else:
-        form = {"action": "delete_selected", "_selected_action": [str(model.pk)], "post": "yes"}
-        answer = client.post("/admin/registry/servedmodel/", form)
+    client = superuser_client()
+    answer = admin_delete(client, "/admin/registry/servedmodel/", model.pk, how)
     assert answer.status_code == 302
     for deploy in deploys:
         deploy.join(30)
