@@ -42,6 +42,12 @@ def never_started(*args: object, **kwargs: object) -> None:
     raise AssertionError("the agent was started with a value it should have refused")
 
 
+def refuse_to_start_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the CLI from tmp_path (to see it makes no state directory) with an agent never started."""
+    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
@@ -321,8 +327,7 @@ def test_a_bad_config_file_exits_2_naming_the_file_and_the_key(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
-    monkeypatch.chdir(tmp_path)
+    refuse_to_start_in(tmp_path, monkeypatch)
     path = tmp_path / "agent.yaml"
     path.write_text(text)
     assert main(["--config", str(path)]) == 2
@@ -414,8 +419,7 @@ def test_a_token_that_is_not_ascii_exits_2_without_showing_it(
 ) -> None:
     # It was accepted; every connection attempt then failed before the handshake (websockets:
     # InvalidHeaderValue) and logged a WARNING holding the whole token, retrying for ever.
-    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
-    monkeypatch.chdir(tmp_path)
+    refuse_to_start_in(tmp_path, monkeypatch)
     monkeypatch.setenv("GPU_AGENT_TOKEN", token)
     assert main(["--control-plane", "http://cp"]) == 2
     err = capsys.readouterr().err
@@ -443,8 +447,7 @@ def test_an_engine_bind_address_of_no_interface_here_exits_2(
 ) -> None:
     # It was accepted: every engine then failed to bind its port (EADDRNOTAVAIL), restarted with
     # backoff for ever, each run's failure only in the engine's log tail.
-    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
-    monkeypatch.chdir(tmp_path)
+    refuse_to_start_in(tmp_path, monkeypatch)
     assert main([*BASE, *args]) == 2
     err = capsys.readouterr().err
     assert named in err and "Cannot assign requested address" in err, err
@@ -478,8 +481,7 @@ def test_a_value_holding_undecodable_bytes_exits_2_naming_it(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("gpu_agent.cli.Agent", never_started)
-    monkeypatch.chdir(tmp_path)
+    refuse_to_start_in(tmp_path, monkeypatch)
     assert main([*BASE, *args]) == 2
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err, err
