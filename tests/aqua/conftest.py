@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.aqua.coordinator import CoordinatorServer
+from serving.aqua.coordinator import AquaClient, CoordinatorServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,6 +60,19 @@ def server_process(sock_path: str) -> Iterator[str]:
     yield sock_path
     proc.terminate()
     assert proc.wait(10) == 0
+
+
+def spy_on_pending_reclaims(client: AquaClient, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set each time `client` sends pending_reclaims; clear it to wait for the next call."""
+    asked = threading.Event()
+    pending_reclaims = client.pending_reclaims
+
+    def spy(consumer_id: str) -> object:
+        asked.set()
+        return pending_reclaims(consumer_id)
+
+    monkeypatch.setattr(client, "pending_reclaims", spy)
+    return asked
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ import torch
 from serving.aqua.coordinator import AquaClient, CoordinatorServer, CoordinatorUnavailable
 from serving.aqua.offload.lent import LentRegionStore
 from serving.aqua.producer import LenderAgent
-from tests.aqua.conftest import hung, wait_until
+from tests.aqua.conftest import hung, spy_on_pending_reclaims, wait_until
 
 NBYTES = 1 << 16
 SLOW_S = 10.0  # the call timeout here: how long a check made under the old lock waited
@@ -115,14 +114,7 @@ def test_an_engine_step_reads_its_lent_data_while_the_watcher_waits_on_a_slow_co
         buf.copy_(data)
         client = store._alloc_client
         assert client is not None
-        asked = threading.Event()
-        pending_reclaims = client.pending_reclaims
-
-        def spy(consumer_id: str) -> Any:
-            asked.set()
-            return pending_reclaims(consumer_id)
-
-        monkeypatch.setattr(client, "pending_reclaims", spy)
+        asked = spy_on_pending_reclaims(client, monkeypatch)
         with hung(server):
             # The watcher's next pending_reclaims (sent now: it waits for its reply)
             asked.clear()

@@ -14,7 +14,7 @@ import pytest
 from serving.aqua.coordinator import CoordinatorServer
 from serving.aqua.offload.lent import LentRegionStore
 from serving.aqua.producer import LenderAgent
-from tests.aqua.conftest import hung, wait_until
+from tests.aqua.conftest import hung, spy_on_pending_reclaims, wait_until
 
 SMALL, NBYTES = 1 << 14, 1 << 16
 SLOW_S = 60.0  # the call timeout: a step that waited for the watcher's reply would wait this long
@@ -45,14 +45,7 @@ def test_a_trade_up_does_not_wait_for_the_watchers_call_on_a_slow_coordinator(
         large.lend()
         client = store._alloc_client
         assert client is not None
-        asked = threading.Event()
-        pending_reclaims = client.pending_reclaims
-
-        def spy(consumer_id: str) -> Any:
-            asked.set()
-            return pending_reclaims(consumer_id)
-
-        monkeypatch.setattr(client, "pending_reclaims", spy)
+        asked = spy_on_pending_reclaims(client, monkeypatch)
         with hung(server):
             asked.clear()
             assert asked.wait(5)  # the watcher's next pending_reclaims, sent now: no reply comes
