@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from typing import Any
 
 from tests.vllm_aqua import bare_scheduler
@@ -20,20 +21,9 @@ def test_every_step_that_rotates_admits_a_waiting_request() -> None:
         resolve_obj_by_qualname(AQUA_SCHEDULER), max_num_seqs=8, num_blocks=24, max_num_batched_tokens=128
     )
     rotating_steps = idle = 0
-    for seed in range(6):
-        rng = random.Random(seed)
-        # (arrival step, prompt tokens, output tokens); 24 blocks of 32 tokens hold about 5 of them.
-        pending = sorted((rng.randint(0, 60), rng.randint(8, 150), rng.randint(2, 150)) for _ in range(30))
-        step = 0
-        while pending or s.has_requests():
-            while pending and pending[0][0] <= step:
-                _, prompt, output = pending.pop(0)
-                rid = f"{seed}-{len(pending)}"
-                s.add_request(bare_scheduler.make_request(rid, prompt, output, arrival_time=float(step)))
-            rotated, admitted, _ = _step(s)
-            rotating_steps += rotated
-            idle += rotated and not admitted
-            step += 1
+    for rotated, admitted, _ in _random_arrivals(s):
+        rotating_steps += rotated
+        idle += rotated and not admitted
     assert rotating_steps > 100  # the workload does put the policy under pressure
     assert idle == 0, (idle, rotating_steps)
 
@@ -87,6 +77,24 @@ def test_with_prefix_caching_every_step_that_rotates_admits_a_waiting_request() 
     assert idle == 0, (idle, rotating_steps)
 
 
+def _random_arrivals(s: Any) -> Iterator[tuple[bool, int, Any]]:
+    """Six seeds of 30 random requests arriving over 60 steps, run to the end: each step's `_step`.
+
+    The caller's loop body runs before the next step (and its arrivals)."""
+    for seed in range(6):
+        rng = random.Random(seed)
+        # (arrival step, prompt tokens, output tokens); 24 blocks of 32 tokens hold about 5 of them.
+        pending = sorted((rng.randint(0, 60), rng.randint(8, 150), rng.randint(2, 150)) for _ in range(30))
+        step = 0
+        while pending or s.has_requests():
+            while pending and pending[0][0] <= step:
+                _, prompt, output = pending.pop(0)
+                rid = f"{seed}-{len(pending)}"
+                s.add_request(bare_scheduler.make_request(rid, prompt, output, arrival_time=float(step)))
+            yield _step(s)
+            step += 1
+
+
 def _step(s: Any) -> tuple[bool, int, Any]:
     """One scheduler step: whether it rotated requests out, how many it admitted, its output."""
     rotations = s.counters["rotations"]
@@ -111,22 +119,12 @@ def test_with_speculative_decoding_every_step_that_rotates_admits_a_waiting_requ
         speculative_config={"method": "ngram", "num_speculative_tokens": drafts, "prompt_lookup_max": 4},
     )
     rotating_steps = idle = drafted = 0
-    for seed in range(6):
-        rng = random.Random(seed)
-        pending = sorted((rng.randint(0, 60), rng.randint(8, 150), rng.randint(2, 150)) for _ in range(30))
-        step = 0
-        while pending or s.has_requests():
-            while pending and pending[0][0] <= step:
-                _, prompt, output = pending.pop(0)
-                rid = f"{seed}-{len(pending)}"
-                s.add_request(bare_scheduler.make_request(rid, prompt, output, arrival_time=float(step)))
-            rotated, admitted, out = _step(s)
-            rotating_steps += rotated
-            idle += rotated and not admitted
-            drafted += len(out.scheduled_spec_decode_tokens)
-            # The drafter proposes `drafts` tokens for every decode (the model runner rejects them all).
-            ids = [r.request_id for r in s.running if not r.is_prefill_chunk]
-            s.update_draft_token_ids(DraftTokenIds(ids, [[5] * drafts for _ in ids]))
-            step += 1
+    for rotated, admitted, out in _random_arrivals(s):
+        rotating_steps += rotated
+        idle += rotated and not admitted
+        drafted += len(out.scheduled_spec_decode_tokens)
+        # The drafter proposes `drafts` tokens for every decode (the model runner rejects them all).
+        ids = [r.request_id for r in s.running if not r.is_prefill_chunk]
+        s.update_draft_token_ids(DraftTokenIds(ids, [[5] * drafts for _ in ids]))
     assert rotating_steps > 100 and drafted > 1000  # pressure, and decodes do carry drafts
     assert idle == 0, (idle, rotating_steps)
