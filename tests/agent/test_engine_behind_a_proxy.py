@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_agent.engines import EngineManager
 from gpu_agent.probe import ProbeRunner
 from gpu_agent.protocol import DeploymentStatus
-from serving.backoff import Backoff
-from tests.agent.test_engines import fake_launcher, spec
+from tests.agent.test_engines import fake_launcher, manager, spec
 from tests.agent.ws_server import wait_for
 from tests.planning.test_probe_runner import engine, probe  # noqa: F401 (a fixture)
 from tests.planning.test_probe_runner import spec as probe_spec
@@ -41,16 +39,7 @@ def proxied(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("proxied")
 async def test_an_engine_is_reached_directly_whatever_proxy_the_environment_names(tmp_path: Path) -> None:
     statuses: list[DeploymentStatus] = []
-    m = EngineManager(
-        fake_launcher(tmp_path / "pids"),
-        str(tmp_path / "logs"),
-        statuses.append,
-        devices={0},
-        backoff_factory=lambda dep: Backoff(base_s=0.1, cap_s=0.2, seed=1),
-        health_timeout_s=20,
-        grace_s=2,
-        scrape_interval_s=0.05,
-    )
+    m = manager(tmp_path, fake_launcher(tmp_path / "pids"), statuses, scrape_interval_s=0.05)
     try:
         await m.apply([spec()])
         await wait_for(lambda: [s.state for s in statuses] == ["starting", "running"], timeout=15)

@@ -9,29 +9,15 @@ from typing import Literal
 
 import pytest
 
-from gpu_agent.engines import EngineConfigError, EngineManager, LaunchSpec, VllmLauncher
+from gpu_agent.engines import EngineConfigError, LaunchSpec, VllmLauncher
 from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, ModelSpec
-from serving.backoff import Backoff
-from tests.agent.test_engines import fake_launcher, spec
+from tests.agent.test_engines import fake_launcher, manager, spec
 from tests.agent.ws_server import wait_for
 
 
 class Statuses(list[DeploymentStatus]):
     def states(self) -> list[str]:
         return [s.state for s in self]
-
-
-def manager(tmp_path: Path, launcher: object, statuses: Statuses) -> EngineManager:
-    return EngineManager(
-        launcher,  # type: ignore[arg-type]
-        str(tmp_path / "logs"),
-        statuses.append,
-        devices={0},
-        backoff_factory=lambda dep: Backoff(base_s=0.1, cap_s=0.2, seed=1),
-        health_timeout_s=20,
-        grace_s=2,
-        scrape_interval_s=0.2,
-    )
 
 
 @pytest.mark.asyncio

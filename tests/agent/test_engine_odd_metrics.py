@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_agent.engines import EngineManager
 from gpu_agent.engines.metrics import EngineMetrics, parse_metrics
 from gpu_agent.engines.supervisor import EngineSupervisor
 from gpu_agent.protocol import DeploymentStatus
-from serving.backoff import Backoff
-from tests.agent.test_engines import fake_launcher, spec
+from tests.agent.test_engines import fake_launcher, manager, spec
 from tests.agent.ws_server import wait_for
 
 OFFLOADED_INF = "# TYPE vllm:kv_offload_store_bytes_total counter\nvllm:kv_offload_store_bytes_total +Inf\n"
@@ -66,16 +64,7 @@ async def test_an_engine_whose_metrics_hold_a_value_out_of_range_keeps_running(
 
     monkeypatch.setattr(EngineSupervisor, "_scrape", counted)
     statuses: list[DeploymentStatus] = []
-    m = EngineManager(
-        fake_launcher(tmp_path / "pids"),
-        str(tmp_path / "logs"),
-        statuses.append,
-        devices={0},
-        backoff_factory=lambda dep: Backoff(base_s=0.1, cap_s=0.2, seed=1),
-        health_timeout_s=20,
-        grace_s=2,
-        scrape_interval_s=0.05,
-    )
+    m = manager(tmp_path, fake_launcher(tmp_path / "pids"), statuses, scrape_interval_s=0.05)
     try:
         await m.apply([spec(fake_args=["--extra-metrics", OFFLOADED_INF])])
         await wait_for(lambda: scrapes >= 5)

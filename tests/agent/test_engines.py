@@ -54,6 +54,22 @@ def fake_launcher(pidfile: Path) -> VllmLauncher:
     return launch  # type: ignore[return-value]
 
 
+def manager(
+    tmp_path: Path, launcher: object, statuses: list[DeploymentStatus], scrape_interval_s: float = 0.2
+) -> EngineManager:
+    """An engine manager on device 0 reporting to `statuses`, with short backoff and grace."""
+    return EngineManager(
+        launcher,  # type: ignore[arg-type]
+        str(tmp_path / "logs"),
+        statuses.append,
+        devices={0},
+        backoff_factory=lambda dep: Backoff(base_s=0.1, cap_s=0.2, seed=1),
+        health_timeout_s=20,
+        grace_s=2,
+        scrape_interval_s=scrape_interval_s,
+    )
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
