@@ -293,10 +293,9 @@ def test_clients_choose_the_page_size_up_to_a_limit(admin_client: APIClient) -> 
     assert page["count"] == 3 and len(page["results"]) == 2 and page["next"] is not None
 
 
-def test_an_unhandled_exception_is_json_in_the_api_and_a_page_elsewhere(
-    admin_client: APIClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Django's own 500 was "<h1>Server Error (500)</h1>" under /api/ too, where clients parse JSON.
+@pytest.fixture
+def api_root_and_login_page_fail(admin_client: APIClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API root and the login page raise; admin_client answers a 500 instead of raising."""
     from django.contrib.auth.views import LoginView
 
     from core.api.root import ApiRootView
@@ -307,6 +306,11 @@ def test_an_unhandled_exception_is_json_in_the_api_and_a_page_elsewhere(
     monkeypatch.setattr(ApiRootView, "get", fail)
     monkeypatch.setattr(LoginView, "get", fail)
     admin_client.raise_request_exception = False
+
+
+@pytest.mark.usefixtures("api_root_and_login_page_fail")
+def test_an_unhandled_exception_is_json_in_the_api_and_a_page_elsewhere(admin_client: APIClient) -> None:
+    # Django's own 500 was "<h1>Server Error (500)</h1>" under /api/ too, where clients parse JSON.
     api = admin_client.get("/api/v1/")
     assert api.status_code == 500 and api["Content-Type"] == "application/json"
     assert "server's log" in api.json()["detail"]
@@ -316,21 +320,10 @@ def test_an_unhandled_exception_is_json_in_the_api_and_a_page_elsewhere(
     assert "<h1>Server error</h1>" in body and '<link rel="icon" href="data:,">' in body
 
 
-def test_an_unhandled_exception_is_json_in_the_api_under_a_url_prefix(
-    admin_client: APIClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("api_root_and_login_page_fail")
+def test_an_unhandled_exception_is_json_in_the_api_under_a_url_prefix(admin_client: APIClient) -> None:
     # Served under a prefix (SCRIPT_NAME=/llm), request.path is /llm/api/v1/: the API's 500 was
     # the HTML page. What is under /api/ is decided on the path below the prefix.
-    from django.contrib.auth.views import LoginView
-
-    from core.api.root import ApiRootView
-
-    def fail(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("a bug")
-
-    monkeypatch.setattr(ApiRootView, "get", fail)
-    monkeypatch.setattr(LoginView, "get", fail)
-    admin_client.raise_request_exception = False
     api = admin_client.get("/api/v1/", SCRIPT_NAME="/llm")
     assert api.status_code == 500 and api["Content-Type"] == "application/json"
     assert "server's log" in api.json()["detail"]
