@@ -14,7 +14,7 @@ from jobs.models import Job, JobStatus
 from jobs.registry import JobContext, JobKind
 from jobs.tasks import run_job
 
-from tests.control_plane.test_jobs_api import services_params
+from tests.control_plane.test_jobs_api import job_of_a_test_kind, services_params
 
 pytestmark = pytest.mark.django_db
 
@@ -42,12 +42,7 @@ def test_a_duplicate_message_retried_after_a_database_error_does_not_run_the_job
         return {"runs": len(runs)}
 
     monkeypatch.setattr(services, "worker_name", worker_name)
-    monkeypatch.setitem(
-        registry._KINDS, "once", JobKind(name="once", params_serializer=services_params(), run=run)
-    )
-    job = Job.objects.create(kind="once", params={}, celery_id="c-1")
-    job.params = {"job": job.pk}
-    job.save()
+    job = job_of_a_test_kind(monkeypatch, "once", run, celery_id="c-1")
     run_job.apply(args=(job.pk,), task_id=job.celery_id)
     job.refresh_from_db()
     assert runs == [0]

@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 from django.db import OperationalError
-from jobs import registry
 from jobs.models import Job, JobStatus
-from jobs.registry import JobContext, JobKind
+from jobs.registry import JobContext
 from jobs.tasks import run_job
 
-from tests.control_plane.test_jobs_api import services_params
+from tests.control_plane.test_jobs_api import job_of_a_test_kind
 
 pytestmark = pytest.mark.django_db
 
@@ -32,12 +31,7 @@ def test_it_resets_the_progress_when_a_retry_takes_the_job_up_again(monkeypatch:
             raise OperationalError("server closed the connection unexpectedly")
         return {"runs": len(seen_at_start)}
 
-    monkeypatch.setitem(
-        registry._KINDS, "flaky", JobKind(name="flaky", params_serializer=services_params(), run=run)
-    )
-    job = Job.objects.create(kind="flaky", params={}, celery_id="c-1")
-    job.params = {"job": job.pk}
-    job.save()
+    job = job_of_a_test_kind(monkeypatch, "flaky", run, celery_id="c-1")
 
     run_job.apply(args=(job.pk,), task_id=job.celery_id)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -104,11 +105,7 @@ def test_it_stops_a_running_job_at_its_next_step_when_cancelled(monkeypatch: pyt
             ctx.progress((step + 1) / 10)
         return {"done": True}
 
-    kind = JobKind(name=name, params_serializer=services_params(), run=run)
-    monkeypatch.setitem(registry._KINDS, name, kind)
-    job = Job.objects.create(kind=name, params={})
-    job.params = {"job": job.pk}
-    job.save()
+    job = job_of_a_test_kind(monkeypatch, name, run)
     run_job(job.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.CANCELLED
@@ -151,6 +148,22 @@ def test_it_filters_jobs_by_status(viewer_client: APIClient) -> None:
     assert ids == [queued.pk]
     ids = [row["id"] for row in viewer_client.get(URL).data["results"]]
     assert ids == [queued.pk, done.pk]  # newest first
+
+
+def job_of_a_test_kind(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    run: Callable[[dict[str, Any], Any], dict[str, Any]],
+    **fields: Any,
+) -> Job:
+    """A job of kind `name` (registered for this test only, running `run`), its params {"job": its pk}."""
+    monkeypatch.setitem(
+        registry._KINDS, name, JobKind(name=name, params_serializer=services_params(), run=run)
+    )
+    job = Job.objects.create(kind=name, params={}, **fields)
+    job.params = {"job": job.pk}
+    job.save()
+    return job
 
 
 def services_params() -> Any:
