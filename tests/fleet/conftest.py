@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from accounts.models import Role, User
@@ -13,6 +13,9 @@ from inventory.models import Host
 from inventory.services import issue_agent_token, register_host
 from registry.models import ServedModel
 from rest_framework.test import APIClient
+
+if TYPE_CHECKING:
+    from channels.testing import WebsocketCommunicator
 
 
 @dataclass
@@ -25,6 +28,16 @@ class AgentHost:
 def agent_host(transactional_db: None) -> AgentHost:
     host = register_host("gpu-a", "10.0.0.5")
     return AgentHost(host, issue_agent_token(host).plaintext)
+
+
+def agent_socket(agent_host: AgentHost, path: str = "/ws/agent/") -> WebsocketCommunicator:
+    """A websocket to the control plane's agent endpoint at `path`, with the host's agent token."""
+    from channels.testing import WebsocketCommunicator
+
+    from config.asgi import application
+
+    headers = [(b"authorization", f"Bearer {agent_host.token}".encode())]
+    return WebsocketCommunicator(application, path, headers=headers)
 
 
 @pytest.fixture

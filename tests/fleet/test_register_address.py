@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 from inventory.models import Host
 
-from config.asgi import application
 from gpu_agent.protocol import MAX_ADDRESS_LENGTH
 
-from .conftest import AgentHost, register_frame
+from .conftest import AgentHost, agent_socket, register_frame
 
 
 def test_the_protocols_address_limit_is_the_host_address_columns() -> None:
@@ -38,9 +36,8 @@ def test_the_protocols_address_limit_is_the_host_address_columns() -> None:
 async def test_a_register_with_an_address_the_gateway_could_not_use_is_refused_and_not_stored(
     agent_host: AgentHost, address: str, why: str
 ) -> None:
-    headers = [(b"authorization", f"Bearer {agent_host.token}".encode())]
     with override_settings(AGENTS_SWEEP_IN_ASGI=False, AGENTS_DESIRED_POLL_S=60.0):
-        comm = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+        comm = agent_socket(agent_host, "/ws/agent/")
         assert (await comm.connect())[0]
         await comm.send_json_to(register_frame(address=address))
         answer = await comm.receive_json_from(timeout=5)
@@ -62,9 +59,8 @@ async def test_a_register_with_an_address_the_gateway_could_not_use_is_refused_a
 @pytest.mark.usefixtures("close_worker_thread_connections")
 async def test_a_register_without_an_address_is_still_taken(agent_host: AgentHost) -> None:
     # "": not known (yet); the host's replicas get no URL until an agent registers one.
-    headers = [(b"authorization", f"Bearer {agent_host.token}".encode())]
     with override_settings(AGENTS_SWEEP_IN_ASGI=False, AGENTS_DESIRED_POLL_S=60.0):
-        comm = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+        comm = agent_socket(agent_host, "/ws/agent/")
         assert (await comm.connect())[0]
         await comm.send_json_to(register_frame(address=""))
         assert (await comm.receive_json_from(timeout=5))["type"] == "desired_deployments"

@@ -9,12 +9,11 @@ import json
 
 import pytest
 from asgiref.testing import ApplicationCommunicator
-from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from config.asgi import application
 
-from .conftest import AgentHost, register_frame
+from .conftest import AgentHost, agent_socket, register_frame
 
 PREFIX = "/llm"
 
@@ -43,9 +42,8 @@ async def test_the_gateway_answers_under_a_url_prefix() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("close_worker_thread_connections")
 async def test_an_agent_registers_under_a_url_prefix(agent_host: AgentHost) -> None:
-    headers = [(b"authorization", f"Bearer {agent_host.token}".encode())]
     with override_settings(AGENTS_SWEEP_IN_ASGI=False, AGENTS_DESIRED_POLL_S=60.0):
-        comm = WebsocketCommunicator(application, f"{PREFIX}/ws/agent/", headers=headers)
+        comm = agent_socket(agent_host, f"{PREFIX}/ws/agent/")
         comm.scope["root_path"] = PREFIX
         assert (await comm.connect())[0]
         await comm.send_json_to(register_frame())
