@@ -58,6 +58,25 @@ def make_scheduler(
     )
 
 
+def make_speculative_scheduler(cls: type, *, drafts: int, num_blocks: int) -> Any:
+    """`make_scheduler` (8 sequences, 128 batched tokens) with ngram speculation of `drafts` tokens."""
+    return make_scheduler(
+        cls,
+        max_num_seqs=8,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=128,
+        speculative_config={"method": "ngram", "num_speculative_tokens": drafts, "prompt_lookup_max": 4},
+    )
+
+
+def propose_drafts(scheduler: Any, drafts: int) -> None:
+    """The drafter proposes `drafts` tokens for every running decode (the model runner rejects them all)."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    ids = [r.request_id for r in scheduler.running if not r.is_prefill_chunk]
+    scheduler.update_draft_token_ids(DraftTokenIds(ids, [[5] * drafts for _ in ids]))
+
+
 def make_request(
     req_id: str,
     prompt_tokens: int,

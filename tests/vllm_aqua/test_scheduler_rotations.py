@@ -108,15 +108,10 @@ def test_with_speculative_decoding_every_step_that_rotates_admits_a_waiting_requ
     # tokens and allocates their KV before admitting anyone: the staying decodes took the blocks a
     # rotation freed and the waiting request was not admitted (4 of 479 rotating steps here).
     from vllm.utils.import_utils import resolve_obj_by_qualname
-    from vllm.v1.outputs import DraftTokenIds
 
     drafts = 4
-    s = bare_scheduler.make_scheduler(
-        resolve_obj_by_qualname(AQUA_SCHEDULER),
-        max_num_seqs=8,
-        num_blocks=24,
-        max_num_batched_tokens=128,
-        speculative_config={"method": "ngram", "num_speculative_tokens": drafts, "prompt_lookup_max": 4},
+    s = bare_scheduler.make_speculative_scheduler(
+        resolve_obj_by_qualname(AQUA_SCHEDULER), drafts=drafts, num_blocks=24
     )
     rotating_steps = idle = drafted = 0
     for rotated, admitted, out in _random_arrivals(s):
@@ -124,7 +119,6 @@ def test_with_speculative_decoding_every_step_that_rotates_admits_a_waiting_requ
         idle += rotated and not admitted
         drafted += len(out.scheduled_spec_decode_tokens)
         # The drafter proposes `drafts` tokens for every decode (the model runner rejects them all).
-        ids = [r.request_id for r in s.running if not r.is_prefill_chunk]
-        s.update_draft_token_ids(DraftTokenIds(ids, [[5] * drafts for _ in ids]))
+        bare_scheduler.propose_drafts(s, drafts)
     assert rotating_steps > 100 and drafted > 1000  # pressure, and decodes do carry drafts
     assert idle == 0, (idle, rotating_steps)

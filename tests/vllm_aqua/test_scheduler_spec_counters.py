@@ -13,15 +13,10 @@ from tests.vllm_aqua.engines import AQUA_SCHEDULER
 
 def test_draft_tokens_are_neither_prefill_nor_recomputed() -> None:
     from vllm.utils.import_utils import resolve_obj_by_qualname
-    from vllm.v1.outputs import DraftTokenIds
 
     drafts = 4
-    s = bare_scheduler.make_scheduler(
-        resolve_obj_by_qualname(AQUA_SCHEDULER),
-        max_num_seqs=8,
-        num_blocks=64,
-        max_num_batched_tokens=128,
-        speculative_config={"method": "ngram", "num_speculative_tokens": drafts, "prompt_lookup_max": 4},
+    s = bare_scheduler.make_speculative_scheduler(
+        resolve_obj_by_qualname(AQUA_SCHEDULER), drafts=drafts, num_blocks=64
     )
     s.add_request(bare_scheduler.make_request("a", 40, 10, arrival_time=0.0))
     s.add_request(bare_scheduler.make_request("b", 30, 10, arrival_time=0.0))
@@ -29,8 +24,7 @@ def test_draft_tokens_are_neither_prefill_nor_recomputed() -> None:
     while s.has_requests():
         out = bare_scheduler.step(s)  # the model runner rejects every draft
         drafted += len(out.scheduled_spec_decode_tokens)
-        ids = [r.request_id for r in s.running if not r.is_prefill_chunk]
-        s.update_draft_token_ids(DraftTokenIds(ids, [[5] * drafts for _ in ids]))
+        bare_scheduler.propose_drafts(s, drafts)
     assert drafted > 0
     assert s.counters["preemptions"] == 0
     assert s.counters["prefill_tokens"] == 40 + 30
