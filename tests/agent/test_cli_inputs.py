@@ -466,11 +466,11 @@ def test_a_simulated_host_runs_no_engines_so_any_address_will_do() -> None:
         # A CPU host failed with "'utf-8' codec can't encode character '\udcff' in position 3:
         # surrogates not allowed", naming no option; a GPU host registered a name the control plane
         # refuses (no string of a frame may hold a lone surrogate).
-        (["--name", "gpu\udcff1"], "name='gpu\\udcff1' holds undecodable bytes ('\\udcff' at index 3)"),
+        (["--name", "gpu\udcff1"], "--name='gpu\\udcff1' holds undecodable bytes ('\\udcff' at index 3)"),
         # Accepted: every connection attempt failed with a UnicodeError traceback.
         (
             ["--control-plane", "http://cp\udcff:8000"],
-            "control_plane='http://cp\\udcff:8000' holds undecodable",
+            "--control-plane='http://cp\\udcff:8000' holds undecodable",
         ),
     ],
 )
