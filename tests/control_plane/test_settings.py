@@ -62,6 +62,23 @@ def test_it_creates_the_secret_key_once_and_privately(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
+def _run_with_settings(
+    code: str, env: dict[str, str], unset: tuple[str, ...], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter with the platform's settings, `unset` removed from this
+    environment and `env` added."""
+    full_env = {
+        **{k: v for k, v in os.environ.items() if k not in unset},
+        "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "VAR_DIR": str(tmp_path),
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, check=False, cwd=ROOT
+    )
+
+
 def _settings_in_subprocess(env: dict[str, str], tmp_path: Path) -> dict[str, object]:
     code = (
         "import json; from django.conf import settings as s; "
@@ -70,17 +87,7 @@ def _settings_in_subprocess(env: dict[str, str], tmp_path: Path) -> dict[str, ob
         "'results': s.CELERY_RESULT_BACKEND, 'transport': s.CELERY_BROKER_TRANSPORT_OPTIONS}))"
     )
     unset = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "SECRET_KEY", "DEBUG")
-    base = {k: v for k, v in os.environ.items() if k not in unset}
-    full_env = {
-        **base,
-        "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "VAR_DIR": str(tmp_path),
-        **env,
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, check=False, cwd=ROOT
-    )
+    out = _run_with_settings(code, env, unset, tmp_path)
     if out.returncode != 0:
         return {"error": out.stderr}
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -322,16 +329,7 @@ def test_manage_py_keeps_the_traceback_of_a_misconfiguration_outside_the_setting
 def _hsts_seconds(env: dict[str, str], tmp_path: Path) -> object:
     code = "from django.conf import settings as s; print(s.SECURE_HSTS_SECONDS)"
     unset = ("SECURE_COOKIES", "SECURE_HSTS_SECONDS", "BEHIND_TLS_PROXY")
-    full_env = {
-        **{k: v for k, v in os.environ.items() if k not in unset},
-        "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "VAR_DIR": str(tmp_path),
-        **env,
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, check=False, cwd=ROOT
-    )
+    out = _run_with_settings(code, env, unset, tmp_path)
     return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else out.stderr
 
 

@@ -19,9 +19,16 @@ GIB = 1 << 30
 
 
 def make_host(
-    name: str, gpus: int = 2, nvlink: bool = True, simulated: bool = False, status: str = HostStatus.ONLINE
+    name: str,
+    gpus: int = 2,
+    nvlink: bool = True,
+    simulated: bool = False,
+    status: str = HostStatus.ONLINE,
+    gpu_name: str = "NVIDIA H100 80GB HBM3",
+    memory_gib: int = 80,
 ) -> Host:
-    """A host with `gpus` H100s; online (as if its agent were connected) unless `status` says."""
+    """A host with `gpus` GPUs (H100s unless `gpu_name`/`memory_gib` say); online (as if its agent
+    were connected) unless `status` says."""
     host = Host.objects.create(name=name, address="10.0.0.1", simulated=simulated, status=status)
     for i in range(gpus):
         peers = [j for j in range(gpus) if j != i] if nvlink else []
@@ -29,9 +36,9 @@ def make_host(
             host=host,
             index=i,
             uuid=f"GPU-{name}-{i}",
-            name="NVIDIA H100 80GB HBM3",
+            name=gpu_name,
             kind=DeviceKind.GPU,
-            memory_total_bytes=80 * GIB,
+            memory_total_bytes=memory_gib * GIB,
             nvlink_peers=peers,
         )
     return host

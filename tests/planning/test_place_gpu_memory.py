@@ -5,33 +5,17 @@ too small for its weights whenever the balance put it there."""
 from __future__ import annotations
 
 import pytest
-from inventory.models import Device, DeviceKind, Host, HostStatus
 from jobs.models import JobStatus
 from rest_framework.test import APIClient
 
 from tests.planning.helpers import GIB, make_host, make_model, result_of, run_job_via_api, store_profile
 
 
-def make_small_host(name: str, gpus: int, memory_gib: int) -> Host:
-    host = Host.objects.create(name=name, address="10.0.0.2", status=HostStatus.ONLINE)
-    for i in range(gpus):
-        Device.objects.create(
-            host=host,
-            index=i,
-            uuid=f"GPU-{name}-{i}",
-            name="NVIDIA T4",
-            kind=DeviceKind.GPU,
-            memory_total_bytes=memory_gib * GIB,
-            nvlink_peers=[j for j in range(gpus) if j != i],
-        )
-    return host
-
-
 @pytest.mark.django_db
 def test_a_model_is_placed_on_the_host_whose_gpus_hold_its_weights(admin_client: APIClient) -> None:
     # llama-3-8b: 14.96 GiB of weights and 0.5 GiB of KV for 4096 tokens; "a-small" is first in
     # name order, where it went (on equal balance) before.
-    make_small_host("a-small", 1, 12)
+    make_host("a-small", gpus=1, gpu_name="NVIDIA T4", memory_gib=12)
     make_host("b-h100", gpus=1)
     store_profile(make_model("m", sim_model="llama-3-8b"), "producer", 4 * GIB)
 
@@ -43,7 +27,7 @@ def test_a_model_is_placed_on_the_host_whose_gpus_hold_its_weights(admin_client:
 
 @pytest.mark.django_db
 def test_a_model_no_host_can_load_fails_the_job_naming_it(admin_client: APIClient) -> None:
-    make_small_host("a-small", 2, 12)
+    make_host("a-small", gpus=2, gpu_name="NVIDIA T4", memory_gib=12)
     make_host("b-h100", gpus=1)
     store_profile(make_model("llama-3-70b"), "producer", 4 * GIB)  # 131 GiB of weights on one GPU
     store_profile(make_model("m"), "consumer", 4 * GIB)
