@@ -375,6 +375,8 @@ def test_a_benchmarks_default_out_is_its_results_file_checked_like_a_given_one(
         # Accepted: rounds of about 25 s each, for ever.
         ("aqua_burst", "--rounds", str(10**30)),
         ("aqua_steptrace", "--rounds", "101"),
+        ("aqua_burst", "--long-tokens", "8"),
+        ("aqua_burst", "--long-tokens", "4097"),
     ],
 )
 def test_benchmarks_reject_bad_numbers_naming_them(tmp_path: Path, name: str, flag: str, value: str) -> None:
