@@ -18,7 +18,10 @@ plan computed against deployments that have changed since (another apply, an ope
 refused as stale, and so is one whose hosts, GPUs or models are gone, one that starts or moves a
 model to a host whose GPUs changed since (their number, the smallest one's memory or NVLink: the
 plan sized its models for the GPUs it saw), one that starts or moves a model to a host that is
-offline now (its agent is gone: the model would not run there), or one of
+offline now (its agent is gone: the model would not run there), one that starts or moves a model
+to GPUs that no longer hold its share of weights and one request's KV (the place job's fit, checked
+again against the model's settings, its profile and the GPUs as they are now: a context length,
+preset or profile that grew since, or a host registered again with smaller GPUs), or one of
 whose model names now belongs to another model than the one it was computed for. Applies take
 every host's row lock first (the lock deployment writes take, in host order), so two applies run
 one after the other and the second sees the first's deployments; either every change is made or
@@ -39,12 +42,13 @@ from inventory.models import Device, DeviceKind, Host, HostStatus
 from jobs.models import Job, JobStatus
 from registry.models import ServedModel
 
-from planning.models import PlacementPlan
+from planning.models import ModelProfile, PlacementPlan
 from planning.placing import (
     current_placement,
     fingerprint,
     gpus_by_host,
     host_spec,
+    memory_of,
     running_deployments,
     second_deployments,
     stop_moves,
@@ -99,7 +103,8 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
     Raises:
         PlanNotApplicable: not a succeeded place job with a plan.
         PlanConflict: the deployments changed since the plan was computed, a model, host or GPU
-            of the plan is gone, or the deployments refuse a change; nothing changed.
+            of the plan is gone, a model no longer fits the GPUs the plan gives it, or the
+            deployments refuse a change; nothing changed.
     """
     row, plan = _plan_of(job)  # the plan's row is locked: a concurrent apply waits, then sees it
     if row.applied_at is not None:
@@ -237,17 +242,22 @@ def _targets(moves: list[Any], servers: dict[str, ServerSpec]) -> dict[str, _Tar
     the plan's hosts as it saw them (server name -> spec of the whole host).
 
     Raises:
-        PlanConflict: a model, host or GPU of the plan no longer exists, the GPUs of a host it
-            starts or moves a model to changed, or such a host is offline.
+        PlanConflict: a model, host or GPU of the plan no longer exists, a model it starts or
+            moves no longer fits its GPUs, the GPUs of a host it starts or moves a model to
+            changed, or such a host is offline.
     """
     names = {m.model for m in moves if m.kind != "stop"}
     models = {m.name: m for m in ServedModel.objects.filter(name__in=names)}
+    profiles = dict(
+        ModelProfile.objects.filter(model__in=list(models.values())).values_list("model_id", "data")
+    )
     hosts = {
         h.name: h for h in Host.objects.filter(name__in={m.to_server for m in moves if m.kind != "stop"})
     }
     out: dict[str, _Target] = {}
     gone: list[str] = []
     offline: list[str] = []
+    too_small: list[str] = []
     changed: dict[str, str] = _changed_hosts(set(hosts), servers)  # host name -> how
     for m in moves:
         if m.kind == "stop":
@@ -266,6 +276,7 @@ def _targets(moves: list[Any], servers: dict[str, ServerSpec]) -> dict[str, _Tar
         if missing:
             gone.append(f"GPU {', '.join(map(str, missing))} of host {host.name!r}")
             continue
+        too_small += _misfits(model, host, devices, profiles.get(model.pk))
         if host.name in changed:
             continue
         if host.status == HostStatus.OFFLINE:
@@ -275,6 +286,12 @@ def _targets(moves: list[Any], servers: dict[str, ServerSpec]) -> dict[str, _Tar
     if gone:
         raise PlanConflict(
             f"The plan refers to what no longer exists: {'; '.join(sorted(set(gone)))}; run a new place job."
+        )
+    if too_small:
+        raise PlanConflict(
+            "Models of the plan no longer fit the GPUs it places them on (the model's settings or "
+            f"profile, or the host's GPUs, changed since it was computed): {'; '.join(too_small)}; "
+            "run a new place job."
         )
     if changed:
         how = "; ".join(f"host {name!r}: {text}" for name, text in sorted(changed.items()))
@@ -289,6 +306,28 @@ def _targets(moves: list[Any], servers: dict[str, ServerSpec]) -> dict[str, _Tar
             "bring the host back online or run a new place job."
         )
     return out
+
+
+def _misfits(model: ServedModel, host: Host, devices: list[Device], profile: Any) -> list[str]:
+    """Each of ``devices`` (``model``'s GPUs on ``host`` in a plan) that does not hold the model's
+    share of its weights and one request's KV, as the place job sizes it (`memory_of`, from the
+    model and its profile's data ``profile`` as they are now), said as a refusal names it."""
+    memory = memory_of(model, profile if isinstance(profile, dict) else {})
+    weights, kv, tp = memory["weights_bytes"], memory["min_kv_bytes"], model.tensor_parallel_size
+    need = -(-(weights + kv) // tp)
+    if need == 0:  # unknown: the place job took any GPU to hold it
+        return []
+    return [
+        f"model {model.name!r} needs {_gib(need)} per GPU (weights {_gib(weights)} + minimal KV cache "
+        f"{_gib(kv)} over tp {tp}) but GPU {d.index} of host {host.name!r} has "
+        + (_gib(d.memory_total_bytes) if d.memory_total_bytes else "memory of unknown size")
+        for d in devices
+        if d.memory_total_bytes < need
+    ]
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
 
 
 def _changed_hosts(names: set[str], servers: dict[str, ServerSpec]) -> dict[str, str]:
