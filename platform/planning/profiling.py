@@ -188,7 +188,9 @@ def simulator_probe(model: ServedModel, params: dict[str, Any], workload: Worklo
             block_size=block_size,
             max_num_seqs=int(options.get("max_num_seqs", 256)),
         )
-        return SimulatorProbe(cost, engine, workload, policy=params.get("policy") or "fcfs")
+        # the probe runs on the GPU the preset is of (the deployed device's kind, as the host
+        # registered it, unless the job or the model names one): its own NVLink reaches lent memory
+        return SimulatorProbe(cost, engine, workload, policy=params.get("policy") or "fcfs", gpu=gpu)
     except ValueError as exc:
         raise ProfilingError(f"cannot simulate {model.name!r}: {exc}") from None
 

@@ -2,7 +2,7 @@
 
 Entry point for the job layer:
     profile_model(model, probe, sla, workload, config, progress=..., should_cancel=...) -> Profile
-with probe = SimulatorProbe(cost, engine_config, workload) or an EngineProbe (real engine, agent).
+with probe = SimulatorProbe(cost, engine_config, workload, gpu=...) or an EngineProbe (real engine, agent).
 """
 
 from serving.profiler.config import (

@@ -6,6 +6,9 @@ KV cache larger than the burst could ever fill, so nothing is preempted and the 
 The simulator's iteration times come from the cost model itself, so it reports no cost-model
 samples: samples come from real engines (EngineProbe), and a CostModel fitted to them is what a
 calibrated SimulatorProbe is built with.
+The probe is told the GPU it runs on (a cost-model preset GPU, as a simulated host's engines are):
+an offload_peer engine saves preempted KV into memory a peer lends over that GPU's own NVLink
+(`costmodel.nvlink`: NVLink 3 on an A100, 4 on an H100), so such an engine cannot be probed without it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from serving.costmodel.gpus import get_gpu
 from serving.costmodel.model import CostModel
+from serving.costmodel.transfer import nvlink
 from serving.metrics import tbts
 from serving.metrics.records import RequestRecord
 from serving.policies import get_policy
@@ -26,6 +31,7 @@ from serving.profiler.probe import BurstResult, ProbeResult, RateProbe
 from serving.sim.config import EngineConfig
 from serving.sim.engine import EngineSim
 from serving.sim.kv import KVCache
+from serving.sim.preemption import PeerStore
 from serving.workload.request import Request
 
 
@@ -71,6 +77,8 @@ class SimulatorProbe(RateProbe):
         workload: WorkloadSpec,
         policy: str = "fcfs",
         policy_options: Mapping[str, Any] | None = None,
+        *,
+        gpu: str | None = None,
     ) -> None:
         """
         Args:
@@ -79,7 +87,20 @@ class SimulatorProbe(RateProbe):
             workload: The workload replayed at each rate.
             policy: Scheduling policy name (serving/policies registry).
             policy_options: Keyword options of the policy.
+            gpu: The GPU it runs on (serving/costmodel/gpus.py, e.g. "h100"); required for an
+                offload_peer engine, whose lent memory is reached over that GPU's own NVLink.
+
+        Raises:
+            ValueError: an unknown policy or GPU, or an offload_peer engine without its GPU.
         """
+        if gpu is not None:
+            get_gpu(gpu)  # an unknown GPU fails here, listing the known ones
+        elif engine.preemption_mode == "offload_peer":
+            raise ValueError(
+                "an offload_peer engine needs gpu= (the GPU it runs on, e.g. 'h100'): its lent "
+                "memory is reached over that GPU's own NVLink"
+            )
+        self.gpu = gpu
         self.cost = cost
         self.engine = engine
         self.workload = workload
@@ -95,9 +116,17 @@ class SimulatorProbe(RateProbe):
     def kv_capacity_bytes(self) -> int:
         return self.engine.num_kv_blocks * self.engine.block_size * self.cost.kv_bytes_per_token
 
+    def store(self, config: EngineConfig) -> PeerStore | None:
+        """Where a run of `config` saves preempted KV: for offload_peer, a fresh PeerStore of its
+        lent capacity over the probe's GPU's NVLink; else None (the engine's own default)."""
+        if config.preemption_mode != "offload_peer" or self.gpu is None:
+            return None
+        return PeerStore(config.peer_capacity_bytes, nvlink(get_gpu(self.gpu).name))
+
     def _run(self, config: EngineConfig, requests: list[Request]) -> tuple[list[RequestRecord], int]:
         """Records and peak KV bytes used."""
-        sim = EngineSim(self.cost, config, get_policy(self.policy, **self.policy_options))
+        policy = get_policy(self.policy, **self.policy_options)
+        sim = EngineSim(self.cost, config, policy, store=self.store(config))
         sim.kv = kv = _PeakKVCache(config.num_kv_blocks, config.block_size)
         records = sim.run(requests)
         peak_blocks = kv.total - kv.min_free
