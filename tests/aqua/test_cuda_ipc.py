@@ -50,3 +50,54 @@ def test_it_refuses_cuda_handles_on_a_host_without_cuda() -> None:
 def test_it_rejects_handles_of_another_kind() -> None:
     with pytest.raises(ValueError, match="not a CUDA IPC handle"):
         CudaIpcRegion.attach({"kind": "shm", "name": "x"})
+
+
+class _Stream:
+    """Records which streams it was ordered after."""
+
+    def __init__(self, device: object = None) -> None:
+        self.device = device
+        self.waited: list[str] = []
+
+    def wait_stream(self, other: str) -> None:
+        self.waited.append(other)
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Tensor:
+    """What `_copy` touches of a tensor."""
+
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+
+    def numel(self) -> int:
+        return 64
+
+    def copy_(self, src: object, non_blocking: bool = False) -> None:
+        pass
+
+    def record_stream(self, stream: object) -> None:
+        pass
+
+
+def test_copies_wait_for_the_callers_stream_on_the_other_gpu_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A consumer on cuda:0 writes its gathered KV into a peer's region on cuda:1: the side stream
+    # (on cuda:1) waited only for cuda:1's current stream, not for cuda:0's, which was still
+    # writing the gathered bytes.
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: f"current:{device}")
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    region = CudaIpcRegion(_Tensor("cuda:1"), "cuda:1", owner=False, handle={})  # type: ignore[arg-type]
+    side = region._stream
+    assert isinstance(side, _Stream)
+    region._copy(_Tensor("cuda:1"), _Tensor("cuda:0"), sync=False)
+    assert side.waited == ["current:cuda:1", "current:cuda:0"]
+    side.waited.clear()
+    # A read into host memory waits only for the region's GPU.
+    region._copy(_Tensor("cpu"), _Tensor("cuda:1"), sync=True)
+    assert side.waited == ["current:cuda:1"]

@@ -149,9 +149,13 @@ class CudaIpcRegion(Region):
         self._stream.synchronize()
 
     def _copy(self, dst: torch.Tensor, src: torch.Tensor, sync: bool) -> None:
-        # Order after work already queued on the caller's stream (which produced `src`), and
-        # keep both tensors' memory alive until the side stream has used it.
-        self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
+        # Order after work already queued on the caller's streams: the one that produced `src` and
+        # the one that last used `dst`. Either may be on another GPU than this region (a consumer
+        # copying its KV to a peer's lent buffer), so wait on the current stream of each tensor's
+        # device, not only the region's. Then keep both tensors' memory alive until the side
+        # stream has used it.
+        for device in dict.fromkeys(t.device for t in (dst, src) if t.is_cuda):
+            self._stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(self._stream):
             dst.copy_(src, non_blocking=True)
         for t in (dst, src):
