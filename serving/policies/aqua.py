@@ -30,6 +30,17 @@ preemption threw that KV away, so service never decreases.
     rotated out mid-prefill would lose its progress and come back with service 0, i.e. as a new
     arrival entitled to wakeup preemption: two long prompts, or a long prompt and a resumed request,
     could then evict each other forever without either finishing its prefill.)
+  * Bounded wait (aging): least service first starves a served request under sustained overload,
+    since new arrivals (service 0) always queue ahead of it and its rotation needs a victim
+    `min_service_gap` ahead of it. A served request that has waited `max_wait_iters` engine
+    iterations since it last joined the waiting queue is aged: it is ordered before every other
+    waiting request (the longest waiting first) and may rotate out the most served running requests
+    (past their first token and their slice) whatever its own service. Once admitted, an aged
+    request runs its full `slice_iters` before anyone, a new arrival included, may rotate it out,
+    and meanwhile it is served first, so it is not the engine's first victim when a KV allocation
+    fails: every such wait buys it `slice_iters` iterations of service. New arrivals do not age:
+    they are served first come first served among themselves, ahead of the served requests, and
+    aging them too would queue an overload's whole backlog ahead of an aged request again.
   * prefill_token_cap: prefill chunks may use the budget left after one token for every decode,
     so prefills never starve decodes.
 
@@ -129,45 +140,101 @@ class AquaFairPolicy(SchedulingPolicy):
             out, and with recompute preemption neither would ever get back to a new token.
         first_slice_iters: The slice when the waiting request has had no service yet (a new
             arrival); at most `slice_iters`.
+        max_wait_iters: Engine iterations a served request may wait (since it last joined the
+            waiting queue) before it is aged (see the module docstring); a positive integer.
+            Iterations, like the slices, so that a setting means the same in the simulator and in
+            vLLM whatever the hardware's step time. The default, 1000 (10-50 s at 10-50 ms a step),
+            is over 10x the longest wait of the burst the policy is designed for, which it leaves
+            unchanged: in the simulator, 8 requests of 1,500 output tokens rotated out by a burst of
+            16 short ones (tests/vllm_aqua/test_aqua_policy_sim.py) waited at most 95 iterations
+            (56 with recompute preemption), and every token came at the same time with the
+            default as without the guard. Waits beyond it come from overload: over the random
+            KV-bound workloads of tests/serving/test_aqua_rotations.py served requests waited up
+            to 1,957 iterations without the guard.
     """
 
-    def __init__(self, slice_iters: int = 4, min_service_gap: int = 16, first_slice_iters: int = 1) -> None:
+    def __init__(
+        self,
+        slice_iters: int = 4,
+        min_service_gap: int = 16,
+        first_slice_iters: int = 1,
+        max_wait_iters: int = 1000,
+    ) -> None:
         if slice_iters <= 0:
             raise ValueError(f"{slice_iters=} must be positive")
         if min_service_gap < 1:
             raise ValueError(f"{min_service_gap=} must be >= 1")
         if not 0 < first_slice_iters <= slice_iters:
             raise ValueError(f"{first_slice_iters=} must be in [1, {slice_iters=}]")
+        if not isinstance(max_wait_iters, int) or isinstance(max_wait_iters, bool) or max_wait_iters < 1:
+            raise ValueError(f"max_wait_iters must be a positive integer, got {max_wait_iters!r}")
         self.slice_iters = slice_iters
         self.first_slice_iters = first_slice_iters
         self.min_service_gap = min_service_gap
+        self.max_wait_iters = max_wait_iters
         # (req_id, admission_seq) -> iteration at which the policy first saw that admission running
         # (the one after the iteration that admitted it: order_running runs before admission).
         self._admitted_at: dict[tuple[Hashable, int], int] = {}
+        # req_id -> iteration at which the policy first saw the request in its current wait.
+        self._waiting_since: dict[Hashable, int] = {}
+        self._aged: set[Hashable] = set()  # waiting requests aged at the last order_waiting
+        # Admissions of aged requests still inside their guaranteed slice.
+        self._protected: set[tuple[Hashable, int]] = set()
 
     def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
-        return sorted(waiting, key=_key)
+        since = self._waiting_since
+        oldest = ctx.iteration - self.max_wait_iters
+        served: set[Hashable] = set()
+        aged: list[R] = []
+        for r in waiting:
+            if service(r) == 0:  # a new arrival: first come first served among its peers
+                continue
+            served.add(r.req_id)
+            if since.setdefault(r.req_id, ctx.iteration) <= oldest:
+                aged.append(r)
+        if len(since) != len(served):
+            for k in [k for k in since if k not in served]:
+                del since[k]
+        self._aged = {r.req_id for r in aged}
+        if not aged:
+            return sorted(waiting, key=_key)
+        rest = [r for r in waiting if r.req_id not in self._aged]
+        return sorted(aged, key=lambda r: (since[r.req_id], *_key(r))) + sorted(rest, key=_key)
 
     def order_running(self, running: Sequence[R], ctx: SchedContext) -> list[R]:
-        seen = {(r.req_id, r.admission_seq) for r in running}
-        if seen != self._admitted_at.keys():  # most steps admit and remove no one
-            for k in list(self._admitted_at):
-                if k not in seen:
-                    del self._admitted_at[k]
-            for k in seen:
-                self._admitted_at.setdefault(k, ctx.iteration)
-        return sorted(running, key=_key)
+        admitted = self._admitted_at
+        if len(running) != len(admitted) or any((r.req_id, r.admission_seq) not in admitted for r in running):
+            seen = {(r.req_id, r.admission_seq) for r in running}
+            for k in [k for k in admitted if k not in seen]:
+                del admitted[k]
+                self._protected.discard(k)
+            for r in running:
+                k = (r.req_id, r.admission_seq)
+                if k not in admitted:  # admitted in the last iteration: its wait is over
+                    admitted[k] = ctx.iteration
+                    self._waiting_since.pop(r.req_id, None)
+                    if r.req_id in self._aged:
+                        self._aged.discard(r.req_id)
+                        self._protected.add(k)
+        if not self._protected:
+            return sorted(running, key=_key)
+        for k in [k for k in self._protected if ctx.iteration + 1 - admitted[k] >= self.slice_iters]:
+            self._protected.discard(k)
+        protected = self._protected
+        return sorted(running, key=lambda r: ((r.req_id, r.admission_seq) not in protected, *_key(r)))
 
     def select_rotations(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         if not waiting or not running:
             return []
         since = self._admitted_at
+        protected = self._protected
 
         def ran(r: R) -> int:  # iterations run since admission, the admitting one included
             return ctx.iteration + 1 - since.get((r.req_id, r.admission_seq), ctx.iteration + 1)
 
-        # Most served first; waiting is least served first, so once a waiting request finds no
-        # victim with a large enough service lead, no later one would either.
+        # Most served first; waiting is least served first after the aged ones, so once a request
+        # that is not aged finds no victim with a large enough service lead, no later one would
+        # either (and the engine admits no one behind a request it cannot admit).
         by_service = list(reversed(running))
         growth = _StepGrowth(running, ctx)
         free = ctx.free_kv_blocks  # plus the victims' blocks, less those the admitted ones need
@@ -184,13 +251,19 @@ class AquaFairPolicy(SchedulingPolicy):
                 need = kv_blocks_taken_by_admission(w, victims, ctx)
             taken = {id(v) for v in victims}
             new_arrival = service(w) == 0
-            # Wakeup preemption (a new arrival) after the first slice, else after the full slice;
-            # either way only requests past their first token (see the module docstring).
+            # A new arrival needs no service lead over its victims, nor does an aged request
+            # (waiting has the aged ones first), which may rotate out less served requests too.
+            gap = None if new_arrival or w.req_id in self._aged else self.min_service_gap
+            # Wakeup preemption (a new arrival) after the first slice, else after the full slice,
+            # and an aged admission's slice is always the full one; either way only requests past
+            # their first token (see the module docstring).
             slice_iters = self.first_slice_iters if new_arrival else self.slice_iters
             pool = [
                 r
                 for r in by_service
-                if id(r) not in taken and r.num_output_tokens > 0 and ran(r) >= slice_iters
+                if id(r) not in taken
+                and r.num_output_tokens > 0
+                and ran(r) >= (self.slice_iters if (r.req_id, r.admission_seq) in protected else slice_iters)
             ]
             candidates = iter(pool)
             planned: list[R] = []
@@ -198,7 +271,7 @@ class AquaFairPolicy(SchedulingPolicy):
             gained_slots = 0
             while free + gained_blocks - growth.blocks < need or slots + gained_slots < 1:
                 v = next(candidates, None)
-                if v is None or (not new_arrival and service(v) - service(w) < self.min_service_gap):
+                if v is None or (gap is not None and service(v) - service(w) < gap):
                     return victims
                 gained_blocks += kv_blocks_freed_by_preemption(v, [*victims, *planned], ctx)
                 planned.append(v)

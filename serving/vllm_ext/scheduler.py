@@ -6,6 +6,8 @@ environment:
 
     aqua_policy          / AQUA_POLICY        policy name (default "aqua"; any registered policy)
     aqua_slice_iters     / AQUA_SLICE_ITERS   the aqua policy's time slice, in iterations
+    aqua_max_wait_iters  / AQUA_MAX_WAIT_ITERS the aqua policy's bound on a served request's wait,
+                                              in iterations (its aging guard)
     aqua_policy_options                       extra policy constructor options (dict)
     aqua_stats_dir       / AQUA_STATS_DIR     where scheduler.json (counters) is written
 
@@ -60,12 +62,14 @@ def policy_from_config(additional: dict[str, Any] | None) -> SchedulingPolicy:
     extra = dict(additional or {})
     name = str(extra.get("aqua_policy") or os.environ.get("AQUA_POLICY") or "aqua")
     options = dict(extra.get("aqua_policy_options") or {})
-    slice_iters = extra.get("aqua_slice_iters", os.environ.get("AQUA_SLICE_ITERS"))
-    if slice_iters is not None and name == "aqua":
-        try:
-            options["slice_iters"] = int(slice_iters)
-        except ValueError:
-            raise ValueError(f"aqua_slice_iters must be an integer, got {slice_iters!r}") from None
+    for option in ("slice_iters", "max_wait_iters"):
+        key = f"aqua_{option}"
+        value = extra.get(key, os.environ.get(key.upper()))
+        if value is not None and name == "aqua":
+            try:
+                options[option] = int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{key} must be an integer, got {value!r}") from None
     return get_policy(name, **options)
 
 

@@ -7,9 +7,11 @@ import random
 import pytest
 
 from serving.policies import get_policy
+from serving.policies.aqua import AquaFairPolicy
 from serving.sim.config import EngineConfig
 from serving.sim.engine import EngineSim
-from tests.serving.conftest import make_cost, make_requests
+from serving.workload.request import Request
+from tests.serving.conftest import constant_cost, make_cost, make_requests
 
 
 class WatchedEngine(EngineSim):
@@ -50,3 +52,31 @@ def test_it_admits_a_waiting_request_in_every_step_that_rotates(mode: str) -> No
         assert engine.idle_rotation_steps == 0, (seed, config, engine.rotation_steps)
         rotation_steps += engine.rotation_steps
     assert rotation_steps > 50  # the workloads do put the policy under pressure
+
+
+@pytest.mark.parametrize("mode", ["recompute", "offload_dram"])
+def test_a_preempted_request_finishes_under_sustained_overload(mode: str) -> None:
+    # Regression: least service first starved a served request. Three one-token requests arrive
+    # every iteration and two run at a time, so new arrivals (service 0) queue without end; the
+    # first of them rotated the 40-token request out after its 5th token (wakeup preemption), and
+    # it stayed behind every later arrival: 5 tokens in 600 iterations. Aged after max_wait_iters,
+    # it goes first and runs a full slice each time, so it finishes within
+    # ceil(35 / slice_iters) waits of at most max_wait_iters + slice_iters + 2 iterations.
+    horizon = 6.0
+    reqs = [Request(0, 0.0, 16, 40)]
+    reqs += [
+        Request(1 + 3 * i + j, 0.05 + 0.01 * i, 16, 1) for i in range(int(horizon / 0.01)) for j in range(3)
+    ]
+    config = EngineConfig(
+        max_num_batched_tokens=256, max_num_seqs=2, block_size=16, num_kv_blocks=1000, preemption_mode=mode
+    )
+
+    def first_request_tokens(max_wait_iters: int) -> list[float]:
+        policy = AquaFairPolicy(slice_iters=4, max_wait_iters=max_wait_iters)
+        return EngineSim(constant_cost(0.01), config, policy).run(reqs, until=horizon)[0].token_times
+
+    assert len(first_request_tokens(10**9)) == 5  # no guard within the horizon: starved
+    times = first_request_tokens(50)
+    assert len(times) == 40
+    bound_iterations = 5 + -(-35 // 4) * (50 + 4 + 2)
+    assert times[-1] <= 0.01 * bound_iterations + 1e-9, (times[-1], bound_iterations)

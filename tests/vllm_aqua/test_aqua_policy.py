@@ -218,3 +218,49 @@ def test_a_cached_prefix_held_only_by_the_victim_saves_the_waiting_request_nothi
     ordered = p.order_running([Req("victim", 16, 16, 17, admission_seq=0)], ctx(iteration=0, max_running=1))
     new = HitsHeldByVictim("new", 70)
     assert p.select_rotations(ordered, [new], ctx(iteration=3, free=0, max_running=1)) == []
+
+
+def test_a_served_request_that_waited_max_wait_iters_goes_first_and_needs_no_service_gap() -> None:
+    # Least service first starved it: new arrivals always queue ahead of it, and no running
+    # request is min_service_gap ahead of it (it has more service than the one running).
+    p = AquaFairPolicy(slice_iters=4, min_service_gap=16, max_wait_iters=100)
+    ordered = p.order_running([Req("r0", 16, 16, 10, admission_seq=0)], ctx(iteration=0, max_running=1))
+    starved = Req("starved", 16, 0, 30, arrival_time=0.0)  # preempted after 30 tokens: service 46
+    new = Req("new", 16, arrival_time=5.0)
+    assert [r.req_id for r in p.order_waiting([starved, new], ctx(iteration=10))] == ["new", "starved"]
+    waiting = p.order_waiting([starved, new], ctx(iteration=109))  # waited 99 iterations
+    assert [r.req_id for r in waiting] == ["new", "starved"]
+    assert p.select_rotations(ordered, [starved], ctx(iteration=109, free=8, max_running=1)) == []
+    waiting = p.order_waiting([starved, new], ctx(iteration=110))  # 100: aged
+    assert [r.req_id for r in waiting] == ["starved", "new"]
+    victims = p.select_rotations(ordered, waiting, ctx(iteration=110, free=8, max_running=1))
+    assert [v.req_id for v in victims] == ["r0"]
+    # New arrivals do not age: they are first come first served among themselves anyway.
+    late = Req("late", 16, arrival_time=6.0)
+    waiting = p.order_waiting([late, new], ctx(iteration=500))
+    assert [r.req_id for r in waiting] == ["new", "late"]
+
+
+def test_an_aged_request_runs_its_full_slice_first_in_the_service_order() -> None:
+    p = AquaFairPolicy(slice_iters=4, min_service_gap=16, first_slice_iters=1, max_wait_iters=100)
+    p.order_waiting([Req("starved", 16, 0, 30)], ctx(iteration=0))
+    p.order_waiting([Req("starved", 16, 0, 30)], ctx(iteration=100))  # aged, and admitted now
+    # Next iteration it runs (its recompute done), the most served, with a request admitted with it.
+    running = [Req("other", 16, 16, 2, admission_seq=2), Req("starved", 16, 16, 30, admission_seq=1)]
+    ordered = p.order_running(running, ctx(iteration=101, max_running=2))
+    assert [r.req_id for r in ordered] == ["starved", "other"]  # not the first KV victim
+    new = [Req("new", 16, arrival_time=9.0)]
+    # A new arrival's wakeup preemption (after first_slice_iters) takes the other one, not it ...
+    victims = p.select_rotations(ordered, new, ctx(iteration=102, free=50, max_running=2))
+    assert [v.req_id for v in victims] == ["other"]
+    # ... until it has run slice_iters iterations; then it is served by service again.
+    ordered = p.order_running(running, ctx(iteration=104, max_running=2))
+    assert [r.req_id for r in ordered] == ["other", "starved"]
+    victims = p.select_rotations(ordered, new, ctx(iteration=104, free=50, max_running=2))
+    assert [v.req_id for v in victims] == ["starved"]
+
+
+@pytest.mark.parametrize("bad", [0, -5, "100", 2.5, True, None])
+def test_max_wait_iters_must_be_a_positive_integer(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"max_wait_iters must be a positive integer, got"):
+        get_policy("aqua", max_wait_iters=bad)
