@@ -7,7 +7,8 @@ last stamp is older than ``JOBS_LOST_AFTER_S``. The sweep runs on Celery beat (s
 once whenever a worker starts, and again ``JOBS_LOST_AFTER_S`` later if jobs were running then (a
 worker restarted at once cannot tell its predecessor's job is lost yet). Both writes are
 conditional on ``status=running``, so a job that finishes or is cancelled meanwhile keeps its own
-outcome.
+outcome. The sweep skips a job whose outcome is being saved (its row locked by the save), however
+long that takes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -87,12 +88,17 @@ def fail_lost_jobs(now: datetime | None = None) -> list[int]:
             f"Worker lost: no heartbeat from {job.worker or 'its worker'} since {last} "
             f"(more than {settings.JOBS_LOST_AFTER_S:g} s); the job did not finish."
         )
-        # Re-checked in the UPDATE: a heartbeat or an outcome written since the SELECT wins.
-        updated = (
-            Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING)
-            .filter(silent)
-            .update(status=JobStatus.FAILED, error=error, finished_at=now)
-        )
+        # Re-checked under the row's lock: a heartbeat or an outcome written since the SELECT wins.
+        # A row locked by its worker is a job whose outcome is being saved (jobs.services._succeed):
+        # the worker is alive however long the save takes, and no beat can land before it ends, so
+        # the job is skipped, not waited for (after a save that rolled back, the wait failed it).
+        with transaction.atomic():
+            lost = Job.objects.select_for_update(skip_locked=True).filter(
+                silent, pk=job.pk, status=JobStatus.RUNNING
+            )
+            updated = lost.exists() and Job.objects.filter(pk=job.pk).update(
+                status=JobStatus.FAILED, error=error, finished_at=now
+            )
         if updated:
             logger.warning("job %s failed: %s", job.pk, error)
             failed.append(job.pk)

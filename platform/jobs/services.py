@@ -13,17 +13,18 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from typing import Any
 
 from accounts.services import lock_owner
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 from django.db.models import Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from core.unavailable import BrokerUnavailable
-from jobs.liveness import Heartbeat, worker_name
+from jobs.liveness import Heartbeat, beat, worker_name
 from jobs.models import ACTIVE_STATUSES, Job, JobStatus
 from jobs.registry import JobCancelled, JobContext, JobKind, get_kind
 
@@ -229,11 +230,17 @@ def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
     except (TypeError, ValueError) as exc:
         error = f"The job finished but its result cannot be stored as JSON: {exc}"
         return _finish(job_id, status=JobStatus.FAILED, error=error, progress=ctx.latest)
+    # The heartbeat ends with the run, and a long save (a large plan or profile) is silent: while
+    # the save holds the row locked the sweep skips the job (liveness.fail_lost_jobs), and a save
+    # that fails on a transient error stamps it for the retry's countdown. Without either, such a
+    # job was failed as lost while its worker went on to retry it.
     try:
         return _succeed(job_id, result, ctx.outcome)
     except JobCancelled:
         return JobStatus.CANCELLED
     except TRANSIENT_DB_ERRORS:
+        with suppress(DatabaseError):  # best effort: the database may be what failed
+            beat(job_id)
         raise
     except Exception as exc:  # from an outcome write: nothing of it was kept
         return _fail(job_id, kind, exc, ctx.latest)

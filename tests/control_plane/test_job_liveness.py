@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from celery.apps.beat import Beat
 from django.conf import settings
+from django.db import OperationalError, connection
 from django.test import override_settings
 from django.utils import timezone
 from jobs.liveness import Heartbeat, fail_lost_jobs
 from jobs.models import Job, JobStatus
+from jobs.registry import JobContext
 from jobs.services import create_job, execute_job
 from jobs.tasks import fail_lost_jobs as sweep_task
 from rest_framework.test import APIClient
 
 from config.celery import app
+from tests.pg_locks import in_thread
 
+from .test_jobs_api import job_of_a_test_kind
 from .test_worker import URL, wait_for
 from .worker import CeleryWorker
 
@@ -75,6 +81,46 @@ def test_a_heartbeat_stamps_the_running_job_until_its_block_ends() -> None:
     stamped = Job.objects.get(pk=job.pk).heartbeat_at
     time.sleep(0.3)  # six intervals: a heartbeat still running would stamp again
     assert Job.objects.get(pk=job.pk).heartbeat_at == stamped
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(JOBS_HEARTBEAT_S=0.1, JOBS_LOST_AFTER_S=1.0)
+def test_a_job_whose_outcome_save_outlasts_the_lost_limit_is_not_failed_as_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The heartbeat stops when the runner returns, before its outcome (a plan, a profile) is saved,
+    # and the sweep waited for the row the save held locked: a save longer than JOBS_LOST_AFTER_S
+    # that then met a transient database error (retried by Celery) was failed as lost, by that
+    # sweep (PostgreSQL) or by one during the retry's countdown, while its worker went on.
+    saves: list[int] = []
+    mid_save: list[list[int]] = []  # what a sweep during the save failed (PostgreSQL)
+    errors: list[str] = []
+    sweeps: list[threading.Thread] = []
+
+    def save() -> None:
+        saves.append(len(saves))
+        if len(saves) > 1:
+            return
+        time.sleep(1.3)
+        if connection.vendor == "postgresql":  # SQLite's sweep waits for the save's transaction
+            sweeps.append(in_thread("sweep", lambda: mid_save.append(fail_lost_jobs()), errors))
+            sweeps[0].join(timeout=10)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        ctx.on_success(save)
+        return {}
+
+    job = job_of_a_test_kind(monkeypatch, "slow-save", run)
+    with pytest.raises(OperationalError):
+        execute_job(job.pk, claim="first")
+    if sweeps:
+        assert not sweeps[0].is_alive(), "the sweep waited for the save"
+        assert (mid_save, errors) == ([[]], [])
+    assert fail_lost_jobs() == []  # beat's sweep, while the retry waits for its countdown
+    assert execute_job(job.pk, claim="another delivery") is None  # the claim still guards the job
+    assert execute_job(job.pk, claim="first") == JobStatus.SUCCEEDED  # the retry
+    assert saves == [0, 1]
 
 
 @pytest.mark.django_db(transaction=True)
