@@ -217,8 +217,7 @@ def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
         with Heartbeat(job_id):
             result = kind.run(job.params, ctx)
     except JobCancelled:
-        logger.info("job %s cancelled; stopped", job_id)
-        return JobStatus.CANCELLED
+        return _stopped(job_id)
     except TRANSIENT_DB_ERRORS:
         raise
     except Exception as exc:
@@ -237,7 +236,7 @@ def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
     try:
         return _succeed(job_id, result, ctx.outcome)
     except JobCancelled:
-        return JobStatus.CANCELLED
+        return _stopped(job_id)
     except TRANSIENT_DB_ERRORS:
         with suppress(DatabaseError):  # best effort: the database may be what failed
             beat(job_id)
@@ -266,7 +265,7 @@ def _succeed(job_id: int, result: Any, outcome: list[Callable[[], object]]) -> J
     With the writes in a transaction of their own, a cancel between it and the status write left
     a cancelled job whose profile had become its model's current one."""
     if not Job.objects.select_for_update().filter(pk=job_id, status=JobStatus.RUNNING).exists():
-        return JobStatus.CANCELLED  # cancelled (or failed as lost) after its last step
+        return _stopped(job_id)  # cancelled (or failed as lost) after its last step
     for write in outcome:
         write()
     return _finish(job_id, status=JobStatus.SUCCEEDED, progress=1.0, result=result)
@@ -277,5 +276,23 @@ def _finish(job_id: int, *, status: JobStatus, **fields: Any) -> JobStatus:
         status=status, finished_at=timezone.now(), **fields
     )
     if not updated:
-        return JobStatus.CANCELLED  # cancelled between the last step and this write
+        return _stopped(job_id)  # cancelled (or failed as lost) between the last step and this write
     return status
+
+
+def _stopped(job_id: int) -> JobStatus:
+    """The job no longer runs under this worker: log what it became, and return that.
+
+    Cancelled by a user, or failed as lost by the sweep (jobs/liveness.py) while this worker was
+    alive but silent: this worker's log line and the task's outcome said "cancelled" for both.
+    Either way nothing of its run is kept."""
+    status = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+    if status is None:
+        logger.info("job %s was deleted; stopped", job_id)
+        return JobStatus.CANCELLED
+    if status == JobStatus.FAILED:
+        message = "job %s was failed as lost while this worker still ran it; stopped, nothing of it kept"
+        logger.warning(message, job_id)
+    else:
+        logger.info("job %s %s; stopped", job_id, status)
+    return JobStatus(status)

@@ -123,6 +123,32 @@ def test_a_job_whose_outcome_save_outlasts_the_lost_limit_is_not_failed_as_lost(
     assert saves == [0, 1]
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("noticed", ["at a progress report", "as it saves its outcome"])
+def test_a_worker_whose_job_was_failed_as_lost_says_so_not_that_it_was_cancelled(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, noticed: str
+) -> None:
+    # A worker alive but silent (a stalled heartbeat) whose job the sweep failed as lost logged
+    # "job N cancelled; stopped" and returned cancelled (Celery's line for the task too) when it
+    # noticed: nobody cancelled it.
+    def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        later = timezone.now() + timedelta(seconds=settings.JOBS_LOST_AFTER_S + 1)
+        assert fail_lost_jobs(now=later) == [params["job"]]
+        if noticed == "at a progress report":
+            ctx.progress(0.5)
+        return {}
+
+    job = job_of_a_test_kind(monkeypatch, "stalled", run)
+    with caplog.at_level("INFO", logger="jobs.services"):
+        assert execute_job(job.pk) == JobStatus.FAILED
+    said = [r.getMessage() for r in caplog.records if r.name == "jobs.services"]
+    assert said == [
+        f"job {job.pk} was failed as lost while this worker still ran it; stopped, nothing of it kept"
+    ]
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.error.startswith("Worker lost") and job.result is None
+
+
 @pytest.mark.django_db(transaction=True)
 def test_running_a_job_records_its_worker_and_a_heartbeat() -> None:
     job = create_job("noop", {"steps": 1, "delay_s": 0.0}, None)
