@@ -16,17 +16,18 @@ admission_limit (KV reservation with pipelining)
     Each running request reserves KV for its prompt plus its predicted response, rounded up to the
     top of its length bucket (a request that outlives its bucket moves to the next). With
     pipelining, reservations are trajectories rather than totals: request i holds c_i tokens now,
-    grows one token per iteration for s_i more iterations and frees everything when it finishes,
-    so a newcomer may use space that others have reserved but will not fill before it is done. A
-    waiting request is admitted only if the peak of the summed trajectories stays within
-    `kv_target` of the cache; without pipelining the sum of full reservations must. The decode
-    batch is also capped so that a decode-only iteration stays within `decode_share` of the TPOT
-    SLO. Requests whose TTFT is already lost (last in the PT queue) are admitted only while the KV
-    held by the running requests, with what they would take, stays within `late_kv_share` of the
-    cache: under overload a late request that takes the last free blocks holds them for its whole
-    response and makes the on-time arrivals behind it late too (the paper orders both queues by
-    SLO urgency so that KV goes first to requests that can still meet their SLO). Late requests
-    still run whenever the cache is not that full, and every request finishes.
+    grows one token per iteration for s_i more iterations and frees everything when it finishes, so
+    a newcomer may use space that others have reserved but will not fill before it is done. A
+    waiting request is admitted only if the peak of the summed trajectories (each request's tokens
+    in whole KV blocks) stays within `kv_target` of the cache; without pipelining the sum of full
+    reservations must. The decode batch is also capped so that a decode-only iteration stays within
+    `decode_share` of the TPOT SLO. Requests whose TTFT is already lost (last in the PT queue) are
+    admitted only while the KV held by the running requests, with what they would take, stays
+    within `late_kv_share` of the cache: under overload a late request that takes the last free
+    blocks holds them for its whole response and makes the on-time arrivals behind it late too (the
+    paper orders both queues by SLO urgency so that KV goes first to requests that can still meet
+    their SLO). Late requests still run whenever the cache is not that full, and every request
+    finishes.
 prefill_token_cap (time-synced batching)
     Prefill tokens added to an iteration are capped so that the iteration, with its decodes, stays
     within `sync_factor` x the TPOT SLO (from the cost model); with no decodes, the whole budget.
@@ -257,7 +258,8 @@ class EcoServePolicy(SchedulingPolicy):
         50 req/s did not finish in minutes). Token counts are integers, so the sums are exact and
         the answer is the same.
         """
-        cap = self.kv_target * ctx.total_kv_blocks * ctx.block_size
+        bs = ctx.block_size
+        cap = self.kv_target * ctx.total_kv_blocks * bs
         both = [*running, *waiting]
         held = [r.num_prompt_tokens + r.num_output_tokens for r in both]
         steps = [self.predicted_output(r) - r.num_output_tokens for r in both]
@@ -265,25 +267,29 @@ class EcoServePolicy(SchedulingPolicy):
         lo, hi = 0, len(waiting)  # the answer lies in [lo, hi]
         while lo < hi:
             k = (lo + hi) // 2
-            if _peak_tokens(held[: n + k + 1], steps[: n + k + 1], self.pipelining) > cap:
+            if _peak_tokens(held[: n + k + 1], steps[: n + k + 1], self.pipelining, bs) > cap:
                 hi = k
             else:
                 lo = k + 1
         return lo
 
 
-def _peak_tokens(held: list[int], steps: list[int], pipelining: bool) -> float:
+def _peak_tokens(held: list[int], steps: list[int], pipelining: bool, block_size: int = 1) -> float:
     """Peak KV tokens of requests holding held[i] now and growing for steps[i] more iterations.
 
     Without pipelining every reservation counts in full (held + steps). With it, occupancy at
     iteration t is the sum over requests still running (t < steps[i]) of held[i] + t; it peaks just
-    before some request finishes, at t = steps[i] - 1, which are the only points evaluated.
+    before some request finishes, at t = steps[i] - 1, which are the only points evaluated. KV is
+    allocated in blocks, so each request's tokens count rounded up to whole `block_size` blocks
+    (counted in tokens, the last partial block of every request was missed: reservations that
+    fit in tokens overran the cache by up to a block per request, and the engine preempted).
+    Rounding keeps each request's occupancy non-decreasing in t, so the peak points are the same.
     """
     h = np.asarray(held, dtype=float)
     s = np.asarray(steps, dtype=float)
     if not pipelining:
-        return float((h + s).sum())
+        return float((np.ceil((h + s) / block_size) * block_size).sum())
     t = np.unique(s - 1.0)
     alive = s[None, :] > t[:, None]  # [time point, request]
-    occ = (alive * (h[None, :] + t[:, None])).sum(axis=1)
+    occ = (alive * (np.ceil((h[None, :] + t[:, None]) / block_size) * block_size)).sum(axis=1)
     return float(occ.max())

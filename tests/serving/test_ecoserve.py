@@ -65,6 +65,21 @@ def test_pipelining_lets_a_short_request_use_space_reserved_but_not_yet_filled()
     assert EcoServePolicy(pipelining=True).admission_limit(running, [long_newcomer], c) == 0
 
 
+def test_the_reservation_counts_whole_kv_blocks_not_tokens() -> None:
+    # 3 blocks x 16 = 48 tokens. A running request will hold 20 tokens (2 blocks: 32) and a
+    # newcomer 19 or 20 (2 blocks): 39 tokens fit in 48, but their 4 blocks do not fit in 3. Counted
+    # in tokens, the newcomer was admitted and the engine had to preempt one of them.
+    edges = (0, 10, 20)  # a 15-token prediction reserves its bucket's top, 20
+    running = [req(0, 0.0, 1, 20, 15, out=1)]
+    newcomer = req(1, 9.9, 1, 20, 15)
+    for pipelining in (True, False):
+        policy = EcoServePolicy(bucket_edges=edges, pipelining=pipelining)
+        assert policy.admission_limit(running, [newcomer], ctx(total_blocks=3)) == 0
+        assert policy.admission_limit(running, [newcomer], ctx(total_blocks=4)) == 1
+    assert _peak_tokens([2, 1], [19, 20], True) == 39  # one-token blocks: tokens, as before
+    assert _peak_tokens([2, 1], [19, 20], True, 16) == 64
+
+
 def test_reservation_with_exact_predictions_avoids_the_preemptions_fcfs_suffers() -> None:
     reqs = make_requests(150, rate=40, seed=7)
     exact = {r.req_id: r.output_tokens for r in reqs}
@@ -165,7 +180,8 @@ def _kv_room_by_scan(
     held = [r.num_prompt_tokens + r.num_output_tokens for r in both]
     steps = [policy.predicted_output(r) - r.num_output_tokens for r in both]
     for k in range(len(waiting)):
-        if _peak_tokens(held[: len(running) + k + 1], steps[: len(running) + k + 1], policy.pipelining) > cap:
+        end = len(running) + k + 1
+        if _peak_tokens(held[:end], steps[:end], policy.pipelining, c.block_size) > cap:
             return k
     return len(waiting)
 
@@ -196,9 +212,9 @@ def test_the_kv_reservation_of_a_long_queue_is_not_checked_prefix_by_prefix(monk
     calls: list[int] = []
     real = eco._peak_tokens
 
-    def counted(held: list[int], steps: list[int], pipelining: bool) -> float:
+    def counted(held: list[int], steps: list[int], pipelining: bool, block_size: int) -> float:
         calls.append(len(held))
-        return real(held, steps, pipelining)
+        return real(held, steps, pipelining, block_size)
 
     monkeypatch.setattr(eco, "_peak_tokens", counted)
     waiting = [req(i, 0.0, 10, 20, 10) for i in range(1000)]
