@@ -14,20 +14,20 @@ order_running (the GT queue, then running PTs)
     least; then running PTs by TTFT slack.
 admission_limit (KV reservation with pipelining)
     Each running request reserves KV for its prompt plus its predicted response, rounded up to the
-    top of its length bucket (a request that outlives its bucket moves to the next). With
-    pipelining, reservations are trajectories rather than totals: request i holds c_i tokens now,
-    grows one token per iteration for s_i more iterations and frees everything when it finishes, so
-    a newcomer may use space that others have reserved but will not fill before it is done. A
-    waiting request is admitted only if the peak of the summed trajectories (each request's tokens
-    in whole KV blocks) stays within `kv_target` of the cache; without pipelining the sum of full
-    reservations must. The decode batch is also capped so that a decode-only iteration stays within
-    `decode_share` of the TPOT SLO. Requests whose TTFT is already lost (last in the PT queue) are
-    admitted only while the KV held by the running requests, with what they would take, stays
-    within `late_kv_share` of the cache: under overload a late request that takes the last free
-    blocks holds them for its whole response and makes the on-time arrivals behind it late too (the
-    paper orders both queues by SLO urgency so that KV goes first to requests that can still meet
-    their SLO). Late requests still run whenever the cache is not that full, and every request
-    finishes.
+    top of its length bucket (a request that outlives its bucket moves to the next) but never
+    beyond what it may generate (`max_output_tokens`). With pipelining, reservations are
+    trajectories rather than totals: request i holds c_i tokens now, grows one token per iteration
+    for s_i more iterations and frees everything when it finishes, so a newcomer may use space that
+    others have reserved but will not fill before it is done. A waiting request is admitted only if
+    the peak of the summed trajectories (each request's tokens in whole KV blocks) stays within
+    `kv_target` of the cache; without pipelining the sum of full reservations must. The decode
+    batch is also capped so that a decode-only iteration stays within `decode_share` of the TPOT
+    SLO. Requests whose TTFT is already lost (last in the PT queue) are admitted only while the KV
+    held by the running requests, with what they would take, stays within `late_kv_share` of the
+    cache: under overload a late request that takes the last free blocks holds them for its whole
+    response and makes the on-time arrivals behind it late too (the paper orders both queues by SLO
+    urgency so that KV goes first to requests that can still meet their SLO). Late requests still
+    run whenever the cache is not that full, and every request finishes.
 prefill_token_cap (time-synced batching)
     Prefill tokens added to an iteration are capped so that the iteration, with its decodes, stays
     within `sync_factor` x the TPOT SLO (from the cost model); with no decodes, the whole budget.
@@ -41,11 +41,12 @@ application and request). Slack uses the request's own TTFT; the TPOT-based caps
 TPOT among the requests that share the iteration.
 
 Without a cost model the TTFT slack ignores prefill time and the TPOT-based caps are off. A prediction
-beyond the request's `max_output_tokens` (vLLM's `max_tokens`; None, uncapped, in the simulator)
-counts as that many tokens. A request without a prediction is assumed to need `default_prediction`
-tokens; when that is None (the default) it reserves only the KV it holds; with no predictions at all
-there is no reservation: the policy allocates on demand like vLLM and relies on preemption (victims
-chosen as above).
+beyond the request's `max_output_tokens` (vLLM's `max_tokens`, or the room max_model_len leaves
+after the prompt if less; None, uncapped, in the simulator) counts as that many tokens, and no
+reservation exceeds it: a bucket's top beyond the cap reserves only the cap. A request without a
+prediction is assumed to need `default_prediction` tokens; when that is None (the default) it
+reserves only the KV it holds; with no predictions at all there is no reservation: the policy
+allocates on demand like vLLM and relies on preemption (victims chosen as above).
 """
 
 from __future__ import annotations
@@ -122,8 +123,10 @@ class EcoServePolicy(SchedulingPolicy):
         """Tokens reserved for the response: the upper edge of the predicted length's bucket.
 
         A request that outlives its bucket moves to the next one (past the last edge, buckets keep
-        doubling). A request with no prediction (and no `default_prediction`) reads as finishing
-        with its next token: it reserves nothing beyond what it holds.
+        doubling). Never more than the request's `max_output_tokens`: it cannot generate more, so
+        a bucket top beyond it reserved KV no request would fill. A request with no prediction (and
+        no `default_prediction`) reads as finishing with its next token: it reserves nothing beyond
+        what it holds.
         """
         pred = r.predicted_output_tokens
         if pred is None:  # not `or`: a prediction of 0 tokens is a prediction (bucket 0)
@@ -134,7 +137,8 @@ class EcoServePolicy(SchedulingPolicy):
         out = r.num_output_tokens
         if pred is None:
             return out + 1
-        return self._bucket_top(max(pred, out + 1))
+        top = self._bucket_top(max(pred, out + 1))
+        return top if cap is None else min(top, max(cap, out + 1))
 
     def _bucket_top(self, tokens: int) -> int:
         edges = self.bucket_edges

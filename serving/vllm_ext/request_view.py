@@ -4,7 +4,8 @@ Two per-request hints travel in `SamplingParams.extra_args`, which vLLM's OpenAI
 a request's `vllm_xargs` (e.g. `"vllm_xargs": {"predicted_output_tokens": 120, "slo_class": "chat"}`):
 
     predicted_output_tokens   a positive integer: the response length a predictor expects
-                              (EcoServe reads one above `max_tokens` as `max_tokens`)
+                              (EcoServe reads one above `max_tokens`, or above the room
+                              max_model_len leaves after the prompt, as that many tokens)
     slo_class                 a non-empty string: the key of the request's SLO in the policy's
                               `class_slos`
 
@@ -43,16 +44,23 @@ class VllmRequestView:
             scheduler, since vLLM does not number admissions).
         kv_cache_manager: The scheduler's KV cache manager, whose block tables tell what a
             preemption frees; None: the policy estimates it from the computed tokens.
+        max_model_len: The engine's context length, which stops a response before `max_tokens`
+            when the prompt leaves less room; None: only `max_tokens` caps it.
     """
 
-    __slots__ = ("_hits", "_kv", "_r", "admission_seq")
+    __slots__ = ("_hits", "_kv", "_max_model_len", "_r", "admission_seq")
 
     def __init__(
-        self, request: Request, admission_seq: int, kv_cache_manager: KVCacheManager | None = None
+        self,
+        request: Request,
+        admission_seq: int,
+        kv_cache_manager: KVCacheManager | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self._r = request
         self.admission_seq = admission_seq
         self._kv = kv_cache_manager
+        self._max_model_len = max_model_len
         self._hits: list[KVCacheBlock] | None = None  # the prefix cache's blocks for our prompt
 
     @property
@@ -104,10 +112,14 @@ class VllmRequestView:
 
     @property
     def max_output_tokens(self) -> int:
-        """The request's `max_tokens`: EcoServe reads a larger prediction as this many tokens, so
-        that a client's absurd hint cannot reserve KV the request will never use (and hold back
-        every other request while it runs)."""
-        return int(self._r.max_tokens)
+        """The request's `max_tokens`, or the room `max_model_len` leaves after the prompt if less
+        (vLLM stops the request there too): EcoServe reads a larger prediction as this many tokens
+        and reserves no more, so that a client's absurd hint cannot reserve KV the request will
+        never use (and hold back every other request while it runs)."""
+        cap = int(self._r.max_tokens)
+        if self._max_model_len is not None:
+            cap = min(cap, max(0, self._max_model_len - int(self._r.num_prompt_tokens)))
+        return cap
 
     @property
     def slo_class(self) -> str | None:

@@ -113,7 +113,7 @@ class AquaScheduler(Scheduler):
         if seq is None:
             seq = self._admission[r.request_id] = self._next_seq
             self._next_seq += 1
-        return VllmRequestView(r, seq, self.kv_cache_manager)
+        return VllmRequestView(r, seq, self.kv_cache_manager, self.max_model_len)
 
     def _context(self) -> SchedContext:
         return SchedContext(
@@ -132,7 +132,7 @@ class AquaScheduler(Scheduler):
         if not self.waiting:
             return []
         kv = self.kv_cache_manager
-        views = [VllmRequestView(r, -1, kv) for r in self.waiting]
+        views = [VllmRequestView(r, -1, kv, self.max_model_len) for r in self.waiting]
         ordered = self.aqua_policy.order_waiting(views, ctx)
         queue = self.waiting
         assert isinstance(queue, FCFSRequestQueue)  # a deque

@@ -14,7 +14,7 @@ from tests.vllm_aqua import bare_scheduler
 from tests.vllm_aqua.bare_scheduler import make_request, step
 
 NUM_BLOCKS = 16  # 512 tokens
-PROMPT, OUTPUT = 32, 100  # each reserves 32 + 128 (bucket top): three fit, six do not
+PROMPT, OUTPUT = 32, 100  # each reserves 32 + 100 (its max_tokens, below the bucket top 128): three fit
 OPTIONS: dict[str, float] = {"ttft_slo_s": 100.0, "tpot_slo_s": 10.0, "late_kv_share": 1.0}
 ECOSERVE: dict[str, Any] = {"aqua_policy": "ecoserve", "aqua_policy_options": OPTIONS}
 
@@ -78,10 +78,15 @@ def test_a_prediction_beyond_max_tokens_counts_as_max_tokens() -> None:
         assert view.max_output_tokens == max_tokens
         return EcoServePolicy(bucket_edges=(0, 16, 32, 64)).predicted_output(view)
 
-    assert reserved(10**9) == 32  # the bucket of 20 tokens, not of a billion
-    assert reserved(1e30) == 32
+    assert reserved(10**9) == 20  # what it may generate, not a billion (nor its bucket's top, 32)
+    assert reserved(1e30) == 20
     assert reserved(12) == 16
-    assert reserved(10**9, max_tokens=200) == 256
+    assert reserved(10**9, max_tokens=200) == 200
+    # The scheduler's views know max_model_len (512 here): a 500-token prompt leaves room for 12.
+    s = scheduler()
+    s.add_request(make_request("long", 500, 100, 0.0, extra_args={"predicted_output_tokens": 100}))
+    assert s._order_waiting(s._context())[0].max_output_tokens == 12
+    assert s._view(s.requests["long"]).max_output_tokens == 12
 
 
 def test_a_huge_prediction_does_not_hold_back_everyone_else() -> None:

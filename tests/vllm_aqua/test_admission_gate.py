@@ -68,7 +68,7 @@ def test_the_view_reads_predictions_and_slo_classes_from_extra_args() -> None:
 
 def test_ecoserve_holds_back_what_the_reservation_cannot_fit_and_avoids_preemption() -> None:
     s, admitted, produced = run_two_then_four(predict=True)
-    # Two running reserve 2 x (32 + 128 bucket top); one more fits in 512 tokens, two do not.
+    # Two running reserve 2 x (32 + 100, their max_tokens); one more fits in 512 tokens, two do not.
     assert admitted == {"c"}
     assert s.counters["held_back"] >= 3
     assert s.counters["preemptions"] == 0
