@@ -1,7 +1,9 @@
 """EcoServe (arXiv 2411.06364) as a scheduling policy: PT/GT queues, length-aware KV reservation.
 
-Requests are prompt tasks (PTs: prompt not fully computed) or generation tasks (GTs: decoding). The
-policy's decisions map onto the shared interface as follows.
+Requests are prompt tasks (PTs: prompt not fully computed) or generation tasks (GTs: decoding). A
+request re-prefilling after a recompute preemption is a PT until its prompt and output are computed
+again: it decodes no token before that. The policy's decisions map onto the shared interface as
+follows.
 
 order_waiting (the PT queue)
     Preempted GTs first (they hold generated tokens and are already late), then requests that can
@@ -11,7 +13,8 @@ order_waiting (the PT queue)
     their TTFT go last, in arrival order (they keep their place but do not push feasible ones out).
 order_running (the GT queue, then running PTs)
     GTs by KV held, most first, so the preemption victim (the last) is the GT whose recompute costs
-    least; then running PTs by TTFT slack.
+    least; then running PTs: those re-prefilling after a preemption first (as in the PT queue),
+    then the others by TTFT slack.
 admission_limit (KV reservation with pipelining)
     Each running request reserves KV for its prompt plus its predicted response, rounded up to the
     top of its length bucket (a request that outlives its bucket moves to the next) but never
@@ -158,7 +161,13 @@ class EcoServePolicy(SchedulingPolicy):
 
     @staticmethod
     def is_gt(r: SchedRequest) -> bool:
-        return r.num_output_tokens > 0 and r.num_computed_prompt_tokens == r.num_prompt_tokens
+        """Whether `r` decodes: it has output and its KV holds all its sequence but the last token.
+
+        A request re-prefilling after a recompute preemption has output but recomputes its prompt
+        and output tokens first: prompt work, not a decode, until then (as the engines count it).
+        """
+        out = r.num_output_tokens
+        return out > 0 and r.num_computed_tokens >= r.num_prompt_tokens + out - 1
 
     # -- interface -----------------------------------------------------------------------------
 
@@ -179,11 +188,19 @@ class EcoServePolicy(SchedulingPolicy):
         return sorted(waiting, key=key)
 
     def order_running(self, running: Sequence[R], ctx: SchedContext) -> list[R]:
-        gts = [r for r in running if r.num_output_tokens > 0]
-        pts = [r for r in running if r.num_output_tokens == 0]
+        # Requests re-prefilling after a recompute preemption are PTs: counted as GTs, their
+        # contexts inflated the decode time that time-synced batching caps the prefill chunk by.
+        gts = [r for r in running if self.is_gt(r)]
+        pts = [r for r in running if not self.is_gt(r)]
         gts.sort(key=lambda r: (-(r.num_prompt_tokens + r.num_output_tokens), r.admission_seq))
-        slack = {id(r): self.ttft_slack(r, ctx.now) for r in pts}
-        pts.sort(key=lambda r: (slack[id(r)] < 0, slack[id(r)], r.admission_seq))
+
+        def pt_key(r: R) -> tuple[bool, bool, float, int]:
+            if r.num_output_tokens > 0:  # re-prefilling: its TTFT is behind it, first as when waiting
+                return (False, False, 0.0, r.admission_seq)
+            slack = self.ttft_slack(r, ctx.now)
+            return (True, slack < 0, slack, r.admission_seq)
+
+        pts.sort(key=pt_key)
         self._decode_ctx = [r.num_prompt_tokens + r.num_output_tokens for r in gts]
         self._tpot_now = min((self.slo_of(r)[1] for r in gts), default=self.tpot_slo_s)
         return [*gts, *pts]

@@ -106,6 +106,29 @@ def test_time_synced_prefill_cap_keeps_the_iteration_within_the_tpot_slo() -> No
         assert policy.prefill_token_cap(c, 0) == c.token_budget
 
 
+def test_a_request_re_prefilling_after_a_preemption_is_prompt_work_not_a_decode() -> None:
+    # After a recompute preemption a request keeps its output tokens but computes its prompt and
+    # output again before its next token. Taken for a GT by its output alone, its context swelled
+    # the decode time that time-synced batching sizes the prefill cap by, and it was ordered among
+    # the GTs by the KV it would hold.
+    cost = make_cost()
+    gts = [req(i, 0.0, 300, 500, 400, out=10) for i in range(20)]
+    new_pt = req(98, 9.9, 100, 100, 50)
+    c = ctx()
+    policy = EcoServePolicy(tpot_slo_s=0.05, cost=cost)
+    policy.order_running([*gts, new_pt], c)
+    cap = policy.prefill_token_cap(c, len(gts))
+    assert 0 < cap < c.token_budget
+    for computed in (0, 1200, 2005):  # nothing yet, part of its prompt, its prompt and some output
+        refilling = req(99, 0.0, 2000, 500, 400, out=40)
+        refilling.computed = computed
+        assert not policy.is_gt(refilling)
+        order = policy.order_running([refilling, new_pt, *gts], c)
+        assert [r.req_id for r in order] == [*range(20), 99, 98]  # GTs, then it, then new prompts
+        assert policy.prefill_token_cap(c, len(gts)) == cap
+    assert all(policy.is_gt(r) for r in gts)
+
+
 def test_it_is_registered_and_admits_when_nothing_runs() -> None:
     policy = get_policy("ecoserve")
     assert isinstance(policy, EcoServePolicy)
