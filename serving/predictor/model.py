@@ -3,7 +3,11 @@
 The target is log(1 + output tokens): response lengths are long-tailed, and a least-squares fit in
 log space predicts something close to the conditional median, which is what minimises absolute
 error. Ridge (L2) regularisation keeps the hashed bag-of-words weights small; the intercept is not
-penalised. Solved in closed form with numpy: w = (X'X + alpha * I') ^ -1 X'y.
+penalised. Solved in closed form with numpy on centred features (which leaves the intercept out of
+the penalty): w = (Xc'Xc + alpha * I) ^ -1 Xc'yc, by least squares (SVD), so that any positive
+finite alpha fits: with alpha below rounding (1e-300) the matrix is singular wherever hashed
+columns coincide, and `np.linalg.solve` raised LinAlgError; least squares then gives the
+minimum-norm fit, the limit of ridge as alpha goes to 0.
 
 Predictions are capped at `max_prediction` tokens (default 2^20, the longest length any
 serving/workload distribution draws): a prompt far outside the training data (a 50-digit
@@ -63,6 +67,21 @@ def _lengths(texts: Sequence[str], output_tokens: Sequence[int]) -> np.ndarray:
     return y
 
 
+def _ridge(x: np.ndarray, t: np.ndarray, alpha: float) -> np.ndarray:
+    """Weights w minimising |x w - t|^2 + alpha |w[1:]|^2 (column 0 of x is the intercept, 1s).
+
+    Centring the other columns and `t` takes the unpenalised intercept out of the system; the rest
+    is solved by least squares, whose SVD drops directions that `alpha` is too small to lift above
+    rounding (where `np.linalg.solve` raised on a singular matrix) and keeps the solution finite.
+    """
+    mean_x = x[:, 1:].mean(axis=0)
+    mean_t = float(t.mean())
+    xc = x[:, 1:] - mean_x
+    gram = xc.T @ xc + alpha * np.eye(xc.shape[1])
+    w = np.linalg.lstsq(gram, xc.T @ (t - mean_t), rcond=None)[0]
+    return np.concatenate([[mean_t - float(mean_x @ w)], w])
+
+
 class LengthPredictor:
     """Predicts a prompt's response length (tokens) from its text."""
 
@@ -91,10 +110,7 @@ class LengthPredictor:
     def fit(self, texts: Sequence[str], output_tokens: Sequence[int]) -> LengthPredictor:
         """Fit on prompts and their response lengths; returns self."""
         y = _lengths(texts, output_tokens)
-        x = featurize(texts, self.hash_dim)
-        reg = self.alpha * np.eye(x.shape[1])
-        reg[0, 0] = 0.0  # the intercept is not shrunk
-        self.weights = np.linalg.solve(x.T @ x + reg, x.T @ np.log1p(y))
+        self.weights = _ridge(featurize(texts, self.hash_dim), np.log1p(y), self.alpha)
         self.train_mean = float(y.mean())
         return self
 

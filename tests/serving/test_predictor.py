@@ -99,6 +99,22 @@ def test_it_rejects_a_non_finite_or_negative_alpha(alpha: float) -> None:
         LengthPredictor(alpha=alpha)
 
 
+@pytest.mark.parametrize("alpha", [1e-300, 5e-324])
+def test_a_tiny_alpha_fits_the_unregularised_limit_instead_of_raising(alpha: float) -> None:
+    # np.linalg.solve(X'X + alpha I', ...) raised LinAlgError ("Singular matrix") once alpha was
+    # below rounding and hashed columns coincide (50 prompts, 516 features): alpha is accepted by
+    # the constructor as positive and finite, so fit must work for it.
+    corpus = make_corpus(50, seed=1)
+    texts, lengths = [s.text for s in corpus], [s.output_tokens for s in corpus]
+    tiny = LengthPredictor(alpha=alpha).fit(texts, lengths)
+    assert tiny.weights is not None and np.all(np.isfinite(tiny.weights))
+    small = LengthPredictor(alpha=1e-9).fit(texts, lengths)
+    assert np.array_equal(tiny.predict(texts), small.predict(texts))  # ridge's alpha -> 0 limit
+    # The intercept stays out of the penalty however large alpha is: the geometric mean remains.
+    flat = LengthPredictor(alpha=1e300).fit(texts, lengths).predict(texts)
+    assert np.all(flat == round(np.expm1(np.log1p(lengths).mean())))
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_it_refuses_to_fit_non_finite_output_lengths(bad: float) -> None:
     # A NaN or inf length used to pass the ">= 1" check and give NaN weights (garbage predictions).
