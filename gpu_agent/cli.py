@@ -17,7 +17,13 @@ from collections.abc import Sequence
 from typing import IO
 
 from gpu_agent.agent import Agent
-from gpu_agent.config import AgentConfig, fallback_address_warning, load_config_file, sim_gpu_kinds
+from gpu_agent.config import (
+    AgentConfig,
+    fallback_address_warning,
+    load_config_file,
+    plaintext_token_warning,
+    sim_gpu_kinds,
+)
 from gpu_agent.host import Host
 
 log = logging.getLogger("gpu_agent")
@@ -179,9 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    warning = fallback_address_warning(cfg, address_given)
-    if warning is not None:
-        log.warning("%s", warning)
+    for warning in (plaintext_token_warning(cfg.control_plane), fallback_address_warning(cfg, address_given)):
+        if warning is not None:
+            log.warning("%s", warning)
     held = len(_state_locks)
     try:
         host = make_host(cfg)

@@ -110,6 +110,22 @@ def fallback_address_warning(cfg: AgentConfig, address_given: bool) -> str | Non
     )
 
 
+def plaintext_token_warning(control_plane: str) -> str | None:
+    """The WARNING to log at start when the host token would cross the network unencrypted: the
+    control plane URL is http:// or ws:// to a host other than this machine's loopback. Not
+    refused: a docker-compose network (http://web:8000) is private and serves plain http."""
+    parts = urlsplit(control_plane)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "ws") or is_loopback_host(parts.hostname):
+        return None
+    return (
+        f"The control plane URL {control_plane} is plain {scheme}:// to another machine: this"
+        " host's token is sent unencrypted on every connection, readable (and reusable) by anyone"
+        " on the network path. Use https:// (or wss://) unless that network is private (a"
+        " docker-compose network, say)."
+    )
+
+
 def sim_gpu_kinds() -> dict[str, int]:
     """Simulated GPU kind (upper case) -> memory bytes per device."""
     from serving.costmodel.gpus import GPU_SPECS

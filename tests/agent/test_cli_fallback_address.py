@@ -34,7 +34,7 @@ def test_it_warns_of_the_loopback_fallback_when_the_control_plane_is_elsewhere(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     assert cli.make_config(["--control-plane", "http://cp:8000", "--token", "t"]).address == "127.0.0.1"
-    (warning,) = warnings_of(caplog, "--control-plane", "http://cp.example:8000")
+    (warning,) = warnings_of(caplog, "--control-plane", "https://cp.example:8000")
     assert "outward IP" in warning and "--address 127.0.0.1" in warning and "Set --address" in warning
 
 
@@ -45,9 +45,9 @@ def test_it_warns_of_the_loopback_fallback_when_the_control_plane_is_elsewhere(
         ["--control-plane", "http://127.0.0.1:8000"],  # the control plane is on this machine
         ["--control-plane", "http://localhost:8000"],
         ["--control-plane", "http://[::1]:8000"],
-        ["--control-plane", "http://cp:8000", "--address", "10.0.0.5"],  # given
-        ["--control-plane", "http://cp:8000", "--address", "127.0.0.1"],  # given (a tunnel, say)
-        ["--control-plane", "http://cp:8000", "--simulate", "1xH100"],  # no engine is reached
+        ["--control-plane", "https://cp:8000", "--address", "10.0.0.5"],  # given
+        ["--control-plane", "https://cp:8000", "--address", "127.0.0.1"],  # given (a tunnel, say)
+        ["--control-plane", "https://cp:8000", "--simulate", "1xH100"],  # no engine is reached
     ],
 )
 def test_it_does_not_warn_when_loopback_is_right_or_chosen(
@@ -61,5 +61,5 @@ def test_an_address_from_the_config_file_counts_as_given(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     path = tmp_path / "agent.yaml"
-    path.write_text("control_plane: http://cp:8000\naddress: gpu-1.example\n")
+    path.write_text("control_plane: https://cp:8000\naddress: gpu-1.example\n")
     assert warnings_of(caplog, "--config", str(path)) == []
