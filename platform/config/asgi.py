@@ -28,7 +28,6 @@ django_asgi_app = get_asgi_application()
 from agents import sweeper  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from gateway.asgi_io import app_path  # noqa: E402
 from gateway.proxy import GatewayApp  # noqa: E402
 
@@ -38,6 +37,7 @@ from config.routing import (  # noqa: E402
     browser_websocket_urlpatterns,
     routed,
 )
+from core.websocket_origin import BrowserOriginValidator  # noqa: E402
 from core.websocket_unavailable import WebsocketUnavailableMiddleware  # noqa: E402
 
 
@@ -60,7 +60,7 @@ _agent_app = WebsocketUnavailableMiddleware(routed(agent_websocket_urlpatterns),
 # The OpenAI-compatible chat gateway is a plain ASGI app (see gateway/proxy.py for why).
 _gateway_app = GatewayApp()
 _browser_app = WebsocketUnavailableMiddleware(
-    AllowedHostsOriginValidator(AuthMiddlewareStack(routed(browser_websocket_urlpatterns))),
+    BrowserOriginValidator(AuthMiddlewareStack(routed(browser_websocket_urlpatterns))),
     refuse_handshake=True,
 )
 
