@@ -414,6 +414,10 @@ AGENTS_DESIRED_POLL_S = env_float("AGENTS_DESIRED_POLL_S", 2.0, minimum=0.1)
 # (signed out, expired, flushed) or whose user lost access (deactivated, role removed) is closed
 # with 4401. A check reads the session and the user; the socket's own updates read more every second.
 DASHBOARD_AUTH_RECHECK_S = env_float("DASHBOARD_AUTH_RECHECK_S", 5.0, minimum=0.1)
+# The most dashboard websockets one user holds open at once (each re-reads the database every
+# second); one more is closed with 4429. Counted in the cache: with Redis across every web process,
+# else per process (N processes allow N times this). See dashboard/socket_slots.py.
+DASHBOARD_SOCKETS_PER_USER = env_int("DASHBOARD_SOCKETS_PER_USER", 16, minimum=1)
 # A running job's worker stamps it every JOBS_HEARTBEAT_S; one silent for JOBS_LOST_AFTER_S is failed
 # as lost (jobs/liveness.py) by the beat task below and by every worker at start.
 JOBS_HEARTBEAT_S = env_float("JOBS_HEARTBEAT_S", 10.0, minimum=0.1)

@@ -18,6 +18,9 @@ Access is checked at the handshake (a platform role, from the session) and again
 the user: a socket whose session is gone (signed out, expired, flushed) or whose user lost access
 (deactivated, role removed, password changed) leaves its groups, sends nothing more and is closed
 with 4401 (``CLOSE_ACCESS_REVOKED``). One check per socket per period, not one per pushed message.
+A user holds at most DASHBOARD_SOCKETS_PER_USER of these sockets open at once (all streams
+together); one more is accepted and closed at once with 4429 (``CLOSE_TOO_MANY_SOCKETS``), before it
+reads anything (dashboard/socket_slots.py says where the count is kept).
 A log socket whose deployment, or a model socket whose model, is deleted while it is open is
 closed the same way with 4404 (``CLOSE_GONE``): the log socket would otherwise ask the host's agent
 for the tail of a deployment it no longer has every second, and the model page would stay "live" on
@@ -25,7 +28,8 @@ a model that is gone, for as long as the page stays open.
 
 The sockets only push: whatever a browser sends is ignored. A socket's polling task and groups are
 released however it ends, including when a handler raises (daphne then closes it with 1011 and
-`disconnect()` is never called); see `LiveConsumer.__call__`.
+`disconnect()` is never called), and so is its place among its user's open sockets; see
+`LiveConsumer.__call__`.
 """
 
 from __future__ import annotations
@@ -52,8 +56,9 @@ from jobs.models import Job
 from registry.models import ServedModel
 
 from core import ids
-from dashboard import snapshots
+from dashboard import snapshots, socket_slots
 from dashboard.deltas import Throttle, diff, push_interval_s
+from dashboard.socket_slots import CLOSE_TOO_MANY_SOCKETS
 from gpu_agent.protocol import Command
 
 log = logging.getLogger(__name__)
@@ -79,11 +84,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     stream = ""
     _loop: asyncio.Task[None] | None = None  # _run, from accept() on
     _ended = False  # this side closed the socket (access lost, subject gone): nothing more is sent
+    _slot: socket_slots.Slot | None = None  # its place among its user's open sockets, from connect()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Channels' consumer loop, then `_release()` whatever ended it: a handler that raises ends
         the loop without `disconnect()`, which would leave `_run` reading the database every
-        second for a socket that is gone."""
+        second for a socket that is gone, and its slot taken for ever."""
         self._groups: list[str] = []  # channel-layer groups joined, left by _release()
         try:
             await super().__call__(scope, receive, send)
@@ -96,6 +102,19 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close()  # before accept(): the handshake is answered with HTTP 403
             return
         self._user_pk = user.pk
+        self._slot = await socket_slots.take(user.pk)
+        if self._slot is None:  # accepted, to tell live.js why with a close code
+            log.warning(
+                "Refused a dashboard stream %s of user %s: %s sockets open (DASHBOARD_SOCKETS_PER_USER).",
+                self.stream or type(self).__name__,
+                user.pk,
+                settings.DASHBOARD_SOCKETS_PER_USER,
+            )
+            self._ended = True
+            await self.accept()
+            await self.close(code=CLOSE_TOO_MANY_SOCKETS)
+            return
+        self._renew_at = time.monotonic() + socket_slots.RENEW_S
         self._recheck_at = time.monotonic() + float(settings.DASHBOARD_AUTH_RECHECK_S)
         self._wake = asyncio.Event()
         self._throttle = Throttle(interval_s=push_interval_s())
@@ -130,13 +149,20 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self._groups.append(group)
 
     async def _release(self) -> None:
-        """Stop the polling task and leave every group joined; safe to call more than once."""
+        """Stop the polling task, leave every group joined and give the socket's slot back; safe to
+        call more than once."""
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
         await self._leave_groups()
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            try:
+                await socket_slots.give_back(slot)
+            except Exception:  # never hide what ended the socket behind a clean-up failure
+                log.exception("Freeing the slot of a dashboard socket of user %s failed", slot.user_pk)
 
     async def _leave_groups(self) -> None:
         groups, self._groups = self._groups, []
@@ -170,6 +196,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             if wait > 0:
                 await asyncio.sleep(wait)
             last = time.monotonic()
+            await self._renew_slot()
             if await self._access_lost():
                 await self._revoke()
                 return
@@ -177,6 +204,18 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 await self.tick()
             except Exception:
                 log.exception("Dashboard stream %s failed a tick", self.stream or type(self).__name__)
+
+    async def _renew_slot(self) -> None:
+        """Renew the socket's slot when due (every ``socket_slots.RENEW_S``); a failure is logged
+        and tried again then (a lease outlasts a few renewals)."""
+        slot = self._slot
+        if slot is None or time.monotonic() < self._renew_at:
+            return
+        self._renew_at = time.monotonic() + socket_slots.RENEW_S
+        try:
+            await socket_slots.renew(slot)
+        except Exception:
+            log.exception("Renewing the slot of a dashboard socket of user %s failed", slot.user_pk)
 
     async def _access_lost(self) -> bool:
         """Whether a re-check, when one is due (every ``DASHBOARD_AUTH_RECHECK_S``, checked before a

@@ -7,6 +7,10 @@ window.Live = (function () {
   const LOGIN_URL = "/accounts/login/";  // settings.LOGIN_URL
   const CLOSE_ACCESS_REVOKED = 4401;  // dashboard/consumers.py: the server's re-check found access gone
   const CLOSE_GONE = 4404;  // dashboard/consumers.py: the page's subject was deleted while it was open
+  // dashboard/socket_slots.py: the user's other live views (tabs) hold every socket they may open.
+  // Retried this rarely, not with the drop back-off (each of these sockets opens, resetting it).
+  const CLOSE_TOO_MANY_SOCKETS = 4429;
+  const TOO_MANY_RETRY_MS = 15000;
   // A 4401 within this long of the previous one is the server refusing again, not a new rotation:
   // longer than the server's re-check period (DASHBOARD_AUTH_RECHECK_S, 5 s) plus the longest
   // back-off (10 s), so a server that keeps closing new sockets with 4401 stays backed off.
@@ -63,6 +67,11 @@ window.Live = (function () {
       ws.onclose = function (event) {
         if (event.code === CLOSE_ACCESS_REVOKED) { revoked(); return; }
         if (event.code === CLOSE_GONE) { stop(); return; }  // a reconnect would only be refused
+        if (event.code === CLOSE_TOO_MANY_SOCKETS) {
+          setStatus("down", "too many live views open (close other tabs); retrying…");
+          setTimeout(connect, TOO_MANY_RETRY_MS);
+          return;
+        }
         setStatus("down", "disconnected; retrying…");
         const wait = delay;
         delay = Math.min(delay * 2, 10000);
