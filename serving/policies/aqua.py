@@ -5,9 +5,18 @@ Once a request has generated a token its whole prompt counts as served, even if 
 preemption threw that KV away, so service never decreases.
 
   * order_waiting: least service first (new requests before preempted ones that were served).
-  * order_running: least service first, so prefill chunks go to the prompts with the least
-    progress and decode slots to the requests with the fewest generated tokens; the most served
-    request is last, i.e. the first victim when a KV allocation fails.
+  * order_running: the requests still prefilling (no token generated yet) first, fewest prompt
+    tokens computed first, then the decoding ones, fewest tokens generated first: prefill chunks
+    go to the prompts with the least prefill progress and decode slots to the requests with the
+    fewest generated tokens, and the request that generated the most is last, i.e. the first
+    victim when a KV allocation fails (the engines preempt from the end). Not by service: among
+    decodes, a long prompt with a few tokens generated would go after a short prompt with many.
+    Prefills go before decodes, where service put them whenever prompts are of similar length (a
+    prefill's service is below its prompt's length, a decode's above it), so no prompt is the
+    victim, losing its progress before its first token (as select_rotations avoids too), while a
+    decode holds KV; decodes lose no step's token by it, prefill_token_cap keeps theirs. A request
+    recomputing its KV after a preemption has generated tokens and counts as decoding. Rotation
+    victims are still chosen by service.
   * select_rotations: time slicing. A request that has run `slice_iters` iterations since its
     admission (the admitting iteration included) may be preempted in favour of a waiting request
     that has `min_service_gap` fewer tokens of service, when the waiting request cannot get its KV
@@ -74,6 +83,12 @@ def service(r: SchedRequest) -> int:
 
 def _key(r: SchedRequest) -> tuple[int, float, IdKey]:
     return (service(r), r.arrival_time, id_key(r.req_id))
+
+
+def _running_key(r: SchedRequest) -> tuple[bool, int, float, IdKey]:
+    """order_running's key: prefills by prompt tokens computed, then decodes by tokens generated."""
+    generated = r.num_output_tokens
+    return (generated > 0, generated or r.num_computed_prompt_tokens, r.arrival_time, id_key(r.req_id))
 
 
 def _blocks(tokens: int, ctx: SchedContext) -> int:
@@ -217,11 +232,11 @@ class AquaFairPolicy(SchedulingPolicy):
                         self._aged.discard(r.req_id)
                         self._protected.add(k)
         if not self._protected:
-            return sorted(running, key=_key)
+            return sorted(running, key=_running_key)
         for k in [k for k in self._protected if ctx.iteration + 1 - admitted[k] >= self.slice_iters]:
             self._protected.discard(k)
         protected = self._protected
-        return sorted(running, key=lambda r: ((r.req_id, r.admission_seq) not in protected, *_key(r)))
+        return sorted(running, key=lambda r: ((r.req_id, r.admission_seq) not in protected, *_running_key(r)))
 
     def select_rotations(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         if not waiting or not running:
@@ -232,10 +247,11 @@ class AquaFairPolicy(SchedulingPolicy):
         def ran(r: R) -> int:  # iterations run since admission, the admitting one included
             return ctx.iteration + 1 - since.get((r.req_id, r.admission_seq), ctx.iteration + 1)
 
-        # Most served first; waiting is least served first after the aged ones, so once a request
-        # that is not aged finds no victim with a large enough service lead, no later one would
-        # either (and the engine admits no one behind a request it cannot admit).
-        by_service = list(reversed(running))
+        # Most served first (by service, not the running order); waiting is least served first
+        # after the aged ones, so once a request that is not aged finds no victim with a large
+        # enough service lead, no later one would either (and the engine admits no one behind a
+        # request it cannot admit).
+        by_service = sorted(running, key=_key, reverse=True)
         growth = _StepGrowth(running, ctx)
         free = ctx.free_kv_blocks  # plus the victims' blocks, less those the admitted ones need
         slots = ctx.max_running - len(running)

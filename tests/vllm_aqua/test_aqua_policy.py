@@ -50,7 +50,7 @@ def test_service_counts_the_whole_prompt_once_decoding_began() -> None:
     assert service(Req("b", 100, num_computed_prompt_tokens=0, num_output_tokens=5)) == 105
 
 
-def test_it_serves_the_least_served_first_and_puts_the_most_served_last() -> None:
+def test_it_serves_prefills_by_progress_then_decodes_by_generated_tokens() -> None:
     p = AquaFairPolicy()
     reqs = [
         Req("decoding-long", 20, 20, 300, admission_seq=0),
@@ -59,9 +59,37 @@ def test_it_serves_the_least_served_first_and_puts_the_most_served_last() -> Non
         Req("prefill-start", 200, 10, 0, admission_seq=3),
     ]
     order = [r.req_id for r in p.order_running(reqs, ctx())]
-    assert order == ["prefill-start", "decoding-short", "prefill-half", "decoding-long"]
+    assert order == ["prefill-start", "prefill-half", "decoding-short", "decoding-long"]
     waiting = [Req("old", 50, 0, 40, arrival_time=0.0), Req("new", 50, arrival_time=5.0)]
     assert [r.req_id for r in p.order_waiting(waiting, ctx())] == ["new", "old"]
+
+
+def test_decode_slots_go_to_the_fewest_generated_tokens_whatever_the_prompt() -> None:
+    # Regression: decodes were ordered by service (prompt + generated), so a long prompt with a few
+    # tokens generated (service 2010) went after a short prompt with many (service 520), and was
+    # the engines' first victim (the last request) when a KV allocation failed.
+    p = AquaFairPolicy()
+    reqs = [
+        Req("long-prompt-few", 2000, 2000, 10, admission_seq=0),
+        Req("short-prompt-many", 20, 20, 500, admission_seq=1),
+        Req("mid", 300, 300, 100, admission_seq=2),
+    ]
+    order = [r.req_id for r in p.order_running(reqs, ctx())]
+    assert order == ["long-prompt-few", "mid", "short-prompt-many"]
+
+
+def test_rotation_victims_stay_the_most_served_whatever_the_running_order() -> None:
+    # The running order puts "long-prompt-few" first (10 tokens generated), but it is the most
+    # served (service 2010): a rotation takes it before "short-prompt-many" (service 520).
+    p = AquaFairPolicy(slice_iters=1)
+    running = [
+        Req("long-prompt-few", 2000, 2000, 10, admission_seq=0),
+        Req("short-prompt-many", 20, 20, 500, admission_seq=1),
+    ]
+    ordered = p.order_running(running, ctx(iteration=0, max_running=2))
+    assert [r.req_id for r in ordered] == ["long-prompt-few", "short-prompt-many"]
+    victims = p.select_rotations(ordered, [Req("new", 20)], ctx(iteration=3, free=50, max_running=2))
+    assert [v.req_id for v in victims] == ["long-prompt-few"]
 
 
 def test_it_rotates_the_most_served_out_for_a_waiting_request_after_the_time_slice() -> None:
