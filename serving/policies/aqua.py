@@ -45,9 +45,10 @@ preemption threw that KV away, so service never decreases.
     iterations since it last joined the waiting queue is aged: it is ordered before every other
     waiting request (the longest waiting first) and may rotate out the most served running requests
     (past their first token and their slice) whatever its own service. Once admitted, an aged
-    request runs its full `slice_iters` before anyone, a new arrival included, may rotate it out,
-    and meanwhile it is served first, so it is not the engine's first victim when a KV allocation
-    fails: every such wait buys it `slice_iters` iterations of service. New arrivals do not age:
+    request runs its full `slice_iters`, counted from its first decode (after a recompute
+    preemption it prefills its sequence again first), before anyone, a new arrival included, may
+    rotate it out, and meanwhile it is served first, so it is not the engine's first victim when a
+    KV allocation fails: every such wait buys it `slice_iters` new tokens. New arrivals do not age:
     they are served first come first served among themselves, ahead of the served requests, and
     aging them too would queue an overload's whole backlog ahead of an aged request again.
   * prefill_token_cap: prefill chunks may use the budget left after one token for every decode,
@@ -193,8 +194,9 @@ class AquaFairPolicy(SchedulingPolicy):
         # req_id -> iteration at which the policy first saw the request in its current wait.
         self._waiting_since: dict[Hashable, int] = {}
         self._aged: set[Hashable] = set()  # waiting requests aged at the last order_waiting
-        # Admissions of aged requests still inside their guaranteed slice.
-        self._protected: set[tuple[Hashable, int]] = set()
+        # Admissions of aged requests still inside their guaranteed slice -> the iteration the
+        # slice began (the first at which the policy saw it decoding), None while it (re)prefills.
+        self._protected: dict[tuple[Hashable, int], int | None] = {}
 
     def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         since = self._waiting_since
@@ -222,7 +224,7 @@ class AquaFairPolicy(SchedulingPolicy):
             seen = {(r.req_id, r.admission_seq) for r in running}
             for k in [k for k in admitted if k not in seen]:
                 del admitted[k]
-                self._protected.discard(k)
+                self._protected.pop(k, None)
             for r in running:
                 k = (r.req_id, r.admission_seq)
                 if k not in admitted:  # admitted in the last iteration: its wait is over
@@ -230,12 +232,22 @@ class AquaFairPolicy(SchedulingPolicy):
                     self._waiting_since.pop(r.req_id, None)
                     if r.req_id in self._aged:
                         self._aged.discard(r.req_id)
-                        self._protected.add(k)
-        if not self._protected:
-            return sorted(running, key=_running_key)
-        for k in [k for k in self._protected if ctx.iteration + 1 - admitted[k] >= self.slice_iters]:
-            self._protected.discard(k)
+                        self._protected[k] = None
         protected = self._protected
+        if not protected:
+            return sorted(running, key=_running_key)
+        # The slice starts once its sequence is computed again: a recompute preemption threw its KV
+        # away, and a slice spent prefilling it again would rotate it out without a new token.
+        for r in running:
+            k = (r.req_id, r.admission_seq)
+            if k in protected and protected[k] is None and r.num_output_tokens > 0 and _tokens_left(r) <= 1:
+                protected[k] = ctx.iteration
+        for k in [
+            k
+            for k, start in protected.items()
+            if start is not None and ctx.iteration + 1 - start >= self.slice_iters
+        ]:
+            del protected[k]
         return sorted(running, key=lambda r: ((r.req_id, r.admission_seq) not in protected, *_running_key(r)))
 
     def select_rotations(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> list[R]:
@@ -279,7 +291,8 @@ class AquaFairPolicy(SchedulingPolicy):
                 for r in by_service
                 if id(r) not in taken
                 and r.num_output_tokens > 0
-                and ran(r) >= (self.slice_iters if (r.req_id, r.admission_seq) in protected else slice_iters)
+                and (r.req_id, r.admission_seq) not in protected
+                and ran(r) >= slice_iters
             ]
             candidates = iter(pool)
             planned: list[R] = []

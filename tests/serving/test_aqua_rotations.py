@@ -80,3 +80,31 @@ def test_a_preempted_request_finishes_under_sustained_overload(mode: str) -> Non
     assert len(times) == 40
     bound_iterations = 5 + -(-35 // 4) * (50 + 4 + 2)
     assert times[-1] <= 0.01 * bound_iterations + 1e-9, (times[-1], bound_iterations)
+
+
+def test_an_aged_request_gets_its_slice_once_its_sequence_is_recomputed() -> None:
+    # Regression: an aged request's guaranteed slice counted from its admission, so with recompute
+    # preemption a sequence that takes more than slice_iters iterations to prefill again lost its
+    # protection mid-recompute and the next new arrival's wakeup preemption rotated it out before a
+    # new token, every time: this 1,200-token prompt (5 chunks of the 256-token budget) stayed at
+    # its 16th token for good, recomputing 1,024 tokens per wait. Its slice now starts once it
+    # decodes again: every wait buys it slice_iters tokens.
+    horizon = 6.0
+    reqs = [Request(0, 0.0, 1200, 40)]
+    reqs += [
+        Request(1 + 3 * i + j, 0.2 + 0.01 * i, 16, 1) for i in range(int(horizon / 0.01)) for j in range(3)
+    ]
+    config = EngineConfig(
+        max_num_batched_tokens=256,
+        max_num_seqs=2,
+        block_size=16,
+        num_kv_blocks=1000,
+        preemption_mode="recompute",
+    )
+    policy = AquaFairPolicy(slice_iters=4, max_wait_iters=50)
+    times = EngineSim(constant_cost(0.01), config, policy).run(reqs, until=horizon)[0].token_times
+    assert len(times) == 40
+    # 16 tokens before the arrivals; then per wait (at most max_wait_iters + slice_iters + 2
+    # iterations) a recompute of at most ceil(1240 / 255) chunks and slice_iters tokens.
+    bound_iterations = 20 + -(-24 // 4) * (50 + 4 + 2 + 5)
+    assert times[-1] <= 0.01 * bound_iterations + 1e-9, (times[-1], bound_iterations)
