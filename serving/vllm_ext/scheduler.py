@@ -66,11 +66,23 @@ def policy_from_config(additional: dict[str, Any] | None) -> SchedulingPolicy:
         key = f"aqua_{option}"
         value = extra.get(key, os.environ.get(key.upper()))
         if value is not None and name == "aqua":
-            try:
-                options[option] = int(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"{key} must be an integer, got {value!r}") from None
+            options[option] = _integer(key, value)
     return get_policy(name, **options)
+
+
+def _integer(key: str, value: object) -> int:
+    """`value` as an int: an int, an integral float (JSON's 4.0) or a string of one (the environment).
+
+    int() alone would take True as 1 and truncate 2.5 to 2.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{key} must be an integer, got {value!r}")
 
 
 class AquaScheduler(Scheduler):

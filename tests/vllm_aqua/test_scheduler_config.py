@@ -31,6 +31,9 @@ def test_the_aqua_wait_bound_comes_from_the_config_or_the_environment(
         ("soon", "aqua_max_wait_iters must be an integer, got 'soon'"),
         ([5], "aqua_max_wait_iters must be"),
         (0, "max_wait_iters must be a positive integer, got 0"),
+        # Regression: int() took these, so `true` aged every served request after one iteration.
+        (True, "aqua_max_wait_iters must be an integer, got True"),
+        (2.5, "aqua_max_wait_iters must be an integer, got 2.5"),
     ],
 )
 def test_a_bad_wait_bound_is_refused_by_name(value: object, message: str) -> None:
@@ -38,3 +41,19 @@ def test_a_bad_wait_bound_is_refused_by_name(value: object, message: str) -> Non
 
     with pytest.raises(ValueError, match=message):
         policy_from_config({"aqua_max_wait_iters": value})
+
+
+@pytest.mark.parametrize("value", [True, 2.5])
+def test_a_bad_slice_is_refused_by_name(value: object) -> None:
+    from serving.vllm_ext.scheduler import policy_from_config
+
+    with pytest.raises(ValueError, match=f"aqua_slice_iters must be an integer, got {value!r}"):
+        policy_from_config({"aqua_slice_iters": value})
+
+
+def test_integral_numbers_of_any_spelling_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving.vllm_ext.scheduler import policy_from_config
+
+    monkeypatch.setenv("AQUA_SLICE_ITERS", " 3 ")
+    policy = policy_from_config({"aqua_max_wait_iters": 500.0})
+    assert isinstance(policy, AquaFairPolicy) and (policy.max_wait_iters, policy.slice_iters) == (500, 3)
