@@ -29,6 +29,7 @@ from typing import Any
 from gpu_agent import __version__
 from gpu_agent.aqua import AquaHost
 from gpu_agent.device_readings import DeviceReadings, in_daemon_thread
+from gpu_agent.engines import EngineManager
 from gpu_agent.engines.logs import LOG_TAIL_BYTES, cap_lines, unreadable_note
 from gpu_agent.host import Host
 from gpu_agent.link import AgentLink
@@ -226,11 +227,23 @@ class Agent:
         refresh.add_done_callback(_log_sample_failure)
         await asyncio.wait({refresh}, timeout=self._interval / 4)
 
+    def _retry_leftovers(self) -> None:
+        """Have the host's engine manager try again, in a thread, to end an engine group a killed
+        agent left that survived the agent's start (`EngineManager.retry_leftovers`): it holds its
+        GPUs' memory until it is gone. Never waited for."""
+        engines = getattr(self.host, "engines", None)
+        if isinstance(engines, EngineManager):
+            try:
+                engines.retry_leftovers()
+            except Exception:
+                log.exception("Retrying to end leftover engine groups failed")
+
     async def _telemetry_loop(self) -> None:
         while True:
             # Wake on the next multiple of the interval, so samples line up across hosts.
             now = time.time()
             await asyncio.sleep(self._interval - (now % self._interval))
+            self._retry_leftovers()
             await asyncio.gather(self._refresh_aqua(), self._refresh_readings())
             try:
                 frame = self.telemetry_frame()

@@ -8,8 +8,9 @@ import os
 import time
 from collections.abc import Callable
 
+from gpu_agent.device_readings import in_daemon_thread
 from gpu_agent.engines.command import safe_name
-from gpu_agent.engines.leftovers import end_leftovers
+from gpu_agent.engines.leftovers import Leftover, end_recorded, records
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.ports import PortAllocator
@@ -18,6 +19,8 @@ from gpu_agent.protocol import DeploymentSpec, DeploymentStatus, EngineSample
 from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
+
+LEFTOVER_RETRY_S = 10.0  # between two tries to end a leftover engine group that survived
 
 
 class EngineManager:
@@ -29,6 +32,12 @@ class EngineManager:
     host does not have is reported failed at once and never started. Once `close()` (agent
     shutdown) has begun, `apply()` starts nothing: a desired list that arrives while the engines
     stop would otherwise start an engine that nothing stops.
+
+    Engine groups a killed agent left that survive `end_leftovers()` (SIGKILL did not end them, or
+    their record could not be read) are tried again, one every `leftover_retry_s`, while the agent
+    runs (`retry_leftovers()`, each telemetry tick). Until one recorded on a device is gone, no
+    engine starts on that device: such a deployment is reported failed, naming the group, and
+    starts once the group is gone.
     """
 
     def __init__(
@@ -44,6 +53,7 @@ class EngineManager:
         scrape_interval_s: float = 1.0,
         liveness: Liveness | None = None,
         ports: PortAllocator | None = None,
+        leftover_retry_s: float | None = None,
     ) -> None:
         self._launcher = launcher
         self.log_dir = log_dir
@@ -59,14 +69,64 @@ class EngineManager:
         self._lock = asyncio.Lock()
         self._closed = False
         self.ports = ports or PortAllocator()  # shared: no two engines get one port
+        self._leftover_retry_s = LEFTOVER_RETRY_S if leftover_retry_s is None else leftover_retry_s
+        self._leftovers: dict[str, Leftover] = {}  # record path -> a group that survived; next first
+        self._retrying: asyncio.Task[None] | None = None  # the retry running
+        self._retried_at = time.monotonic()  # when the last try ended
+        self._desired: list[DeploymentSpec] = []
+        self._postponed: set[str] = set()  # deployments waiting for a leftover to leave their devices
 
     def log_path(self, deployment_id: str) -> str:
         return os.path.join(self.log_dir, f"{safe_name(deployment_id)}.log")
 
     async def end_leftovers(self) -> int:
         """End the engines a killed agent left running on this log dir (engines/leftovers.py);
-        call it before the first `apply()`. The number ended."""
-        return await asyncio.to_thread(end_leftovers, self.log_dir, self._grace_s)
+        call it before the first `apply()`. The number found running; those that survive are
+        tried again by `retry_leftovers()`."""
+        found, left = await asyncio.to_thread(end_recorded, records(self.log_dir), self._grace_s)
+        self._retried_at = time.monotonic()
+        self._leftovers = {g.path: g for g in left}
+        for g in left:
+            log.error("%s survives; trying again every %g s.", _describe(g), self._leftover_retry_s)
+        return found
+
+    def leftovers(self) -> list[Leftover]:
+        """The leftover engine groups that survived the tries so far."""
+        return list(self._leftovers.values())
+
+    def retry_leftovers(self) -> None:
+        """Try again to end one leftover group that survived (the longest untried), in a daemon
+        thread, unless one is being tried or the last try ended less than `leftover_retry_s` ago.
+        Returns at once; called every telemetry tick."""
+        if not self._leftovers or self._closed or (self._retrying is not None and not self._retrying.done()):
+            return
+        if time.monotonic() - self._retried_at < self._leftover_retry_s:
+            return
+        group = self._leftovers.pop(next(iter(self._leftovers)))
+        self._leftovers[group.path] = group  # last in line, should it survive again
+        self._retrying = asyncio.create_task(self._retry(group), name="engine-leftovers")
+
+    async def _retry(self, group: Leftover) -> None:
+        try:
+            left = (await in_daemon_thread(lambda: end_recorded([group.path], self._grace_s), "leftovers"))[1]
+        except Exception:
+            log.exception("Trying again to end %s failed", _describe(group))
+            left = [group]
+        finally:
+            self._retried_at = time.monotonic()
+        if left:
+            self._leftovers[group.path] = left[0]
+            log.error("%s still survives; trying again in %g s.", _describe(left[0]), self._leftover_retry_s)
+            return
+        del self._leftovers[group.path]
+        log.warning("%s is gone.", _describe(group))
+        async with self._lock:
+            if self._postponed and not self._closed:  # their devices may be free now
+                await self._converge(self._desired)
+
+    def _held_by(self, spec: DeploymentSpec) -> list[Leftover]:
+        devices = set(spec.devices)
+        return [g for g in self._leftovers.values() if g.devices is not None and g.devices & devices]
 
     async def apply(self, desired: list[DeploymentSpec]) -> None:
         """Converge to `desired` (the complete list for this host); ignored once closing."""
@@ -74,6 +134,7 @@ class EngineManager:
             if self._closed:
                 log.info("Agent stopping: ignoring a desired list of %d deployment(s).", len(desired))
                 return
+            self._desired = desired
             await self._converge(desired)
 
     async def _converge(self, desired: list[DeploymentSpec]) -> None:
@@ -85,27 +146,30 @@ class EngineManager:
         replaced = {sup.spec.id: sup for sup in gone if sup.spec.id in wanted}
         for dep_id in [d for d in self._rejected if d not in wanted]:
             del self._rejected[dep_id]
+            self._postponed.discard(dep_id)
         for dep_id in sorted(wanted):
             spec = wanted[dep_id]
             if dep_id in self._engines:
                 continue
             missing = [d for d in spec.devices if d not in self._devices]
             if missing:
-                self._reject(spec, missing)
+                have = ", ".join(str(d) for d in sorted(self._devices))
+                self._reject(spec, f"device(s) {missing} do not exist on this host (devices: {have})")
                 continue
+            held = self._held_by(spec)
+            if held:  # it would fail for lack of the memory the group holds
+                self._postponed.add(dep_id)
+                why = "; ".join(map(_describe, held))
+                self._reject(spec, f"not started on the memory held by {why}; it starts once that is gone")
+                continue
+            self._postponed.discard(dep_id)
             self._rejected.pop(dep_id, None)
             sup = self._start(spec)
             if dep_id in replaced:  # its latencies not reported yet go out with the new engine's
                 sup.adopt_unreported(replaced[dep_id])
 
-    def _reject(self, spec: DeploymentSpec, missing: list[int]) -> None:
-        have = ", ".join(str(d) for d in sorted(self._devices))
-        status = DeploymentStatus(
-            deployment_id=spec.id,
-            state="failed",
-            ts=time.time(),
-            error=f"device(s) {missing} do not exist on this host (devices: {have})",
-        )
+    def _reject(self, spec: DeploymentSpec, error: str) -> None:
+        status = DeploymentStatus(deployment_id=spec.id, state="failed", ts=time.time(), error=error)
         self._rejected[spec.id] = status
         log.error("Deployment %s rejected: %s", spec.id, status.error)
         self._on_status(status)
@@ -168,3 +232,13 @@ class EngineManager:
         self._closed = True
         async with self._lock:
             await self._converge([])
+
+
+def _describe(group: Leftover) -> str:
+    if group.pgid is None:
+        return f"the engine group recorded in {group.path} (unreadable)"
+    devices = "unknown devices" if group.devices is None else f"device(s) {sorted(group.devices)}"
+    return (
+        f"process group {group.pgid} of deployment {group.deployment} on {devices}, left running by a"
+        " previous agent and still there after SIGKILL"
+    )

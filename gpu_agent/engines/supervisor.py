@@ -326,7 +326,9 @@ class EngineSupervisor:
                 return f"engine could not be started: {exc}"
         proc = self._proc
         if self._group_record is not None:
-            write_record(record_path(self._group_record, proc.pid), proc.pid, self.spec.id)
+            write_record(
+                record_path(self._group_record, proc.pid), proc.pid, self.spec.id, list(self.spec.devices)
+            )
         if self._restart_requested:
             # restart() came while the process was being created, when it had nothing to end: end
             # this one now, so that `_run` starts the next at once and takes the request as done.
