@@ -25,6 +25,7 @@ from gpu_agent.config import (
     sim_gpu_kinds,
 )
 from gpu_agent.host import Host
+from gpu_agent.link import redacted_url
 
 log = logging.getLogger("gpu_agent")
 STATE_LOCK = "agent.lock"  # in the state dir: held (flock) by the one agent that uses it
@@ -213,5 +214,7 @@ def _run_agent(cfg: AgentConfig, host: Host) -> None:
         buffer_size=cfg.buffer_size,
     )
     what = f"simulated {cfg.simulate} host" if cfg.simulate else "host"
-    log.info("Agent for %s %r (%s) connecting to %s.", what, cfg.name, cfg.address, agent.link.url)
+    log.info(
+        "Agent for %s %r (%s) connecting to %s.", what, cfg.name, cfg.address, redacted_url(agent.link.url)
+    )
     asyncio.run(_serve(agent))

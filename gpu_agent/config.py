@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from gpu_agent.address import host_address, quoted
-from gpu_agent.link import agent_ws_url
+from gpu_agent.link import agent_ws_url, redacted_url
 from gpu_agent.protocol import MAX_HEARTBEAT_INTERVAL_S, MAX_HOST_NAME_LENGTH
 
 SIM_MAX_DEVICES = 16
@@ -102,9 +102,10 @@ def fallback_address_warning(cfg: AgentConfig, address_given: bool) -> str | Non
         return None
     if is_loopback_host(urlsplit(cfg.control_plane).hostname):
         return None
+    gateway = redacted_url(cfg.control_plane)
     return (
         f"Could not determine this host's outward IP address; engines are announced on the fallback"
-        f" --address {FALLBACK_ADDRESS}, which the control plane's gateway ({cfg.control_plane}, on"
+        f" --address {FALLBACK_ADDRESS}, which the control plane's gateway ({gateway}, on"
         " another machine) would take for its own loopback. Set --address (or `address:` in the"
         " config file) to this host's name or IP."
     )
@@ -119,7 +120,7 @@ def plaintext_token_warning(control_plane: str) -> str | None:
     if scheme not in ("http", "ws") or is_loopback_host(parts.hostname):
         return None
     return (
-        f"The control plane URL {control_plane} is plain {scheme}:// to another machine: this"
+        f"The control plane URL {redacted_url(control_plane)} is plain {scheme}:// to another machine: this"
         " host's token is sent unencrypted on every connection, readable (and reusable) by anyone"
         " on the network path. Use https:// (or wss://) unless that network is private (a"
         " docker-compose network, say)."
@@ -142,20 +143,22 @@ def _is_ip(text: str) -> bool:
 
 
 def _check_url(url: str) -> None:
-    """Refuse a control plane URL the link could never connect to (ValueError naming it)."""
+    """Refuse a control plane URL the link could never connect to (ValueError naming it, its
+    user information redacted)."""
+    shown = redacted_url(url)
     try:
         parts = urlsplit(agent_ws_url(url))  # agent_ws_url raises on a bad scheme
         parts.port  # noqa: B018  (raises on a port that is not a number in 0..65535)
     except ValueError as exc:
-        if repr(url) in str(exc):
+        if repr(shown) in str(exc):
             raise
-        raise ValueError(f"control plane URL {url!r}: {exc}") from None
+        raise ValueError(f"control plane URL {shown!r}: {exc}") from None
     if not parts.hostname:
-        raise ValueError(f"control plane URL {url!r} has no host name")
+        raise ValueError(f"control plane URL {shown!r} has no host name")
     if parts.port == 0:
-        raise ValueError(f"control plane URL {url!r}: port 0 is no port to connect to")
+        raise ValueError(f"control plane URL {shown!r}: port 0 is no port to connect to")
     if any(c.isspace() for c in url):
-        raise ValueError(f"control plane URL {url!r} contains whitespace")
+        raise ValueError(f"control plane URL {shown!r} contains whitespace")
 
 
 def parse_simulate_spec(spec: str) -> tuple[int, str]:
@@ -348,7 +351,8 @@ def _refuse_control_characters(key: str, value: Any) -> None:
     registered a name no frame may carry, and a control plane URL failed every connection."""
     if not isinstance(value, str):
         return
-    shown = "" if key == "token" else f"={value!r}"
+    text = redacted_url(value) if key == "control_plane" else value  # no password in a message
+    shown = "" if key == "token" else f"={text!r}"
     at = next((i for i, c in enumerate(value) if unicodedata.category(c) == "Cc"), None)
     if at is not None:
         raise ValueError(f"{key}{shown} holds a control character ({value[at]!r} at index {at})")

@@ -73,6 +73,21 @@ def _down_reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def redacted_url(url: str) -> str:
+    """``url`` as logs and error messages show it: any user information (``user:password@``, a
+    credential) replaced by ``***``, e.g. ``https://***@cp:8000/prefix``; the real URL is still the
+    one connected to. Everything after the scheme up to the last ``@`` counts as user information,
+    even past a ``/``: a password with an unescaped ``/`` is hidden too (an ``@`` in a path, which
+    no control plane URL needs, hides more than it must)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # no scheme: "user:pw@cp:8000" (refused, but its error names it)
+        scheme, rest = "", url
+    _, at, after = rest.rpartition("@")
+    if not at:
+        return url
+    return f"{scheme}{sep}***@{after}"
+
+
 def agent_ws_url(control_plane: str) -> str:
     """http(s)://host[:port][/prefix] or ws(s)://... -> ws(s)://host[:port][/prefix]/ws/agent/."""
     url = control_plane.rstrip("/")
@@ -80,7 +95,8 @@ def agent_ws_url(control_plane: str) -> str:
         if url.startswith(http):
             url = ws + url[len(http) :]
     if not url.startswith(("ws://", "wss://")):
-        raise ValueError(f"control plane URL {control_plane!r} must start with http(s):// or ws(s)://")
+        shown = redacted_url(control_plane)
+        raise ValueError(f"control plane URL {shown!r} must start with http(s):// or ws(s)://")
     if url.endswith("/ws/agent"):
         return url + "/"
     return url + "/ws/agent/"
@@ -142,7 +158,8 @@ class AgentLink:
             raise ValueError(f"{buffer_size=} must be >= 1")
         if heartbeat_interval_s <= 0:
             raise ValueError(f"{heartbeat_interval_s=} must be positive")
-        self.url = agent_ws_url(control_plane)
+        self.url = agent_ws_url(control_plane)  # connected to; logs show `shown_url`
+        self.shown_url = redacted_url(self.url)
         self._token = token
         self._hello = hello
         self._on_frame = on_frame
@@ -235,7 +252,7 @@ class AgentLink:
             except (OSError, InvalidHandshake, InvalidURI, TimeoutError, ConnectionClosed) as exc:
                 reason = _down_reason(exc)
             except Exception as exc:  # a bug, not the network: log it, but keep the link
-                log.exception("Control plane link to %s failed unexpectedly", self.url)
+                log.exception("Control plane link to %s failed unexpectedly", self.shown_url)
                 reason = f"unexpected {type(exc).__name__}: {exc}"
             else:
                 reason = "connection closed"
@@ -246,8 +263,9 @@ class AgentLink:
                 self.backoff.reset()
             delay = self.backoff.next_delay()
             refused = reason.startswith("the control plane refused")
+            reason = reason.replace(self.url, self.shown_url)  # websockets' InvalidURI names it
             (log.error if refused else log.warning)(
-                "Control plane link to %s down (%s); retrying in %.1f s.", self.url, reason, delay
+                "Control plane link to %s down (%s); retrying in %.1f s.", self.shown_url, reason, delay
             )
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
@@ -272,7 +290,7 @@ class AgentLink:
                 self._held = None
                 self._ws = ws
                 self.stats.connects += 1
-                log.info("Connected to the control plane at %s.", self.url)
+                log.info("Connected to the control plane at %s.", self.shown_url)
                 await self._serve(ws)
             except ConnectionClosed as exc:
                 if self._refused is not None:
