@@ -3,8 +3,8 @@
 Two lists, because the two kinds of client authenticate differently:
 
 - ``browser_websocket_urlpatterns``: dashboard sockets. They run behind the session middleware and
-  an Origin check (a page on another site must not open them with the user's cookies): against
-  ALLOWED_HOSTS, or, where that holds ``'*'``, the request's own Host or CSRF_TRUSTED_ORIGINS
+  an Origin check (a page on another site must not open them with the user's cookies): the
+  request's own Host (host and port, one of ALLOWED_HOSTS) or one of CSRF_TRUSTED_ORIGINS
   (core/websocket_origin.py).
 - ``agent_websocket_urlpatterns``: GPU agents, every path under ``AGENT_PATH_PREFIX``
   (``/ws/agent/``). Agents are not browsers and send no Origin; their consumer authenticates the

@@ -2,21 +2,23 @@
 
 A browser sends the user's session cookie with any websocket a page opens, whatever site the page
 is from, and a websocket has no CORS: only its Origin header tells the server which site opened it
-(cross-site websocket hijacking). Channels' ``AllowedHostsOriginValidator`` matches the Origin
-against ALLOWED_HOSTS, and ``'*'`` there (a deployment that serves any host name) matches every
-Origin, and even none, so a page on any site could open the dashboard's sockets as its visitor.
+(cross-site websocket hijacking). So a browser socket goes on only when, as Django's CSRF check
+requires of an unsafe request,
 
-So with ``'*'`` in ALLOWED_HOSTS a browser socket needs an Origin that is either
-
-- the request's own host: the Origin's host and port are the ``Host`` header's (a Host without a
-  port takes the Origin scheme's default one). The scheme is not compared: behind a TLS proxy the
-  page is https:// while the socket reaches daphne as plain ws://;
+- its ``Host`` is one of ALLOWED_HOSTS (as Django validates it: ``'*'`` any, ``.example.com`` and its
+  subdomains), as any request this site serves;
+- and its Origin is either the request's own host: the Origin's host and port are the ``Host``
+  header's (a Host without a port takes the Origin scheme's default one). The scheme is not
+  compared: behind a TLS proxy the page is https:// while the socket reaches daphne as plain ws://;
 - or one of CSRF_TRUSTED_ORIGINS, matched as Django's CSRF check matches it (exactly, or
   ``https://*.example.com`` for its subdomains).
 
-Without ``'*'`` the check is channels' (the Origin's host must be one of ALLOWED_HOSTS), as before.
-Settings are read on each handshake. A refused socket's handshake is refused (daphne answers 403).
-Agents' sockets (/ws/agent/) are not browsers, send no Origin and are not checked.
+Channels' ``AllowedHostsOriginValidator``, used before, matched only the Origin's host name against
+ALLOWED_HOSTS: any port or scheme of a listed name, and every listed name for every other, passed
+(a page of another app on ``http://localhost:3000`` opened the sockets of ``localhost:8000`` with
+the session cookie, which browsers send whatever the port), and ``'*'`` passed every Origin, even
+none. Settings are read on each handshake. A refused socket's handshake is refused (daphne answers
+403). Agents' sockets (/ws/agent/) are not browsers, send no Origin and are not checked.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import logging
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-from channels.security.websocket import AllowedHostsOriginValidator, WebsocketDenier
+from channels.security.websocket import WebsocketDenier
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from django.utils.http import is_same_domain
 
 logger = logging.getLogger(__name__)
@@ -87,13 +90,24 @@ def trusted(origin: SplitResult) -> bool:
     return False
 
 
+def host_allowed(host: str | None) -> bool:
+    """Whether the ``Host`` header ``host`` names one of ALLOWED_HOSTS, as Django's
+    ``HttpRequest.get_host()`` validates it (with DEBUG and none listed: localhost)."""
+    domain, _ = split_domain_port(host or "")
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    return bool(domain) and validate_host(domain, allowed)
+
+
 def origin_allowed(scope: Scope) -> bool:
-    """Whether a browser socket with this scope may go on (with ``'*'`` in ALLOWED_HOSTS)."""
+    """Whether a browser socket with this scope may go on (see the module docstring)."""
     origin = header(scope, b"origin")
     parts = None if origin is None else _parsed_origin(origin)
-    if parts is None:
+    host = header(scope, b"host")
+    if parts is None or not host_allowed(host):
         return False
-    return same_host(parts, header(scope, b"host")) or trusted(parts)
+    return same_host(parts, host) or trusted(parts)
 
 
 class BrowserOriginValidator:
@@ -103,14 +117,12 @@ class BrowserOriginValidator:
         self.application = application
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if "*" not in settings.ALLOWED_HOSTS:  # channels' check, as before
-            await AllowedHostsOriginValidator(self.application)(scope, receive, send)
-            return
         if origin_allowed(scope):
             await self.application(scope, receive, send)
             return
         logger.info(
-            "Refused a websocket on %s: its Origin %r is not this host (%r) nor in CSRF_TRUSTED_ORIGINS.",
+            "Refused a websocket on %s: its Origin %r is not its host (%r, which must be one of"
+            " ALLOWED_HOSTS) nor in CSRF_TRUSTED_ORIGINS.",
             scope.get("path"),
             header(scope, b"origin"),
             header(scope, b"host"),

@@ -1,10 +1,13 @@
-"""Browser websockets need an Origin of this site, even where ALLOWED_HOSTS is '*'.
+"""Browser websockets need an Origin of this site: the request's own host and port, or one of
+CSRF_TRUSTED_ORIGINS, and a Host that ALLOWED_HOSTS lists (as Django's CSRF check of an unsafe
+request).
 
-With '*', channels' AllowedHostsOriginValidator accepted any Origin (and none), so a page on another
-site could open the dashboard's sockets with its visitor's session cookie (cross-site websocket
-hijacking). Now such a socket needs the request's own host (any scheme) or an Origin of
-CSRF_TRUSTED_ORIGINS. Driven through config.asgi's application, rebuilt as a process started with
-ALLOWED_HOSTS='*' builds it (the settings are read at start-up).
+With '*' in ALLOWED_HOSTS, channels' AllowedHostsOriginValidator accepted any Origin (and none), so
+a page on another site could open the dashboard's sockets with its visitor's session cookie
+(cross-site websocket hijacking). With host names listed it compared only the Origin's host name
+with the list: a page on any port of a listed name (another app on http://localhost:3000), or on
+any other listed name or subdomain of a listed '.example.com', opened them too. Driven through
+config.asgi's application.
 """
 
 from __future__ import annotations
@@ -111,12 +114,43 @@ async def test_it_opens_sockets_from_csrf_trusted_origins(
     assert await opens(any_host_app, session_id, (b"origin", origin), (b"host", HOST)) is allowed
 
 
-async def test_it_still_checks_the_origin_against_listed_allowed_hosts(session_id: str) -> None:
-    app = config.asgi.application  # the tests' ALLOWED_HOSTS: 127.0.0.1, localhost, [::1]
-    assert await opens(app, session_id, (b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1"))
-    assert await opens(app, session_id, (b"origin", b"http://localhost:8000"), (b"host", b"127.0.0.1"))
-    assert not await opens(app, session_id, (b"origin", b"https://evil.example"), (b"host", b"127.0.0.1"))
-    assert not await opens(app, session_id, (b"host", b"127.0.0.1"))
+@pytest.mark.parametrize(
+    ("origin", "host", "allowed"),
+    [  # the tests' ALLOWED_HOSTS: 127.0.0.1, localhost, [::1]
+        (b"http://127.0.0.1", b"127.0.0.1", True),
+        (b"http://localhost:8000", b"localhost:8000", True),
+        (b"https://[::1]:8000", b"[::1]:8000", True),
+        (b"http://localhost:3000", b"localhost:8000", False),  # another app on another port
+        (b"http://localhost:8000", b"127.0.0.1:8000", False),  # another listed host
+        (b"https://127.0.0.1", b"127.0.0.1:8000", False),  # 443, not 8000
+        (b"https://evil.example", b"127.0.0.1", False),
+        (b"http://evil.example:8000", b"evil.example:8000", False),  # a Host not listed (DNS rebinding)
+    ],
+)
+async def test_it_needs_the_requests_own_host_where_host_names_are_listed(
+    session_id: str, origin: bytes, host: bytes, allowed: bool
+) -> None:
+    app = config.asgi.application
+    assert await opens(app, session_id, (b"origin", origin), (b"host", host)) is allowed
+
+
+async def test_it_refuses_another_subdomain_of_a_listed_domain(session_id: str) -> None:
+    app = config.asgi.application
+    with override_settings(ALLOWED_HOSTS=[".example.com"]):
+        own = (b"host", b"platform.example.com")
+        assert await opens(app, session_id, (b"origin", b"https://platform.example.com"), own)
+        assert not await opens(app, session_id, (b"origin", b"https://files.example.com"), own)
+        assert not await opens(app, session_id, (b"origin", b"https://example.com"), own)
+
+
+@override_settings(CSRF_TRUSTED_ORIGINS=["https://ui.example.com"])
+async def test_csrf_trusted_origins_open_sockets_to_listed_hosts_only(session_id: str) -> None:
+    app = config.asgi.application
+    trusted = (b"origin", b"https://ui.example.com")
+    assert await opens(app, session_id, trusted, (b"host", b"localhost:8000"))
+    assert not await opens(app, session_id, trusted, (b"host", b"evil.example:8000"))
+    assert not await opens(app, session_id, trusted)  # no Host: browsers always send one
+    assert not await opens(app, session_id, (b"host", b"127.0.0.1"))  # no Origin
 
 
 async def test_agent_sockets_have_no_origin_check(any_host_app: Any) -> None:
