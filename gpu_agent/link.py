@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -57,6 +58,25 @@ from gpu_agent.protocol import (
 from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
+
+
+class _HiddenCredentials(logging.Filter):
+    """Hides the value of an Authorization header in websockets' DEBUG log of the handshake (it
+    logs every request header): "> Authorization: Bearer <the host token>", and the Basic
+    credentials websockets makes of a control plane URL's user information."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "authorization" in text.lower():
+            record.msg, record.args = _AUTHORIZATION.sub(r"\1[hidden]", text), ()
+        return True
+
+
+_AUTHORIZATION = re.compile(r"(?i)(authorization\s*:\s*).*")
+# The link's websockets logger: a child of websockets' own ("websockets.client"), so whatever
+# level or handler is set there applies, with the filter above.
+_WS_LOG = logging.getLogger("websockets.client.agent_link")
+_WS_LOG.addFilter(_HiddenCredentials())
 
 AUTH_CLOSE_CODES = (4401, 4403)
 AUTH_HTTP_STATUSES = (401, 403)
@@ -274,7 +294,11 @@ class AgentLink:
     async def _session(self) -> None:
         headers = {"Authorization": f"Bearer {self._token}"}
         async with connect(
-            self.url, additional_headers=headers, open_timeout=self._open_timeout_s, max_size=2**22
+            self.url,
+            additional_headers=headers,
+            open_timeout=self._open_timeout_s,
+            max_size=2**22,
+            logger=_WS_LOG,
         ) as ws:
             try:
                 # Frames sent while the hello is on its way are held and follow it, so a status

@@ -7,6 +7,7 @@ warnings at start, and the CLI's errors about a bad URL."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import socket
 
@@ -15,7 +16,10 @@ import pytest
 import gpu_agent.cli as cli
 import gpu_agent.config as config
 from gpu_agent.agent import Agent
-from gpu_agent.link import redacted_url
+from gpu_agent.link import AgentLink, redacted_url
+from gpu_agent.protocol import Frame
+from serving.backoff import Backoff
+from tests.agent.ws_server import ControlPlaneStub, wait_for
 
 SECRET = "s3cret-pw"
 
@@ -27,7 +31,9 @@ def closed_port() -> int:
 
 
 def logged(caplog: pytest.LogCaptureFixture) -> str:
-    return "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
+    """What the agent logged (not the stand-in control plane: websockets.server)."""
+    mine = [r for r in caplog.records if not r.name.startswith("websockets.server")]
+    return "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in mine)
 
 
 @pytest.mark.parametrize("userinfo", [f"admin:{SECRET}", SECRET])  # (a user alone: websockets' InvalidURI)
@@ -104,3 +110,32 @@ def test_errors_about_a_bad_url_do_not_show_its_credentials(
 )
 def test_redacted_url(url: str, shown: str) -> None:
     assert redacted_url(url) == shown
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("userinfo", ["", f"admin:{SECRET}@"])
+async def test_the_handshakes_debug_log_hides_the_token_and_the_urls_credentials(
+    caplog: pytest.LogCaptureFixture, userinfo: str
+) -> None:
+    # websockets logs every handshake header at DEBUG: the host token ("Authorization: Bearer ..."),
+    # and the URL's user information as Basic credentials (base64).
+    token = f"host-token-{SECRET}"
+    server = ControlPlaneStub(token=token)
+    await server.start()
+
+    async def ignore(frame: Frame) -> None:
+        pass
+
+    url = server.url.replace("http://", f"http://{userinfo}")
+    link = AgentLink(url, token, hello=list, on_frame=ignore, backoff=Backoff(0.05, 0.2, seed=1))
+    try:
+        with caplog.at_level(logging.DEBUG):
+            task = asyncio.create_task(link.run())
+            await wait_for(lambda: link.stats.connects or link.stats.failed_attempts)
+            link.stop()
+            await task
+    finally:
+        await server.stop()
+    text = logged(caplog)
+    assert "> Authorization: [hidden]" in text  # the handshake was logged
+    assert SECRET not in text and base64.b64encode(f"admin:{SECRET}".encode()).decode() not in text
