@@ -329,9 +329,10 @@ class EngineSupervisor:
             write_record(
                 record_path(self._group_record, proc.pid), proc.pid, self.spec.id, list(self.spec.devices)
             )
-        if self._restart_requested:
-            # restart() came while the process was being created, when it had nothing to end: end
-            # this one now, so that `_run` starts the next at once and takes the request as done.
+        if self._restart_requested or self._stopping.is_set():
+            # restart() or stop() came while the process was being created, when it had nothing to
+            # end: end this one now (`_run` then starts the next at once, or stops). An engine that
+            # answered its first /health was otherwise supervised after stop() until it exited.
             await self._terminate()
         self._set_state("starting", error=None)
         base_url = f"http://{_url_host(launch.probe_host)}:{port}"
