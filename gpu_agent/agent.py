@@ -229,8 +229,9 @@ class Agent:
 
     def _retry_leftovers(self) -> None:
         """Have the host's engine manager try again, in a thread, to end an engine group a killed
-        agent left that survived the agent's start (`EngineManager.retry_leftovers`): it holds its
-        GPUs' memory until it is gone. Never waited for."""
+        agent left that survived the agent's start, or one of this agent's engine runs left after
+        SIGKILL (`EngineManager.retry_leftovers`): it holds its GPUs' memory until it is gone.
+        Never waited for."""
         engines = getattr(self.host, "engines", None)
         if isinstance(engines, EngineManager):
             try:

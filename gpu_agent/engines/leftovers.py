@@ -130,8 +130,8 @@ def end_recorded(paths: list[str], grace_s: float) -> tuple[int, list[Leftover]]
         devices = _devices(record.get("devices"))
         if pgid > 1 and _still_ours(pgid, start):
             log.warning(
-                "Engine of deployment %s (process group %d, devices %s) was left running by a previous"
-                " agent; ending it.",
+                "Engine of deployment %s (process group %d, devices %s) was left running (by a previous"
+                " agent, or by a run of this one that SIGKILL did not end); ending it.",
                 name,
                 pgid,
                 "unknown" if devices is None else sorted(devices),

@@ -37,7 +37,8 @@ class EngineManager:
     their record could not be read) are tried again, one every `leftover_retry_s`, while the agent
     runs (`retry_leftovers()`, each telemetry tick). Until one recorded on a device is gone, no
     engine starts on that device: such a deployment is reported failed, naming the group, and
-    starts once the group is gone.
+    starts once the group is gone. So too a group of this agent's own engine runs that SIGKILL did
+    not end (`_survived`): a deployment does not start again beside the group its last run left.
     """
 
     def __init__(
@@ -75,6 +76,7 @@ class EngineManager:
         self._retried_at = time.monotonic()  # when the last try ended
         self._desired: list[DeploymentSpec] = []
         self._postponed: set[str] = set()  # deployments waiting for a leftover to leave their devices
+        self._crashed: dict[str, EngineSupervisor] = {}  # postponed: the supervisor whose run left it
 
     def log_path(self, deployment_id: str) -> str:
         return os.path.join(self.log_dir, f"{safe_name(deployment_id)}.log")
@@ -147,6 +149,7 @@ class EngineManager:
         for dep_id in [d for d in self._rejected if d not in wanted]:
             del self._rejected[dep_id]
             self._postponed.discard(dep_id)
+            self._crashed.pop(dep_id, None)
         for dep_id in sorted(wanted):
             spec = wanted[dep_id]
             if dep_id in self._engines:
@@ -164,9 +167,13 @@ class EngineManager:
                 continue
             self._postponed.discard(dep_id)
             self._rejected.pop(dep_id, None)
-            sup = self._start(spec)
-            if dep_id in replaced:  # its latencies not reported yet go out with the new engine's
-                sup.adopt_unreported(replaced[dep_id])
+            crashed = self._crashed.pop(dep_id, None)  # (its restart, counted as one)
+            sup = self._start(
+                spec, crashed.restarts + 1 if crashed is not None and crashed.spec == spec else 0
+            )
+            previous = replaced.get(dep_id, crashed)
+            if previous is not None:  # its latencies not reported yet go out with the new engine's
+                sup.adopt_unreported(previous)
 
     def _reject(self, spec: DeploymentSpec, error: str) -> None:
         status = DeploymentStatus(deployment_id=spec.id, state="failed", ts=time.time(), error=error)
@@ -174,7 +181,22 @@ class EngineManager:
         log.error("Deployment %s rejected: %s", spec.id, status.error)
         self._on_status(status)
 
-    def _start(self, spec: DeploymentSpec) -> EngineSupervisor:
+    def _survived(self, sup: EngineSupervisor, group: Leftover, error: str) -> bool:
+        """A run of `sup` left its engine group after SIGKILL: the group is tried again as a killed
+        agent's is, and the deployment, unless it is being stopped, is postponed until the group is
+        gone (True: `sup` ends)."""
+        self._leftovers[group.path] = group
+        log.error("%s; trying again every %g s.", _describe(group), self._leftover_retry_s)
+        if self._engines.get(sup.spec.id) is not sup:  # stopping (removed, replaced, agent closing)
+            return False
+        del self._engines[sup.spec.id]
+        self._crashed[sup.spec.id] = sup
+        self._postponed.add(sup.spec.id)
+        why = f"not started again on the memory held by {_describe(group)}; it starts once that is gone"
+        self._reject(sup.spec, f"{why}. Its last run: {error}")
+        return True
+
+    def _start(self, spec: DeploymentSpec, restarts: int = 0) -> EngineSupervisor:
         backoff = self._backoff_factory(spec.id) if self._backoff_factory else None
         sup = EngineSupervisor(
             spec,
@@ -188,7 +210,9 @@ class EngineManager:
             liveness=self._liveness,
             ports=self.ports,
             group_record=os.path.join(self.log_dir, safe_name(spec.id)),  # + .<pgid>.group
+            on_survivor=lambda group, error: self._survived(sup, group, error),
         )
+        sup.restarts = restarts
         self._engines[spec.id] = sup
         log.info("Starting deployment %s (%s on devices %s).", spec.id, spec.model.name, spec.devices)
         sup.start()
@@ -239,6 +263,5 @@ def _describe(group: Leftover) -> str:
         return f"the engine group recorded in {group.path} (unreadable)"
     devices = "unknown devices" if group.devices is None else f"device(s) {sorted(group.devices)}"
     return (
-        f"process group {group.pgid} of deployment {group.deployment} on {devices}, left running by a"
-        " previous agent and still there after SIGKILL"
+        f"process group {group.pgid} of deployment {group.deployment} on {devices}, still there after SIGKILL"
     )

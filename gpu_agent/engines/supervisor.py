@@ -54,7 +54,7 @@ import httpx
 
 from gpu_agent.engines.command import EngineConfigError, LaunchSpec
 from gpu_agent.engines.exec_guard import guarded
-from gpu_agent.engines.leftovers import record_path, remove_record, write_record
+from gpu_agent.engines.leftovers import Leftover, record_path, remove_record, write_record
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
 from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, Window, combine, parse_metrics, summarize
@@ -97,6 +97,7 @@ class EngineSupervisor:
         log_backups: int = LOG_BACKUPS,
         ports: PortAllocator | None = None,
         group_record: str | None = None,
+        on_survivor: Callable[[Leftover, str], bool] | None = None,
     ) -> None:
         """
         Args:
@@ -119,6 +120,8 @@ class EngineSupervisor:
             group_record: Where each run's engine process group is recorded, for an agent
                 started after this one was killed to end it: `<group_record>.<pgid>.group`
                 (engines/leftovers.py); None: nowhere.
+            on_survivor: Told of a run's recorded group that SIGKILL did not end (its record kept),
+                with the run's error; True: supervision ends there (no engine starts beside it).
         """
         self.spec = spec
         self._launcher = launcher
@@ -135,6 +138,8 @@ class EngineSupervisor:
         self._log_backups = log_backups
         self._ports = ports or PortAllocator()
         self._group_record = group_record
+        self._on_survivor = on_survivor
+        self._survivor: Leftover | None = None  # the last run's group, if SIGKILL did not end it
         self.state: DeploymentState = "starting"
         self.restarts = 0
         self.port: int | None = None
@@ -235,6 +240,9 @@ class EngineSupervisor:
             except Exception as exc:  # report it: a dead supervisor would leave `starting` for ever
                 log.exception("Launching deployment %s failed", self.spec.id)
                 error = f"engine could not be launched: {type(exc).__name__}: {exc}"
+            survivor, self._survivor = self._survivor, None
+            if survivor is not None and self._on_survivor is not None and self._on_survivor(survivor, error):
+                return
             if self._stopping.is_set():
                 return
             if self._restart_requested:
@@ -274,10 +282,12 @@ class EngineSupervisor:
             return await self._launch_and_watch(port)
         finally:
             await self._terminate()
-            if self._proc is not None and self._group_record is not None and not group_alive(self._proc.pid):
-                remove_record(
-                    record_path(self._group_record, self._proc.pid)
-                )  # (one left after SIGKILL stays)
+            if self._proc is not None and self._group_record is not None:
+                pgid, path = self._proc.pid, record_path(self._group_record, self._proc.pid)
+                if not group_alive(pgid):
+                    remove_record(path)
+                else:  # left after SIGKILL: its record stays
+                    self._survivor = Leftover(path, pgid, self.spec.id, frozenset(self.spec.devices))
             self._proc = None  # its pid may be reused: never signal that group again
             self.port = None
             self._ports.release(port)

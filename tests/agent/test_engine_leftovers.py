@@ -18,6 +18,7 @@ import gpu_agent.engines.supervisor as supervisor_module
 from gpu_agent.engines import EngineManager
 from gpu_agent.engines.command import REPO_ROOT
 from gpu_agent.engines.leftovers import end_leftovers, start_time
+from gpu_agent.protocol import DeploymentStatus
 from serving.backoff import Backoff
 from tests.agent.test_engines import alive, fake_launcher, spec
 from tests.agent.ws_server import wait_for
@@ -104,28 +105,47 @@ def manager_pids(pidfile: Path) -> list[int]:
 
 
 @pytest.mark.asyncio
-async def test_a_group_left_after_sigkill_keeps_its_record_when_the_deployment_starts_again(
+async def test_a_group_left_after_sigkill_keeps_its_record_and_the_deployment_starts_again_once_it_is_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The first engine's group outlives its SIGKILL (a worker in uninterruptible sleep, say): seen
-    # here as the supervisor's check after the kill still finding it.
+    # here as the supervisor's check after the kill still finding it; the manager's next try finds
+    # it gone. The deployment's next engine was started at once beside it, on the memory it held.
     first: list[int] = []
     monkeypatch.setattr(supervisor_module, "group_alive", lambda pgid: pgid in first)
+    statuses: list[DeploymentStatus] = []
     manager = EngineManager(
-        fake_launcher(tmp_path / "pids"), str(tmp_path / "logs"), lambda s: None, devices={0}, grace_s=0.5,
-        backoff_factory=lambda dep: Backoff(base_s=0.1, cap_s=0.1, seed=1),
+        fake_launcher(tmp_path / "pids"), str(tmp_path / "logs"), statuses.append, devices={0}, grace_s=0.5,
+        backoff_factory=lambda dep: Backoff(base_s=0.1, cap_s=0.1, seed=1), leftover_retry_s=0.1,
     )  # fmt: skip
+
+    def records() -> dict[int, str]:
+        return {json.loads(p.read_text())["pgid"]: p.name for p in (tmp_path / "logs").glob("*.group")}
+
     try:
         await manager.apply([spec()])
         await wait_for(lambda: (sup := manager.supervisor("d1")) is not None and sup.state == "running")
-        sup = manager.supervisor("d1")
-        assert sup is not None
         first.extend(manager_pids(tmp_path / "pids"))
         os.kill(first[0], signal.SIGKILL)
-        await wait_for(lambda: sup.restarts == 1 and sup.state == "running")
+        await wait_for(lambda: manager.supervisor("d1") is None)
+        await asyncio.sleep(0.5)  # (five backoffs)
+        # Its record is kept for a later agent, it is tried again like a killed agent's group, and
+        # no engine starts beside it: the deployment is failed, naming it.
+        assert len(manager_pids(tmp_path / "pids")) == 1 and records() == {first[0]: f"d1.{first[0]}.group"}
+        assert [g.pgid for g in manager.leftovers()] == [first[0]]
+        error = statuses[-1].error
+        assert statuses[-1].state == "failed" and error is not None
+        assert f"held by process group {first[0]} of deployment d1 on device(s) [0]" in error, error
+        assert "engine exited with code -9" in error
+
+        def tick() -> bool:  # what the agent does every telemetry tick
+            manager.retry_leftovers()
+            return (sup := manager.supervisor("d1")) is not None and sup.state == "running"
+
+        await wait_for(tick)  # gone: the deployment starts again, counted as a restart
+        sup = manager.supervisor("d1")
+        assert sup is not None and sup.restarts == 1 and manager.leftovers() == []
         second = manager_pids(tmp_path / "pids")[1]
-        records = {json.loads(p.read_text())["pgid"]: p.name for p in (tmp_path / "logs").glob("*.group")}
-        # The survivor's record is still there for a later agent to end, beside the new engine's.
-        assert records == {first[0]: f"d1.{first[0]}.group", second: f"d1.{second}.group"}
+        assert records() == {second: f"d1.{second}.group"}
     finally:
         await manager.close()
