@@ -178,8 +178,10 @@ class SchedulingPolicy(ABC):
     def order_waiting(self, waiting: Sequence[R], ctx: SchedContext) -> list[R]:
         """Admission order of the waiting queue.
 
-        Called once per iteration before new requests are admitted (the vLLM plug-in skips the
-        call when nothing waits).
+        Called before new requests are admitted: once per iteration, and a second time with the
+        same `ctx.iteration` in the vLLM plug-in when rotations moved victims to the waiting queue
+        (so per-iteration bookkeeping must not count both calls). The plug-in skips the call when
+        nothing waits.
 
         Args:
             waiting: Requests not running (new or preempted), in arrival order.
