@@ -5,7 +5,8 @@ its job would stay "running" forever. While a job runs, a thread of the worker s
 ``heartbeat_at`` every ``JOBS_HEARTBEAT_S``; ``fail_lost_jobs`` marks a running job failed once its
 last stamp is older than ``JOBS_LOST_AFTER_S``. The sweep runs on Celery beat (see settings) and
 once whenever a worker starts, and again ``JOBS_LOST_AFTER_S`` later if jobs were running then (a
-worker restarted at once cannot tell its predecessor's job is lost yet). Both writes are
+worker restarted at once cannot tell its predecessor's job is lost yet). A job waiting for a Celery
+retry is stamped with the time the retry is due (``await_retry``). Both writes are
 conditional on ``status=running``, so a job that finishes or is cancelled meanwhile keeps its own
 outcome. The sweep skips a job whose outcome is being saved (its row locked by the save), however
 long that takes.
@@ -22,7 +23,7 @@ from types import TracebackType
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from jobs.models import Job, JobStatus
@@ -71,9 +72,30 @@ class Heartbeat:
             connection.close()  # this thread's own connection
 
 
-def running_jobs_exist() -> bool:
-    """Whether any job is running (on any worker): one a sweep may later find lost."""
-    return Job.objects.filter(status=JobStatus.RUNNING).exists()
+def await_retry(job_id: int, claim: str, countdown_s: float) -> bool:
+    """Stamp a job that a Celery retry of its delivery ``claim`` takes up in ``countdown_s`` with
+    the time that retry is due; False when the job no longer runs under that claim.
+
+    Nothing beats while the retry waits, so the sweep's ``JOBS_LOST_AFTER_S`` counts from the time
+    the retry is due, not from the run's last beat: with the limit below the countdown plus a
+    heartbeat interval, a job merely waiting for its retry was failed as lost. A retry that never
+    comes (its worker killed meanwhile) still is, that long after it was due. A duplicate message's
+    retry (another delivery runs the job) leaves the job's stamp alone."""
+    due = timezone.now() + timedelta(seconds=countdown_s)
+    running = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING, claim=claim)
+    return bool(running.update(heartbeat_at=due))
+
+
+def lost_in() -> float | None:
+    """Seconds until every job running now, if nothing stamps it again, is silent long enough to
+    be failed as lost: ``JOBS_LOST_AFTER_S`` from now or, for a job waiting for a retry (stamped
+    with the time it is due: ``await_retry``), from then; None when no job runs."""
+    running = Job.objects.filter(status=JobStatus.RUNNING)
+    if not running.exists():
+        return None
+    latest = running.aggregate(latest=Max("heartbeat_at"))["latest"]
+    ahead_s = 0.0 if latest is None else max((latest - timezone.now()).total_seconds(), 0.0)
+    return ahead_s + settings.JOBS_LOST_AFTER_S
 
 
 def fail_lost_jobs(now: datetime | None = None) -> list[int]:

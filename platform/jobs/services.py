@@ -231,8 +231,8 @@ def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
         return _finish(job_id, status=JobStatus.FAILED, error=error, progress=ctx.latest)
     # The heartbeat ends with the run, and a long save (a large plan or profile) is silent: while
     # the save holds the row locked the sweep skips the job (liveness.fail_lost_jobs), and a save
-    # that fails on a transient error stamps it for the retry's countdown. Without either, such a
-    # job was failed as lost while its worker went on to retry it.
+    # that fails on a transient error stamps it (then jobs.tasks.run_job with the time its retry is
+    # due). Without either, such a job was failed as lost while its worker went on to retry it.
     try:
         return _succeed(job_id, result, ctx.outcome)
     except JobCancelled:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from contextlib import suppress
 from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_ready
 from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
-from django.db import connection
+from django.db import Error, connection
 
 from jobs import liveness, services
 
@@ -31,8 +32,18 @@ def run_job(self: Any, job_id: int, claim: str = "") -> str | None:
         countdown = get_exponential_backoff_interval(
             factor=1, retries=self.request.retries, maximum=RETRY_BACKOFF_MAX_S, full_jitter=True
         )
+        if _will_retry(self):
+            with suppress(Error):  # best effort: the database may be what failed
+                liveness.await_retry(job_id, claim, countdown)
         raise self.retry(exc=exc, kwargs={"claim": claim}, countdown=countdown) from exc
     return None if status is None else str(status)
+
+
+def _will_retry(task: Any) -> bool:
+    """Whether ``task.retry()`` sends a retry (else it raises the error: called directly, or the
+    retries are used up)."""
+    request = task.request
+    return not request.called_directly and (task.max_retries is None or request.retries < task.max_retries)
 
 
 @shared_task(name="jobs.fail_lost_jobs", ignore_result=True)
@@ -47,13 +58,15 @@ def _recover_jobs_on_start(**_: Any) -> None:
     re-sends queued jobs whose messages a killed worker may have taken with it.
 
     A worker restarted at once (a restart policy's seconds) finds its predecessor's job not silent
-    long enough to count as lost yet, so it sweeps once more when such a job would be: from a timer
+    long enough to count as lost yet, so it sweeps once more when such a job would be (one waiting
+    for a retry: that long after the retry is due, liveness.lost_in): from a timer
     thread of this process, not a queued task, which would wait while every pool slot runs a job
     (for hours: CELERY_TASK_TIME_LIMIT)."""
     try:
         liveness.fail_lost_jobs()
-        if liveness.running_jobs_exist():
-            later = threading.Timer(settings.JOBS_LOST_AFTER_S + settings.JOBS_HEARTBEAT_S, _sweep_again)
+        lost_in = liveness.lost_in()
+        if lost_in is not None:
+            later = threading.Timer(lost_in + settings.JOBS_HEARTBEAT_S, _sweep_again)
             later.daemon = True
             later.start()
         services.requeue_queued_jobs()

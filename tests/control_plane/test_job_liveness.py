@@ -14,11 +14,13 @@ from django.conf import settings
 from django.db import OperationalError, connection
 from django.test import override_settings
 from django.utils import timezone
+from jobs import services, tasks
 from jobs.liveness import Heartbeat, fail_lost_jobs
 from jobs.models import Job, JobStatus
 from jobs.registry import JobContext
 from jobs.services import create_job, execute_job
 from jobs.tasks import fail_lost_jobs as sweep_task
+from jobs.tasks import run_job
 from rest_framework.test import APIClient
 
 from config.celery import app
@@ -121,6 +123,77 @@ def test_a_job_whose_outcome_save_outlasts_the_lost_limit_is_not_failed_as_lost(
     assert execute_job(job.pk, claim="another delivery") is None  # the claim still guards the job
     assert execute_job(job.pk, claim="first") == JobStatus.SUCCEEDED  # the retry
     assert saves == [0, 1]
+
+
+RETRY_IN_S = 30  # a retry's countdown longer than the lost limit below
+
+
+@pytest.mark.django_db
+@override_settings(JOBS_HEARTBEAT_S=5.0, JOBS_LOST_AFTER_S=20.0)
+@pytest.mark.parametrize(
+    ("swept_after_s", "outcome"),
+    [
+        (RETRY_IN_S - 1, JobStatus.SUCCEEDED),
+        (RETRY_IN_S + 20 - 1, JobStatus.SUCCEEDED),
+        (RETRY_IN_S + 20 + 1, JobStatus.FAILED),  # the retry never came (its worker was killed)
+    ],
+)
+def test_a_job_waiting_for_its_retry_is_failed_as_lost_only_that_long_after_the_retry_is_due(
+    monkeypatch: pytest.MonkeyPatch, swept_after_s: float, outcome: JobStatus
+) -> None:
+    # Nothing beats while a job waits for its Celery retry (a transient database error), and the
+    # sweep counted JOBS_LOST_AFTER_S from the run's last beat: with the limit below the retry's
+    # countdown plus a heartbeat interval, a job merely waiting for its retry was failed as lost.
+    monkeypatch.setattr(tasks, "get_exponential_backoff_interval", lambda **_: RETRY_IN_S)
+    claims: list[int] = []
+    swept: list[int] = []
+    real_worker_name = services.worker_name
+
+    def worker_name() -> str:  # evaluated by each claim's UPDATE: the retry's, once it is due
+        if claims:  # beat's sweep, swept_after_s after the run failed
+            swept.extend(fail_lost_jobs(now=timezone.now() + timedelta(seconds=swept_after_s)))
+        claims.append(len(claims))
+        return real_worker_name()
+
+    def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        if len(claims) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return {}
+
+    monkeypatch.setattr(services, "worker_name", worker_name)
+    job = job_of_a_test_kind(monkeypatch, "flaky", run, celery_id="c-1")
+    run_job.apply(args=(job.pk,), task_id=job.celery_id)
+    job.refresh_from_db()
+    assert (claims, job.status) == ([0, 1], outcome), job.error
+    assert swept == ([] if outcome == JobStatus.SUCCEEDED else [job.pk])
+
+
+@pytest.mark.django_db
+@override_settings(JOBS_HEARTBEAT_S=5.0, JOBS_LOST_AFTER_S=20.0)
+def test_a_worker_started_while_a_job_waits_for_its_retry_sweeps_again_once_the_retry_is_overdue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Without beat, the starting worker's one later sweep is all that fails a job whose retry went
+    # with its killed worker: it must come after the retry was due, plus the lost limit.
+    timers: list[float] = []
+
+    class Timer:  # records when the later sweep would run; runs nothing
+        def __init__(self, interval: float, function: Callable[[], None]) -> None:
+            timers.append(interval)
+            self.daemon = False
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(tasks.threading, "Timer", Timer)
+    job = _job(JobStatus.RUNNING, silent_s=0.0)
+    tasks._recover_jobs_on_start()
+    assert timers == [pytest.approx(20.0 + 5.0, abs=1.0)]  # a running job: the limit, a beat later
+
+    due = timezone.now() + timedelta(seconds=RETRY_IN_S)
+    Job.objects.filter(pk=job.pk).update(heartbeat_at=due)  # its retry's stamp (liveness.await_retry)
+    tasks._recover_jobs_on_start()
+    assert timers[1:] == [pytest.approx(RETRY_IN_S + 20.0 + 5.0, abs=1.0)]
 
 
 @pytest.mark.django_db
