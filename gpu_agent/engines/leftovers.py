@@ -47,6 +47,7 @@ class Leftover:
     pgid: int | None
     deployment: str | None
     devices: frozenset[int] | None  # None: unknown (not recorded by an older agent, or unread)
+    port: int | None = None  # an engine run of this agent's: held (engines/ports.py) until it is gone
 
 
 def start_time(pid: int) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -38,7 +39,8 @@ class EngineManager:
     runs (`retry_leftovers()`, each telemetry tick). Until one recorded on a device is gone, no
     engine starts on that device: such a deployment is reported failed, naming the group, and
     starts once the group is gone. So too a group of this agent's own engine runs that SIGKILL did
-    not end (`_survived`): a deployment does not start again beside the group its last run left.
+    not end (`_survived`): a deployment does not start again beside the group its last run left,
+    and no other engine is given the port that group may still listen on until it is gone.
     """
 
     def __init__(
@@ -117,10 +119,12 @@ class EngineManager:
         finally:
             self._retried_at = time.monotonic()
         if left:
-            self._leftovers[group.path] = left[0]
+            self._leftovers[group.path] = dataclasses.replace(left[0], port=group.port)
             log.error("%s still survives; trying again in %g s.", _describe(left[0]), self._leftover_retry_s)
             return
         del self._leftovers[group.path]
+        if group.port is not None:  # held since its engine run ended (`_survived`)
+            self.ports.release(group.port)
         log.warning("%s is gone.", _describe(group))
         async with self._lock:
             if self._postponed and not self._closed:  # their devices may be free now
@@ -184,7 +188,7 @@ class EngineManager:
     def _survived(self, sup: EngineSupervisor, group: Leftover, error: str) -> bool:
         """A run of `sup` left its engine group after SIGKILL: the group is tried again as a killed
         agent's is, and the deployment, unless it is being stopped, is postponed until the group is
-        gone (True: `sup` ends)."""
+        gone (True: `sup` ends). The group's port stays held until then."""
         self._leftovers[group.path] = group
         log.error("%s; trying again every %g s.", _describe(group), self._leftover_retry_s)
         if self._engines.get(sup.spec.id) is not sup:  # stopping (removed, replaced, agent closing)

@@ -17,13 +17,14 @@ so each telemetry second reports that second's latencies, not the engine's lifet
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from gpu_agent.protocol import LatencySummary
+from gpu_agent.protocol import EngineSample, LatencySummary
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
@@ -118,6 +119,20 @@ class EngineMetrics:
     waiting: int = 0
     preemptions_total: int = 0
     bytes_offloaded: int = 0
+
+
+def since(current: EngineMetrics, earlier: EngineMetrics | None) -> Window:
+    """The latency observations between two scrapes of one run (since its start without `earlier`)."""
+    return {
+        name: hist.minus(earlier.histograms.get(name) if earlier is not None else None)
+        for name in (TTFT, ITL)
+        if (hist := current.histograms.get(name)) is not None
+    }
+
+
+def with_latencies(sample: EngineSample, window: Window) -> EngineSample:
+    """`sample` with p50/p99 of `window` (None for a histogram the engine does not expose)."""
+    return dataclasses.replace(sample, ttft=summarize(window.get(TTFT)), itl=summarize(window.get(ITL)))
 
 
 def _finite(sample: Sample) -> float:

@@ -7,8 +7,9 @@ Life of a deployment:
     any --stop()--> stopped (SIGTERM to the process group, SIGKILL after `grace_s`)
 Every run ends with its whole process group: workers the engine left behind when it died are ended
 (engines/process_group.py) before the failure is reported and before a new engine starts, so that
-no orphan keeps the devices' memory. The run's port (engines/ports.py) is held until then; a
-status carries it only while the engine is starting or running.
+no orphan keeps the devices' memory. The run's port (engines/ports.py) is held until then (a
+group that SIGKILL did not end takes it to `on_survivor`, which releases it once the group is
+gone); a status carries it only while the engine is starting or running.
 A `restart()` (operator command) terminates the process and starts it again at once, counted in
 `restarts` like a crash restart but without the backoff (one that comes while the process is being
 created ends that process as soon as it exists). Every state change is reported through
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -57,7 +57,7 @@ from gpu_agent.engines.exec_guard import guarded
 from gpu_agent.engines.leftovers import Leftover, record_path, remove_record, write_record
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
-from gpu_agent.engines.metrics import ITL, TTFT, EngineMetrics, Window, combine, parse_metrics, summarize
+from gpu_agent.engines.metrics import EngineMetrics, Window, combine, parse_metrics, since, with_latencies
 from gpu_agent.engines.ports import PortAllocator
 from gpu_agent.engines.process_group import end_group, group_alive
 from gpu_agent.protocol import (
@@ -122,6 +122,7 @@ class EngineSupervisor:
                 (engines/leftovers.py); None: nowhere.
             on_survivor: Told of a run's recorded group that SIGKILL did not end (its record kept),
                 with the run's error; True: supervision ends there (no engine starts beside it).
+                The group's port stays held in `ports`: it releases it once the group is gone.
         """
         self.spec = spec
         self._launcher = launcher
@@ -206,14 +207,14 @@ class EngineSupervisor:
         ended = self._unreported.pop(0) if self._unreported else None
         if self.state != "running" or gauges is None or current is None:
             bare = EngineSample(deployment_id=self.spec.id, state=self.state)
-            return bare if ended is None else _with_latencies(bare, ended)
-        window = _since(current, self._taken)
+            return bare if ended is None else with_latencies(bare, ended)
+        window = since(current, self._taken)
         if ended is not None:
             window, *later = combine(ended, window)
             if later:  # another bucket layout: the ended run alone, this one next time
-                return _with_latencies(gauges, window)
+                return with_latencies(gauges, window)
         self._taken = current
-        return _with_latencies(gauges, window)
+        return with_latencies(gauges, window)
 
     def adopt_unreported(self, predecessor: EngineSupervisor) -> None:
         """Report, with this engine's, what the stopped supervisor this one replaces (same
@@ -249,8 +250,8 @@ class EngineSupervisor:
                 self._restart_requested = False
                 self.restarts += 1
                 continue
-            since = self._ran_stable_since
-            if since is not None and time.monotonic() - since >= self._stable_s:
+            up_since = self._ran_stable_since
+            if up_since is not None and time.monotonic() - up_since >= self._stable_s:
                 self._backoff.reset()  # it had been up a good while: this is a fresh failure
             self._set_state("failed", error)
             delay: float | None = None  # None: wait for a restart command or stop()
@@ -286,18 +287,19 @@ class EngineSupervisor:
                 pgid, path = self._proc.pid, record_path(self._group_record, self._proc.pid)
                 if not group_alive(pgid):
                     remove_record(path)
-                else:  # left after SIGKILL: its record stays
-                    self._survivor = Leftover(path, pgid, self.spec.id, frozenset(self.spec.devices))
+                else:  # left after SIGKILL: its record stays, and its port while it may listen there
+                    self._survivor = Leftover(path, pgid, self.spec.id, frozenset(self.spec.devices), port)
             self._proc = None  # its pid may be reused: never signal that group again
             self.port = None
-            self._ports.release(port)
+            if self._survivor is None or self._on_survivor is None:  # (else on_survivor releases it)
+                self._ports.release(port)
             self._keep_unreported()
 
     def _keep_unreported(self) -> None:
         """At the end of a run: keep what its scrapes saw since the last take reported up to
         (the next take reports it), then forget the run's scrapes."""
         if self._metrics is not None:
-            window = {n: h for n, h in _since(self._metrics, self._taken).items() if h.count > 0}
+            window = {n: h for n, h in since(self._metrics, self._taken).items() if h.count > 0}
             if self._unreported:
                 self._unreported[-1:] = combine(self._unreported[-1], window)
             elif window:
@@ -479,20 +481,6 @@ class EngineSupervisor:
         left of it when the leader has already exited."""
         if self._proc is not None:
             await end_group(self._proc, self._grace_s, self.spec.id)
-
-
-def _since(current: EngineMetrics, earlier: EngineMetrics | None) -> Window:
-    """The latency observations between two scrapes of one run (since its start without `earlier`)."""
-    return {
-        name: hist.minus(earlier.histograms.get(name) if earlier is not None else None)
-        for name in (TTFT, ITL)
-        if (hist := current.histograms.get(name)) is not None
-    }
-
-
-def _with_latencies(sample: EngineSample, window: Window) -> EngineSample:
-    """`sample` with p50/p99 of `window` (None for a histogram the engine does not expose)."""
-    return dataclasses.replace(sample, ttft=summarize(window.get(TTFT)), itl=summarize(window.get(ITL)))
 
 
 def _url_host(host: str) -> str:
