@@ -110,7 +110,8 @@ class EngineSupervisor:
             grace_s: SIGTERM-to-SIGKILL grace.
             scrape_interval_s: Seconds between /metrics scrapes.
             liveness: How a running engine's /health is probed; default every 10 s, failed after
-                3 probes in a row got no 200 within 5 s.
+                3 probes in a row got no 200 within 5 s; a starting engine's /health is asked
+                the same way (one request bounded as a whole by its `timeout_s`).
             stable_s: A run this long resets the backoff when it ends.
             simulated: Reported in statuses.
             log_max_bytes: At an engine start, a log file this big is rotated to `<log>.1`.
@@ -378,9 +379,10 @@ class EngineSupervisor:
         exited = asyncio.ensure_future(proc.wait())
         try:
             while time.monotonic() < deadline:
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get("/health")).status_code == 200:
-                        return True
+                # Bounded as a whole, as the liveness probe is: httpx's timeout is per read, so an
+                # engine that trickled its answer held this (and a stop() waiting for it) for long.
+                if await self._liveness.probe(http) is None:
+                    return True
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(0.25):
                         await asyncio.shield(exited)
