@@ -111,7 +111,8 @@ class EngineSupervisor:
             scrape_interval_s: Seconds between /metrics scrapes.
             liveness: How a running engine's /health is probed; default every 10 s, failed after
                 3 probes in a row got no 200 within 5 s; a starting engine's /health is asked
-                the same way (one request bounded as a whole by its `timeout_s`).
+                the same way (one request bounded as a whole by its `timeout_s`, as a /metrics
+                scrape is).
             stable_s: A run this long resets the backoff when it ends.
             simulated: Reported in statuses.
             log_max_bytes: At an engine start, a log file this big is rotated to `<log>.1`.
@@ -424,11 +425,12 @@ class EngineSupervisor:
         """Take the engine's /metrics. One that does not answer, or answers what no telemetry can
         carry (NaN or +Inf, a count beyond the protocol's range), is a scrape that failed: the last
         figures stand, and the engine, which may well be serving, is left alone."""
-        try:
-            resp = await http.get("/metrics")
+        try:  # bounded as a whole, as a probe is: a trickled answer held the exit watch and stop()
+            async with asyncio.timeout(self._liveness.timeout_s):
+                resp = await http.get("/metrics")
             resp.raise_for_status()
-        except httpx.HTTPError as exc:
-            log.debug("Scraping %s failed: %s", self.spec.id, exc)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            log.debug("Scraping %s failed: %s", self.spec.id, exc or type(exc).__name__)
             return
         try:
             current = parse_metrics(resp.text)
