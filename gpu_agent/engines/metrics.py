@@ -18,6 +18,7 @@ so each telemetry second reports that second's latencies, not the engine's lifet
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from gpu_agent.protocol import EngineSample, LatencySummary
+from gpu_agent.schema import INT64_MAX
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
@@ -189,3 +191,23 @@ def parse_metrics(text: str) -> EngineMetrics:
     if kv:
         out.kv_cache_usage = min(1.0, max(0.0, sum(kv) / len(kv)))
     return out
+
+
+def connector_bytes(path: str) -> int:
+    """`bytes_offloaded` of the Aqua connector's counters file at `path` (JSON); 0 while the file
+    is missing or half-written (the next scrape reads it) or holds no mapping.
+
+    Raises:
+        ValueError: the value is no count the control plane stores (a signed 64-bit integer,
+            >= 0; `true`, a bool, is no count), naming the file and the value.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            counters = json.load(f)
+    except (OSError, ValueError):
+        return 0
+    value = counters.get("bytes_offloaded", 0) if isinstance(counters, dict) else 0
+    if type(value) is int and 0 <= value <= INT64_MAX:  # (type(True) is bool, not int)
+        return value
+    what = f"bytes_offloaded={value!r:.60}"
+    raise ValueError(f"the Aqua connector's counters file {path} holds {what}, not a count in 0..2**63-1")

@@ -9,7 +9,9 @@ Every run ends with its whole process group: workers the engine left behind when
 (engines/process_group.py) before the failure is reported and before a new engine starts, so that
 no orphan keeps the devices' memory. The run's port (engines/ports.py) is held until then (a
 group that SIGKILL did not end takes it to `on_survivor`, which releases it once the group is
-gone); a status carries it only while the engine is starting or running.
+gone); a status carries it only while the engine is starting or running. The group is ended once a
+run: one a stop() or restart() left is `on_survivor`'s too, the run ending there (never watched on:
+a stop() waited for as long as it answered /health).
 A `restart()` (operator command) terminates the process and starts it again at once, counted in
 `restarts` like a crash restart but without the backoff (one that comes while the process is being
 created ends that process as soon as it exists). Every state change is reported through
@@ -44,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
@@ -57,7 +58,15 @@ from gpu_agent.engines.exec_guard import guarded
 from gpu_agent.engines.leftovers import Leftover, record_path, remove_record, write_record
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import LOG_BACKUPS, LOG_MAX_BYTES, cap_lines, rotate, tail_lines
-from gpu_agent.engines.metrics import EngineMetrics, Window, combine, parse_metrics, since, with_latencies
+from gpu_agent.engines.metrics import (
+    EngineMetrics,
+    Window,
+    combine,
+    connector_bytes,
+    parse_metrics,
+    since,
+    with_latencies,
+)
 from gpu_agent.engines.ports import PortAllocator
 from gpu_agent.engines.process_group import end_group, group_alive
 from gpu_agent.protocol import (
@@ -66,7 +75,6 @@ from gpu_agent.protocol import (
     DeploymentStatus,
     EngineSample,
 )
-from gpu_agent.schema import INT64_MAX
 from serving.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -149,6 +157,7 @@ class EngineSupervisor:
         self.error: str | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
+        self._ended = asyncio.Event()  # this run's group was ended, as far as SIGKILL could (_terminate)
         self._stopping = asyncio.Event()
         self._restart_requested = False
         self._kick = asyncio.Event()
@@ -280,6 +289,7 @@ class EngineSupervisor:
         gone: a retry must not run beside what is left of this run, nor reuse its port before.
         """
         self._ran_stable_since = None  # set once this run answers /health
+        self._ended.clear()
         port = self._ports.acquire()
         try:
             return await self._launch_and_watch(port)
@@ -365,6 +375,8 @@ class EngineSupervisor:
         if hung is not None:  # its process lives on: end it before the failure is reported
             await self._terminate()
             what = hung
+        elif proc.returncode is None and self._ended.is_set():  # by stop() or restart(): on_survivor's
+            what = f"engine {'restarted' if self._restart_requested else 'stopped'}; SIGKILL left its group"
         elif proc.returncode is None:  # health timeout
             await self._terminate()
             what = f"engine did not become healthy within {self._health_timeout_s:.0f} s"
@@ -387,7 +399,7 @@ class EngineSupervisor:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(0.25):
                         await asyncio.shield(exited)
-                if exited.done() or self._stopping.is_set():
+                if exited.done() or self._stopping.is_set() or self._ended.is_set():
                     return False
             return False
         finally:
@@ -395,15 +407,17 @@ class EngineSupervisor:
 
     async def _watch_running(self, proc: asyncio.subprocess.Process, http: httpx.AsyncClient) -> str | None:
         """Scrape /metrics until the process exits while probing /health; the liveness error if
-        the engine stopped answering first (its process still there), else None."""
+        the engine stopped answering first (its process still there), else None. A group that a
+        stop() or restart() ended is not watched on, should SIGKILL have left it (on_survivor's)."""
         scraping = asyncio.ensure_future(self._scrape_until_exit(proc, http))
         probing = asyncio.ensure_future(self._liveness.watch(http))
+        ended = asyncio.ensure_future(self._ended.wait())
         try:
-            done, _ = await asyncio.wait((scraping, probing), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((scraping, probing, ended), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (scraping, probing):
+            for task in (scraping, probing, ended):
                 task.cancel()
-            await asyncio.gather(scraping, probing, return_exceptions=True)
+            await asyncio.gather(scraping, probing, ended, return_exceptions=True)
         if probing in done and proc.returncode is None:  # (an exit says more, should both come)
             return probing.result()
         if scraping in done:
@@ -454,37 +468,28 @@ class EngineSupervisor:
         self._metrics, self._gauges = current, gauges
 
     def _connector_offloaded_bytes(self) -> int:
-        """Bytes the Aqua connector's worker reports offloaded (0 without its counters file).
-
-        A value that is no count the control plane stores (a signed 64-bit integer, >= 0; `true`,
-        a bool, is no count) is left out, with one WARNING per engine run: it went into the
-        telemetry frame, and the control plane refused the host's whole frame every tick."""
-        if self._offload_stats is None:
-            return 0
+        """Bytes the Aqua connector's worker reports offloaded (0 without its counters file). A
+        value that is no count the control plane stores (metrics.connector_bytes) is left out, with
+        one WARNING per engine run: the control plane refused the host's whole frame every tick."""
         try:
-            with open(self._offload_stats, encoding="utf-8") as f:
-                counters = json.load(f)
-        except (OSError, ValueError):  # (a half-written or missing file: the next scrape reads it)
+            return 0 if self._offload_stats is None else connector_bytes(self._offload_stats)
+        except ValueError as exc:
+            if not self._bad_offload_counter:
+                self._bad_offload_counter = True
+                log.warning(
+                    "Deployment %s: %s; leaving it out of telemetry for this engine run.", self.spec.id, exc
+                )
             return 0
-        value = counters.get("bytes_offloaded", 0) if isinstance(counters, dict) else 0
-        if type(value) is int and 0 <= value <= INT64_MAX:  # (type(True) is bool, not int)
-            return value
-        if not self._bad_offload_counter:
-            self._bad_offload_counter = True
-            log.warning(
-                "Deployment %s: the Aqua connector's counters file %s holds bytes_offloaded=%.60r,"
-                " not a count in 0..2**63-1; leaving it out of telemetry for this engine run.",
-                self.spec.id,
-                self._offload_stats,
-                value,
-            )
-        return 0
 
     async def _terminate(self) -> None:
         """End the engine's process group (SIGTERM, SIGKILL after the grace period), also what is
-        left of it when the leader has already exited."""
-        if self._proc is not None:
-            await end_group(self._proc, self._grace_s, self.spec.id)
+        left of it when the leader has already exited. Once a run: a group that SIGKILL left is
+        `on_survivor`'s to try again, and the run ends on it (`_ended`), never watched on."""
+        proc = self._proc
+        if proc is not None and not self._ended.is_set():
+            await end_group(proc, self._grace_s, self.spec.id)
+            if self._proc is proc:
+                self._ended.set()
 
 
 def _url_host(host: str) -> str:

@@ -1,0 +1,105 @@
+"""An engine whose process group survives the SIGKILL of a stop() or a restart() (and still answers
+/health) is not watched on: the run ends once its group was ended as far as it could be, and the
+group goes to the manager's leftover retry list (its port held). A stop(), so the agent's close(),
+returns within about the grace period; it waited for the group to stop answering, for ever."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import gpu_agent.engines.leftovers as leftovers
+import gpu_agent.engines.process_group as process_group
+from gpu_agent.engines import EngineManager
+from gpu_agent.engines.liveness import Liveness
+from gpu_agent.engines.supervisor import EngineSupervisor
+from gpu_agent.protocol import DeploymentStatus
+from serving.backoff import Backoff
+from tests.agent.test_engine_survivor_port import SigkillFails
+from tests.agent.test_engines import alive, fake_launcher, spec
+from tests.agent.ws_server import wait_for
+
+
+@pytest.fixture
+def sigkill(monkeypatch: pytest.MonkeyPatch) -> SigkillFails:
+    fails = SigkillFails()
+    for module in (process_group, leftovers):
+        monkeypatch.setattr(module, "signal_group", fails)
+        monkeypatch.setattr(module, "KILL_WAIT_S", 0.3)
+    return fails
+
+
+async def running(tmp_path: Path, statuses: list[DeploymentStatus]) -> tuple[EngineManager, EngineSupervisor]:
+    """A manager whose engine (ignoring SIGTERM, answering /health) runs."""
+    manager = EngineManager(
+        fake_launcher(tmp_path / "pids"), str(tmp_path / "logs"), statuses.append, devices={0},
+        backoff_factory=lambda dep: Backoff(base_s=0.1, cap_s=0.1, seed=1), health_timeout_s=20,
+        grace_s=0.3, scrape_interval_s=0.2, liveness=Liveness(interval_s=0.1, timeout_s=1.0),
+        leftover_retry_s=0.1,
+    )  # fmt: skip
+    await manager.apply([spec(fake_args=["--ignore-sigterm"])])
+    await wait_for(lambda: (sup := manager.supervisor("d1")) is not None and sup.state == "running", 30)
+    sup = manager.supervisor("d1")
+    assert sup is not None and sup.pid is not None and sup.port is not None
+    return manager, sup
+
+
+async def cleanup(manager: EngineManager, sup: EngineSupervisor, sigkill: SigkillFails, group: int) -> None:
+    sigkill.failing = False
+    if sup._task is not None and not sup._task.done():
+        sup._task.cancel()  # (it hung)
+    await asyncio.wait_for(manager.close(), 10)
+    if alive(group):
+        os.killpg(group, signal.SIGKILL)
+
+
+@pytest.mark.asyncio
+async def test_stopping_an_engine_whose_group_survives_sigkill_returns_and_hands_the_group_over(
+    tmp_path: Path, sigkill: SigkillFails
+) -> None:
+    manager, sup = await running(tmp_path, [])
+    group, port = sup.pid, sup.port
+    assert group is not None
+    try:
+        started = time.monotonic()
+        await asyncio.wait_for(manager.close(), 10)  # unbounded, it waited as long as /health answered
+        assert time.monotonic() - started < 5  # grace 0.3 s + SIGKILL wait 0.3 s
+        assert sup.state == "stopped" and alive(group)
+        assert [g.pgid for g in manager.leftovers()] == [group] and port in manager.ports.held
+    finally:
+        await cleanup(manager, sup, sigkill, group)
+
+
+@pytest.mark.asyncio
+async def test_restarting_an_engine_whose_group_survives_sigkill_postpones_it_until_the_group_is_gone(
+    tmp_path: Path, sigkill: SigkillFails
+) -> None:
+    statuses: list[DeploymentStatus] = []
+    manager, sup = await running(tmp_path, statuses)
+    group = sup.pid
+    assert group is not None
+    try:
+        await manager.restart("d1")
+        # It was left `running` on the group that survived for as long as that answered /health.
+        await wait_for(lambda: manager.supervisor("d1") is None, 5)
+        assert [g.pgid for g in manager.leftovers()] == [group] and alive(group)
+        failed = statuses[-1]
+        assert failed.state == "failed" and failed.error is not None and str(group) in failed.error
+        assert "restart" in failed.error
+
+        sigkill.failing = False
+
+        def tick() -> bool:  # what the agent does every telemetry tick
+            manager.retry_leftovers()
+            return (again := manager.supervisor("d1")) is not None and again.state == "running"
+
+        await wait_for(tick, 30)
+        again = manager.supervisor("d1")
+        assert again is not None and again.restarts == 1 and again.pid != group and not alive(group)
+    finally:
+        await cleanup(manager, sup, sigkill, group)
