@@ -85,6 +85,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     _loop: asyncio.Task[None] | None = None  # _run, from accept() on
     _ended = False  # this side closed the socket (access lost, subject gone): nothing more is sent
     _slot: socket_slots.Slot | None = None  # its place among its user's open sockets, from connect()
+    _renewal: asyncio.Future[None] | None = None  # the slot's last lease renewal (_renew_slot)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Channels' consumer loop, then `_release()` whatever ended it: a handler that raises ends
@@ -159,6 +160,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self._leave_groups()
         slot, self._slot = self._slot, None
         if slot is not None:
+            # A renewal runs on in its thread when the loop is cancelled: freed before it ends, the
+            # slot would be written back, taken for LEASE_S by a socket that is gone.
+            if self._renewal is not None:
+                with contextlib.suppress(Exception):
+                    await self._renewal
             try:
                 await socket_slots.give_back(slot)
             except Exception:  # never hide what ended the socket behind a clean-up failure
@@ -212,8 +218,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if slot is None or time.monotonic() < self._renew_at:
             return
         self._renew_at = time.monotonic() + socket_slots.RENEW_S
+        self._renewal = asyncio.ensure_future(socket_slots.renew(slot))
         try:
-            await socket_slots.renew(slot)
+            await asyncio.shield(self._renewal)  # see _release
         except Exception:
             log.exception("Renewing the slot of a dashboard socket of user %s failed", slot.user_pk)
 

@@ -192,3 +192,28 @@ async def test_with_redis_an_open_socket_renews_its_lease(
         assert await held(viewer_user) == 1  # renewed: still counted, its lease ends in a minute
         await assert_refused_as_too_many(viewer)
         await comm.disconnect()
+
+
+@needs_redis
+async def test_with_redis_a_renewal_still_running_when_the_socket_closes_does_not_take_its_slot_again(
+    viewer_user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal runs in a worker thread, which cancelling the socket's polling task does not stop:
+    one that lands after the close's give-back must not put the freed slot back for LEASE_S."""
+    renewing = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    renew_shared = socket_slots._renew_shared
+
+    def slow_renew(backend: RedisCache, slot: socket_slots.Slot) -> None:
+        loop.call_soon_threadsafe(renewing.set)
+        time.sleep(0.5)
+        renew_shared(backend, slot)
+
+    monkeypatch.setattr(socket_slots, "RENEW_S", 0)
+    monkeypatch.setattr(socket_slots, "_renew_shared", slow_renew)
+    viewer = await session_of(viewer_user)
+    comm = await opened(viewer)
+    await asyncio.wait_for(renewing.wait(), timeout=5)
+    await comm.disconnect()
+    await asyncio.sleep(1)  # the renewal's thread has finished
+    assert await held(viewer_user) == 0
