@@ -223,10 +223,13 @@ class EngineManager:
         return sup
 
     async def restart(self, deployment_id: str) -> bool:
-        """Restart one deployment's engine; False if it is not on this host."""
+        """Restart one deployment's engine; False if it is not on this host. One postponed for a
+        leftover group (`_postponed`) is on this host: it starts once that group is gone."""
         sup = self._engines.get(deployment_id)
         if sup is None:
-            return False
+            if deployment_id in self._postponed:
+                log.info("Deployment %s starts once the engine group on its devices is gone.", deployment_id)
+            return deployment_id in self._postponed
         await sup.restart()
         return True
 

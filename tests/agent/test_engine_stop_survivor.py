@@ -103,3 +103,22 @@ async def test_restarting_an_engine_whose_group_survives_sigkill_postpones_it_un
         assert again is not None and again.restarts == 1 and again.pid != group and not alive(group)
     finally:
         await cleanup(manager, sup, sigkill, group)
+
+
+@pytest.mark.asyncio
+async def test_restarting_a_deployment_postponed_for_its_surviving_group_is_not_refused_as_unknown(
+    tmp_path: Path, sigkill: SigkillFails
+) -> None:
+    statuses: list[DeploymentStatus] = []
+    manager, sup = await running(tmp_path, statuses)
+    group = sup.pid
+    assert group is not None
+    try:
+        await manager.restart("d1")
+        await wait_for(lambda: manager.supervisor("d1") is None, 5)
+        assert [s.deployment_id for s in manager.statuses()] == ["d1"]  # reported failed, on this host
+        # It answered False ("deployment 'd1' is not on this host") for a deployment the host reports.
+        assert await manager.restart("d1") is True
+        assert manager.supervisor("d1") is None and alive(group)  # still not started beside the group
+    finally:
+        await cleanup(manager, sup, sigkill, group)
