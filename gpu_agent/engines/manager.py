@@ -78,7 +78,7 @@ class EngineManager:
         self._retried_at = time.monotonic()  # when the last try ended
         self._desired: list[DeploymentSpec] = []
         self._postponed: set[str] = set()  # deployments waiting for a leftover to leave their devices
-        self._crashed: dict[str, EngineSupervisor] = {}  # postponed: the supervisor whose run left it
+        self._crashed: dict[str, EngineSupervisor] = {}  # postponed: its supervisor (crashed, replaced)
 
     def log_path(self, deployment_id: str) -> str:
         return os.path.join(self.log_dir, f"{safe_name(deployment_id)}.log")
@@ -166,6 +166,8 @@ class EngineManager:
             held = self._held_by(spec)
             if held:  # it would fail for lack of the memory the group holds
                 self._postponed.add(dep_id)
+                if dep_id in replaced:  # (its latencies not reported yet go out once it starts)
+                    self._crashed[dep_id] = replaced[dep_id]
                 why = "; ".join(map(_describe, held))
                 self._reject(spec, f"not started on the memory held by {why}; it starts once that is gone")
                 continue

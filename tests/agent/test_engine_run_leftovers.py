@@ -13,12 +13,16 @@ import httpx
 import pytest
 import pytest_asyncio
 
+import gpu_agent.engines.leftovers as leftovers
+import gpu_agent.engines.process_group as process_group
+from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.manager import EngineManager
 from gpu_agent.engines.metrics import ITL, TTFT
 from gpu_agent.engines.supervisor import EngineSupervisor
 from gpu_agent.protocol import EngineSample
 from tests.agent.fake_engine import metrics_text
-from tests.agent.test_engines import fake_launcher, spec
+from tests.agent.test_engine_survivor_port import SigkillFails
+from tests.agent.test_engines import alive, fake_launcher, spec
 from tests.agent.ws_server import wait_for
 
 Scraped = dict[object, tuple[float, float]]  # engine process -> its latest scrape's (TTFT, ITL) counts
@@ -165,3 +169,48 @@ async def test_an_ended_run_with_other_buckets_is_reported_alone_then_the_new_ru
     assert (new.ttft.count, new.itl.count) == (3, 10)
     assert new.ttft.p99 is not None and new.ttft.p99 <= 0.4 and ended.ttft.p99 is not None
     assert ended.ttft.p99 > 0.4
+
+
+@pytest.mark.asyncio
+async def test_a_new_spec_postponed_for_the_group_the_replaced_engine_left_reports_that_engines_rest(
+    tmp_path: Path, scraped: Scraped, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sigkill = SigkillFails()
+    for module in (process_group, leftovers):
+        monkeypatch.setattr(module, "signal_group", sigkill)
+        monkeypatch.setattr(module, "KILL_WAIT_S", 0.3)
+    manager = EngineManager(
+        fake_launcher(tmp_path / "pids"), str(tmp_path / "logs"), lambda s: None, devices={0},
+        scrape_interval_s=0.1, grace_s=0.3, liveness=Liveness(interval_s=0.1, timeout_s=1.0),
+        leftover_retry_s=0.1,
+    )  # fmt: skip
+    group = 0
+    try:
+        await manager.apply([spec(fake_args=["--ignore-sigterm"])])
+        old = manager.supervisor("d1")
+        assert old is not None
+        reported = Reported(manager)
+        await two_scrapes_then_take(old, reported)
+        group = old.pid or 0
+        await manager.apply([spec(seed=7)])  # the old engine's group survives its stop: postponed
+        assert manager.supervisor("d1") is None and [g.pgid for g in manager.leftovers()] == [group]
+        reported.take()
+        sigkill.failing = False
+
+        def tick() -> bool:  # what the agent does every telemetry tick
+            manager.retry_leftovers()
+            return manager.supervisor("d1") is not None
+
+        await wait_for(tick, timeout=10)
+        new = manager.supervisor("d1")
+        assert new is not None
+        await two_scrapes_then_take(new, reported)
+        assert len(scraped) == 2
+        await stop_and_take_the_rest(new, reported)
+        # The replaced engine's scrapes after the last take were dropped once its successor waited.
+        assert reported.counts == total(scraped)
+    finally:
+        sigkill.failing = False
+        await manager.close()
+        if group and alive(group):
+            os.killpg(group, signal.SIGKILL)
