@@ -152,6 +152,8 @@ class EngineManager:
         replaced = {sup.spec.id: sup for sup in gone if sup.spec.id in wanted}
         for dep_id in [d for d in self._rejected if d not in wanted]:
             del self._rejected[dep_id]
+            if dep_id in self._postponed:  # reported failed (its engine may have run): now stopped
+                self._on_status(DeploymentStatus(deployment_id=dep_id, state="stopped", ts=time.time()))
             self._postponed.discard(dep_id)
             self._crashed.pop(dep_id, None)
         for dep_id in sorted(wanted):

@@ -122,3 +122,23 @@ async def test_restarting_a_deployment_postponed_for_its_surviving_group_is_not_
         assert manager.supervisor("d1") is None and alive(group)  # still not started beside the group
     finally:
         await cleanup(manager, sup, sigkill, group)
+
+
+@pytest.mark.asyncio
+async def test_a_deployment_postponed_for_its_surviving_group_and_then_removed_is_reported_stopped(
+    tmp_path: Path, sigkill: SigkillFails
+) -> None:
+    statuses: list[DeploymentStatus] = []
+    manager, sup = await running(tmp_path, statuses)
+    group = sup.pid
+    assert group is not None
+    try:
+        await manager.restart("d1")
+        await wait_for(lambda: manager.supervisor("d1") is None, 5)
+        assert statuses[-1].state == "failed"
+        await manager.apply([])  # the operator stops it (the control plane waits for `stopped`)
+        # Its last status stayed `failed`: it was dropped without a word, as no running engine is.
+        assert (statuses[-1].deployment_id, statuses[-1].state) == ("d1", "stopped")
+        assert manager.statuses() == [] and [g.pgid for g in manager.leftovers()] == [group]
+    finally:
+        await cleanup(manager, sup, sigkill, group)
