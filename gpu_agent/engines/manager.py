@@ -118,9 +118,10 @@ class EngineManager:
             left = [group]
         finally:
             self._retried_at = time.monotonic()
-        if left:
-            self._leftovers[group.path] = dataclasses.replace(left[0], port=group.port)
-            log.error("%s still survives; trying again in %g s.", _describe(left[0]), self._leftover_retry_s)
+        if left:  # (a record unreadable for now does not unsay what an earlier read of it said)
+            kept = group if left[0].pgid is None else dataclasses.replace(left[0], port=group.port)
+            self._leftovers[group.path] = kept
+            log.error("%s still survives; trying again in %g s.", _describe(kept), self._leftover_retry_s)
             return
         del self._leftovers[group.path]
         if group.port is not None:  # held since its engine run ended (`_survived`)

@@ -161,3 +161,31 @@ def test_a_record_that_cannot_be_read_for_now_is_kept_and_its_group_ended_by_the
     monkeypatch.delattr(leftovers, "open")
     assert leftovers.end_recorded([path], grace_s=0.2) == (1, [])
     assert not alive(left_group) and records(tmp_path) == []
+
+
+@pytest.mark.asyncio
+async def test_a_try_that_cannot_read_the_record_for_now_keeps_the_devices_the_group_holds(
+    tmp_path: Path, left_group: int, sigkill: SigkillFails, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs, launcher = str(tmp_path / "logs"), fake_launcher(tmp_path / "pids")
+    manager = EngineManager(launcher, logs, lambda s: None, devices={0}, grace_s=0.2, leftover_retry_s=0.0)
+    try:
+        assert await manager.end_leftovers() == 1
+        await manager.apply([spec("on0", [0])])
+        assert manager.supervisor("on0") is None  # postponed
+
+        def eio(*args: object, **kwargs: object) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(leftovers, "open", eio, raising=False)
+        manager.retry_leftovers()
+        assert manager._retrying is not None
+        await manager._retrying
+        monkeypatch.delattr(leftovers, "open")
+        assert alive(left_group) and [g.pgid for g in manager.leftovers()] == [left_group]
+        # The try's unreadable record replaced what was known (pgid, devices): the next desired
+        # list started the deployment beside the group, on the memory it holds.
+        await manager.apply([spec("on0", [0])])
+        assert manager.supervisor("on0") is None
+    finally:
+        await manager.close()
