@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from gpu_agent.device_readings import in_daemon_thread
 from gpu_agent.engines.command import safe_name
-from gpu_agent.engines.leftovers import Leftover, end_recorded, records
+from gpu_agent.engines.leftovers import Leftover, end_recorded, records, write_record
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.logs import tail_lines
 from gpu_agent.engines.ports import PortAllocator
@@ -194,6 +194,8 @@ class EngineManager:
         """A run of `sup` left its engine group after SIGKILL: the group is tried again as a killed
         agent's is, and the deployment, unless it is being stopped, is postponed until the group is
         gone (True: `sup` ends). The group's port stays held until then."""
+        if group.pgid is not None:  # the retry goes by its record: one not written at the start
+            write_record(group.path, group.pgid, sup.spec.id, list(sup.spec.devices))  # was "gone"
         self._leftovers[group.path] = group
         log.error("%s; trying again every %g s.", _describe(group), self._leftover_retry_s)
         if self._engines.get(sup.spec.id) is not sup:  # stopping (removed, replaced, agent closing)

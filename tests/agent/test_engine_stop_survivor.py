@@ -15,6 +15,7 @@ import pytest
 
 import gpu_agent.engines.leftovers as leftovers
 import gpu_agent.engines.process_group as process_group
+import gpu_agent.engines.supervisor as supervisor_module
 from gpu_agent.engines import EngineManager
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.supervisor import EngineSupervisor
@@ -140,5 +141,27 @@ async def test_a_deployment_postponed_for_its_surviving_group_and_then_removed_i
         # Its last status stayed `failed`: it was dropped without a word, as no running engine is.
         assert (statuses[-1].deployment_id, statuses[-1].state) == ("d1", "stopped")
         assert manager.statuses() == [] and [g.pgid for g in manager.leftovers()] == [group]
+    finally:
+        await cleanup(manager, sup, sigkill, group)
+
+
+@pytest.mark.asyncio
+async def test_a_surviving_group_whose_record_could_not_be_written_is_not_taken_for_gone(
+    tmp_path: Path, sigkill: SigkillFails, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(supervisor_module, "write_record", lambda *args: None)  # (a full disk, say)
+    manager, sup = await running(tmp_path, [])
+    group = sup.pid
+    assert group is not None
+    try:
+        await manager.restart("d1")
+        await wait_for(lambda: manager.supervisor("d1") is None, 5)
+        for _ in range(5):  # what the agent does every telemetry tick
+            manager.retry_leftovers()
+            await asyncio.sleep(0.2)
+        # The retry found no record, took the group for gone (its port released) and started the
+        # deployment again beside it.
+        assert alive(group) and [g.pgid for g in manager.leftovers()] == [group]
+        assert manager.supervisor("d1") is None
     finally:
         await cleanup(manager, sup, sigkill, group)
