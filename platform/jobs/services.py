@@ -245,6 +245,19 @@ def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
         return _fail(job_id, kind, exc, ctx.latest)
 
 
+def fail_retried_out(job_id: int, claim: str, retries: int, exc: Exception) -> bool:
+    """Fail job ``job_id``, running under delivery ``claim``, whose run hit the transient database
+    error ``exc`` after ``retries`` Celery retries (jobs.tasks.run_job: none are left); False when
+    the job no longer runs under that claim (finished, cancelled, or another delivery runs it)."""
+    error = f"Failed after {retries} retries on a database error: {type(exc).__name__}: {exc}"
+    updated = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING, claim=claim).update(
+        status=JobStatus.FAILED, error=error[:ERROR_TEXT_LIMIT], finished_at=timezone.now()
+    )
+    if updated:
+        logger.error("job %s failed: %s", job_id, error)
+    return bool(updated)
+
+
 def _fail(job_id: int, kind: JobKind, exc: Exception, progress: float) -> JobStatus:
     """Record ``exc``, raised by the runner or its outcome write, as the job's failure."""
     if isinstance(exc, kind.expected_errors):  # why the job cannot be done: the operator's to act on

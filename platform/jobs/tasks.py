@@ -21,7 +21,8 @@ RETRY_BACKOFF_MAX_S = 60
 
 @shared_task(bind=True, name="jobs.run_job", max_retries=5, ignore_result=True)
 def run_job(self: Any, job_id: int, claim: str = "") -> str | None:
-    """Run job ``job_id``; transient database errors are retried with backoff.
+    """Run job ``job_id``; transient database errors are retried with backoff, and fail the job
+    once the retries are used up.
 
     ``claim`` is this delivery's token (a new one for each message); its retries carry it, so that a
     retry takes up the job this delivery claimed and no other delivery's (services.execute_job)."""
@@ -35,6 +36,11 @@ def run_job(self: Any, job_id: int, claim: str = "") -> str | None:
         if _will_retry(self):
             with suppress(Error):  # best effort: the database may be what failed
                 liveness.await_retry(job_id, claim, countdown)
+        elif not self.request.called_directly:
+            # The retries are used up: the job would stay running until the lost-job sweep failed it
+            # as "Worker lost". If this write fails too, the sweep still fails it later.
+            with suppress(Error):
+                services.fail_retried_out(job_id, claim, self.request.retries, exc)
         raise self.retry(exc=exc, kwargs={"claim": claim}, countdown=countdown) from exc
     return None if status is None else str(status)
 
