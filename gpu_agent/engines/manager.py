@@ -30,7 +30,8 @@ class EngineManager:
     `apply()` takes the complete desired list: new deployments start, missing ones stop, and a
     deployment whose spec changed is stopped and started again (the new supervisor reports the
     latencies the old one had not reported yet). A deployment naming a device this
-    host does not have is reported failed at once and never started. Once `close()` (agent
+    host does not have is reported failed at once and never started; like a postponed one (below),
+    it is reported stopped once it leaves the desired list. Once `close()` (agent
     shutdown) has begun, `apply()` starts nothing: a desired list that arrives while the engines
     stop would otherwise start an engine that nothing stops.
 
@@ -152,9 +153,8 @@ class EngineManager:
         await asyncio.gather(*(sup.stop() for sup in gone))
         replaced = {sup.spec.id: sup for sup in gone if sup.spec.id in wanted}
         for dep_id in [d for d in self._rejected if d not in wanted]:
-            del self._rejected[dep_id]
-            if dep_id in self._postponed:  # reported failed (its engine may have run): now stopped
-                self._on_status(DeploymentStatus(deployment_id=dep_id, state="stopped", ts=time.time()))
+            del self._rejected[dep_id]  # reported failed (refused, postponed): now stopped
+            self._on_status(DeploymentStatus(deployment_id=dep_id, state="stopped", ts=time.time()))
             self._postponed.discard(dep_id)
             self._crashed.pop(dep_id, None)
         for dep_id in sorted(wanted):

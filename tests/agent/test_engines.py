@@ -241,6 +241,21 @@ async def test_it_refuses_devices_the_host_does_not_have(env: Env) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_deployment_refused_for_devices_the_host_does_not_have_is_reported_stopped_once_it_goes(
+    env: Env,
+) -> None:
+    await env.manager.apply([spec("d1", [7]), spec("d2", [8])])
+    assert env.states("d1") == ["failed"] and env.states("d2") == ["failed"]
+    await env.manager.apply([spec("d2", [8])])  # the operator stops d1
+    # Its last status stayed `failed` (one the control plane got after the stop stood): it was
+    # dropped without a word.
+    assert env.states("d1") == ["failed", "stopped"] and env.states("d2") == ["failed", "failed"]
+    await env.manager.close()  # the agent stops: so is d2
+    assert env.states("d1") == ["failed", "stopped"] and env.states("d2") == ["failed", "failed", "stopped"]
+    assert env.manager.statuses() == [] and env.pids() == []
+
+
+@pytest.mark.asyncio
 async def test_it_replaces_an_engine_whose_spec_changed(env: Env) -> None:
     await env.manager.apply([spec(seed=1)])
     await wait_for(lambda: env.states()[-1:] == ["running"])
