@@ -230,7 +230,9 @@ class SimulatedHost(Host):
         for dep_id in [d for d, p in self._deployed.items() if wanted.get(d) != p.spec]:
             del self._deployed[dep_id]
             self._on_status(self._status(dep_id, "stopped"))
-        self._failed = {d: s for d, s in self._failed.items() if d in wanted}
+        for dep_id in sorted(d for d in self._failed if d not in wanted):  # as EngineManager: a
+            del self._failed[dep_id]  # refused deployment that goes is stopped, not failed for ever
+            self._on_status(self._status(dep_id, "stopped"))
         for dep_id in sorted(wanted):
             spec = wanted[dep_id]
             if dep_id in self._deployed:
@@ -296,7 +298,8 @@ class SimulatedHost(Host):
 
     async def stop(self) -> None:
         self._closed = True
-        for dep_id in sorted(self._deployed):
+        for dep_id in sorted([*self._deployed, *self._failed]):
             self._on_status(self._status(dep_id, "stopped"))
         self._deployed.clear()
+        self._failed.clear()
         self._builtin.clear()

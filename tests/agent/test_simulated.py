@@ -194,3 +194,17 @@ def test_a_sim_rate_that_is_no_number_fails_its_deployment_alone(rate: object) -
     asyncio.run(host.apply([DeploymentSpec("dep-a", bad, [0]), DeploymentSpec("dep-b", good, [1])]))
     assert [(s.deployment_id, s.state) for s in statuses] == [("dep-a", "failed"), ("dep-b", "running")]
     assert statuses[0].error is not None and "engine_options.sim_rate" in statuses[0].error
+
+
+def test_a_refused_deployment_that_goes_is_reported_stopped() -> None:
+    # It was dropped without a word (on removal and at the agent's stop), so the failed status the
+    # control plane got stood after the stop, as EngineManager did before.
+    host, statuses = started("4xH100")
+    model = ModelSpec("llama-3-8b", "m", engine_options={"sim_rate": 2.0})
+    asyncio.run(host.apply([DeploymentSpec("dep-a", model, [9]), DeploymentSpec("dep-b", model, [8])]))
+    assert [(s.deployment_id, s.state) for s in statuses] == [("dep-a", "failed"), ("dep-b", "failed")]
+    asyncio.run(host.apply([DeploymentSpec("dep-b", model, [8])]))
+    assert ("dep-a", "stopped") in [(s.deployment_id, s.state) for s in statuses]
+    asyncio.run(host.stop())
+    assert [(s.deployment_id, s.state) for s in statuses][-1] == ("dep-b", "stopped")
+    assert host.statuses() == []
