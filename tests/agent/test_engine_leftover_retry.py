@@ -24,6 +24,7 @@ from gpu_agent.engines.leftovers import start_time
 from gpu_agent.host import LocalHost
 from gpu_agent.inventory import CpuInventory
 from gpu_agent.protocol import DeploymentStatus
+from tests.agent.test_engine_survivor_port import retry_until_started
 from tests.agent.test_engines import alive, fake_launcher, spec
 from tests.agent.ws_server import wait_for
 
@@ -133,11 +134,7 @@ async def test_no_engine_starts_on_a_device_a_surviving_group_holds_until_it_is_
         assert [s.state for s in manager.statuses()] == ["failed", "starting"]
         sigkill.failing = False
 
-        def tick() -> bool:  # what the agent does every telemetry tick
-            manager.retry_leftovers()
-            return manager.supervisor("on0") is not None
-
-        await wait_for(tick, timeout=10)
+        await retry_until_started(manager, "on0", running=False, timeout=10)
         assert not alive(left_group)
         on0 = manager.supervisor("on0")
         assert on0 is not None

@@ -20,6 +20,7 @@ from gpu_agent.engines.command import REPO_ROOT
 from gpu_agent.engines.leftovers import end_leftovers, start_time
 from gpu_agent.protocol import DeploymentStatus
 from serving.backoff import Backoff
+from tests.agent.test_engine_survivor_port import retry_until_started
 from tests.agent.test_engines import alive, fake_launcher, spec
 from tests.agent.ws_server import wait_for
 
@@ -138,11 +139,8 @@ async def test_a_group_left_after_sigkill_keeps_its_record_and_the_deployment_st
         assert f"held by process group {first[0]} of deployment d1 on device(s) [0]" in error, error
         assert "engine exited with code -9" in error
 
-        def tick() -> bool:  # what the agent does every telemetry tick
-            manager.retry_leftovers()
-            return (sup := manager.supervisor("d1")) is not None and sup.state == "running"
-
-        await wait_for(tick)  # gone: the deployment starts again, counted as a restart
+        # Gone: the deployment starts again, counted as a restart.
+        await retry_until_started(manager, "d1", running=True, timeout=10)
         sup = manager.supervisor("d1")
         assert sup is not None and sup.restarts == 1 and manager.leftovers() == []
         second = manager_pids(tmp_path / "pids")[1]

@@ -21,7 +21,7 @@ from gpu_agent.engines.metrics import ITL, TTFT
 from gpu_agent.engines.supervisor import EngineSupervisor
 from gpu_agent.protocol import EngineSample
 from tests.agent.fake_engine import metrics_text
-from tests.agent.test_engine_survivor_port import SigkillFails
+from tests.agent.test_engine_survivor_port import SigkillFails, retry_until_started
 from tests.agent.test_engines import alive, fake_launcher, spec
 from tests.agent.ws_server import wait_for
 
@@ -197,11 +197,7 @@ async def test_a_new_spec_postponed_for_the_group_the_replaced_engine_left_repor
         reported.take()
         sigkill.failing = False
 
-        def tick() -> bool:  # what the agent does every telemetry tick
-            manager.retry_leftovers()
-            return manager.supervisor("d1") is not None
-
-        await wait_for(tick, timeout=10)
+        await retry_until_started(manager, "d1", running=False, timeout=10)
         new = manager.supervisor("d1")
         assert new is not None
         await two_scrapes_then_take(new, reported)

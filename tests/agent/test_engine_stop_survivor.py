@@ -21,7 +21,7 @@ from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.supervisor import EngineSupervisor
 from gpu_agent.protocol import DeploymentStatus
 from serving.backoff import Backoff
-from tests.agent.test_engine_survivor_port import SigkillFails
+from tests.agent.test_engine_survivor_port import SigkillFails, retry_until_started
 from tests.agent.test_engines import alive, fake_launcher, spec
 from tests.agent.ws_server import wait_for
 
@@ -95,11 +95,7 @@ async def test_restarting_an_engine_whose_group_survives_sigkill_postpones_it_un
 
         sigkill.failing = False
 
-        def tick() -> bool:  # what the agent does every telemetry tick
-            manager.retry_leftovers()
-            return (again := manager.supervisor("d1")) is not None and again.state == "running"
-
-        await wait_for(tick, 30)
+        await retry_until_started(manager, "d1", running=True, timeout=30)
         again = manager.supervisor("d1")
         assert again is not None and again.restarts == 1 and again.pid != group and not alive(group)
     finally:

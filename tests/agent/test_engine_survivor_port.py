@@ -31,6 +31,18 @@ class SigkillFails:
             self.real(pgid, sig)
 
 
+async def retry_until_started(manager: EngineManager, dep_id: str, *, running: bool, timeout: float) -> None:
+    """Do what the agent does every telemetry tick (try the leftover groups again) until deployment
+    `dep_id` has an engine again (with `running`: one that reached running)."""
+
+    def started() -> bool:
+        manager.retry_leftovers()
+        sup = manager.supervisor(dep_id)
+        return sup is not None and (not running or sup.state == "running")
+
+    await wait_for(started, timeout)
+
+
 class Picks:
     """The kernel's choice of a free port, scripted: `ports` first, then any free one."""
 
@@ -84,11 +96,8 @@ async def test_a_surviving_groups_port_is_held_until_the_retry_finds_it_gone(
 
         sigkill.failing = False
 
-        def tick() -> bool:  # what the agent does every telemetry tick
-            manager.retry_leftovers()
-            return (sup := manager.supervisor("a")) is not None and sup.state == "running"
-
-        await wait_for(tick, 30)  # gone: its port is free again, and a's next run gets it
+        # Gone: its port is free again, and a's next run gets it.
+        await retry_until_started(manager, "a", running=True, timeout=30)
         assert not alive(group) and manager.leftovers() == []
         again = manager.supervisor("a")
         assert again is not None and again.port == p1 and again.pid not in (None, group)

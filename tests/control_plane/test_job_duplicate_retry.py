@@ -24,18 +24,27 @@ from tests.control_plane.test_jobs_api import job_of_a_test_kind, services_param
 pytestmark = pytest.mark.django_db
 
 
-def test_a_duplicate_message_retried_after_a_database_error_does_not_run_the_job_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    runs: list[int] = []
+def failing_claims(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Make the next `failures["left"]` claims fail with a transient database error (worker_name
+    is evaluated by the claim's UPDATE); the returned dict is that counter."""
     real_worker_name = services.worker_name
     failures = {"left": 0}
 
-    def worker_name() -> str:  # evaluated by the claim's UPDATE: a transient error there
+    def worker_name() -> str:
         if failures["left"]:
             failures["left"] -= 1
             raise OperationalError("server closed the connection unexpectedly")
         return real_worker_name()
+
+    monkeypatch.setattr(services, "worker_name", worker_name)
+    return failures
+
+
+def test_a_duplicate_message_retried_after_a_database_error_does_not_run_the_job_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs: list[int] = []
+    failures = failing_claims(monkeypatch)
 
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         runs.append(len(runs))
@@ -46,7 +55,6 @@ def test_a_duplicate_message_retried_after_a_database_error_does_not_run_the_job
         ctx.progress(1.0)
         return {"runs": len(runs)}
 
-    monkeypatch.setattr(services, "worker_name", worker_name)
     job = job_of_a_test_kind(monkeypatch, "once", run, celery_id="c-1")
     run_job.apply(args=(job.pk,), task_id=job.celery_id)
     job.refresh_from_db()
@@ -134,14 +142,7 @@ def test_a_duplicate_message_whose_retries_are_used_up_leaves_the_job_another_de
 ) -> None:
     # Its last retry's failure is its own: the job runs under the first delivery's claim.
     runs: list[int] = []
-    real_worker_name = services.worker_name
-    failures = {"left": 0}
-
-    def worker_name() -> str:  # evaluated by the claim's UPDATE: a transient error there
-        if failures["left"]:
-            failures["left"] -= 1
-            raise OperationalError("server closed the connection unexpectedly")
-        return real_worker_name()
+    failures = failing_claims(monkeypatch)
 
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         runs.append(len(runs))
@@ -151,7 +152,6 @@ def test_a_duplicate_message_whose_retries_are_used_up_leaves_the_job_another_de
         ctx.progress(1.0)
         return {"runs": len(runs)}
 
-    monkeypatch.setattr(services, "worker_name", worker_name)
     job = job_of_a_test_kind(monkeypatch, "once", run, celery_id="c-5")
     run_job.apply(args=(job.pk,), task_id=job.celery_id)
     job.refresh_from_db()
