@@ -260,14 +260,19 @@ class EcoServePolicy(SchedulingPolicy):
         return len(waiting)
 
     def _late_room(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> int:
-        """How many of `waiting` to admit before a late request would push KV past `late_kv_share`."""
-        cap = self.late_kv_share * ctx.total_kv_blocks * ctx.block_size
-        used = sum(r.num_prompt_tokens + r.num_output_tokens for r in running)
+        """How many of `waiting` to admit before a late request would push KV past `late_kv_share`.
+
+        Counted in whole blocks, as the engine allocates (and as `_kv_room` counts): in tokens, each
+        request's last partial block was missed, so a late request got in over the share.
+        """
+        cap = self.late_kv_share * ctx.total_kv_blocks
+        bs = ctx.block_size
+        used = sum(-(-(r.num_prompt_tokens + r.num_output_tokens) // bs) for r in running)
         for k, r in enumerate(waiting):
             late = r.num_output_tokens == 0 and self.ttft_slack(r, ctx.now) < 0
-            if late and used + r.num_prompt_tokens + self.predicted_output(r) > cap:
+            if late and used + -(-(r.num_prompt_tokens + self.predicted_output(r)) // bs) > cap:
                 return k
-            used += r.num_prompt_tokens + r.num_output_tokens
+            used += -(-(r.num_prompt_tokens + r.num_output_tokens) // bs)
         return len(waiting)
 
     def _kv_room(self, running: Sequence[R], waiting: Sequence[R], ctx: SchedContext) -> int:

@@ -173,6 +173,20 @@ def test_late_requests_wait_while_the_cache_is_filling_on_time_ones_do_not() -> 
     assert policy.admission_limit(small, waiting, c) == 2
 
 
+def test_the_late_gate_counts_whole_kv_blocks_not_tokens() -> None:
+    # 20 blocks x 16 = 320 tokens, half of them (10 blocks) for late requests. Three running
+    # requests hold 17 tokens each: 51 tokens, but 2 blocks each (6). A late request of 66 tokens
+    # (2 of prompt, a 2-token prediction counted as its bucket's top, 64) takes 5 blocks: 11 blocks
+    # are past the share. Counted in tokens (51 + 66 <= 160) it got in.
+    running = [req(i, 0.0, 16, 40, 30, out=1) for i in range(3)]
+    late = req(3, 5.0, 2, 2, 2)  # arrived 5 s ago: its 1 s TTFT is lost
+    policy = EcoServePolicy(reserve=False, late_kv_share=0.5)
+    assert policy.predicted_output(late) == 64
+    c = ctx(total_blocks=20)
+    assert policy.admission_limit(running, [late], c) == 0
+    assert policy.admission_limit(running[:1], [late], c) == 1  # 2 + 5 blocks of 10
+
+
 def test_each_request_is_judged_by_its_own_class_slo() -> None:
     cost = make_cost()
     loose = SimRequest(Request(0, 9.5, 50, 40, slo_class="summary"), 30)
