@@ -34,7 +34,9 @@ for the other SLOs (goodput_ratio_<slo>_slo[_vs_vllm_v0]) and for the 40 GB sett
 the headline SLO (full runs: goodput_ecoserve_no_pipelining, _no_reservation, _no_time_sync,
 _no_late_gate); two references under the headline SLO, EcoServe given true response lengths and
 clairvoyant shedding (goodput_ratio_ecoserve_true_lengths, goodput_ratio_clairvoyant_shed,
-clairvoyant_shed_fraction_by_rate; see SHED_FRACTIONS); attainment of every run at `fixed_rate`
+clairvoyant_shed_fraction_by_rate; see SHED_FRACTIONS); an upper bound on any scheduler from GPU
+work alone (goodput_gpu_work_bound, goodput_ratio_gpu_work_bound; benchmarks/ecoserve_bound.py);
+attainment of every run at `fixed_rate`
 (below the knee) and `overload_rate` (above it) and its preemptions at the latter; the
 attainment-vs-rate curves; the predictor's error.
 
@@ -54,6 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_io import chart_file, default_out, non_negative_int, out_file, positive_float
+from benchmarks.ecoserve_bound import bound_rate, gpu_load
 from serving.atomic_file import write_json_atomic, write_text_atomic
 from serving.costmodel import get_preset, kv_capacity_tokens
 from serving.costmodel.presets import get_model_config
@@ -215,6 +218,17 @@ class Bench:
         lo, hi = (1.0, 4.0) if run.startswith("a100_40gb") else (2.0, 8.0)
         return goodput(lambda r: self.attainment(run, r), 0.9, lo=lo, hi=hi, rel_tol=rel_tol)
 
+    def work_bound(self) -> float:
+        """The rate above which no scheduler can reach 90% attainment for lack of GPU time
+        (benchmarks/ecoserve_bound.py), on the same arrivals as the runs."""
+        seqs = make_config("ecoserve", KV_TOKENS["a100_80gb"]).max_num_seqs
+
+        def load(rate: float) -> float:
+            wl = prompt_workload(rate, self.duration_s, seed=self.seed, corpus=self.corpus)
+            return gpu_load(self.cost, wl.requests, self.duration_s, 0.9, seqs)
+
+        return bound_rate(load, lo=1.0, hi=MAX_RATE)
+
 
 SETUP_NOTES: dict[str, str] = {
     "headline_slo": "per_app: EcoServe (arXiv 2411.06364) judges requests by per-request SLOs that "
@@ -235,6 +249,12 @@ SETUP_NOTES: dict[str, str] = {
     "costliest 0-10% of requests (KV-time (prompt + output / 2) x output, known in advance; left-out "
     "requests count as misses) and serving the rest with EcoServe given true response lengths. "
     "ecoserve_true_lengths is EcoServe given true lengths, shedding nothing.",
+    "gpu_work_bound": "a bound, not a run: the highest rate at which the cost model's GPU time of "
+    "the cheapest 90% of requests (prefill and decode work, and the fixed cost of the iterations "
+    "their decode steps need at max_num_seqs per iteration) fits in one GPU-second per second; it "
+    "ignores the KV cache, queueing and every latency target "
+    "(benchmarks/ecoserve_bound.py). goodput_ratio_gpu_work_bound = it / FCFS V1's goodput: no "
+    "scheduler's goodput_ratio can exceed it on this workload and hardware.",
     "not_modelled": "vLLM V1 prefix caching (a recomputed request may hit its own freed blocks, "
     "making recompute preemption cheaper for FCFS); the paper's exact SLO definitions and models.",
 }
@@ -288,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         runs += [f"a100_80gb/{HEADLINE}/{v}" for v in VARIANTS if v not in main_runs + references]
     goodputs = {run: bench.goodput(run, rel_tol) for run in runs}
+    work_bound = bench.work_bound()
     # One rate below the knee and one above it on each hardware (the 40 GB rates scaled by its KV).
     rates = {"a100_80gb": (args.fixed_rate, args.overload_rate), "a100_40gb": (2.5, 3.5)}
     fixed = {run: bench.attainment(run, rates[run.split("/")[0]][0]) for run in runs}
@@ -327,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             for v in references
         },
         "clairvoyant_shed_fraction_by_rate": {str(r): f for r, f in sorted(bench.shed.items())},
+        "goodput_gpu_work_bound": work_bound,
+        "goodput_ratio_gpu_work_bound": work_bound / goodputs[f"a100_80gb/{HEADLINE}/fcfs"],
         **{f"goodput_{key(k)}": g for k, g in goodputs.items()},
         "fixed_rate": args.fixed_rate,
         "overload_rate": args.overload_rate,
@@ -365,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         f"chatbot SLO {out['goodput_ratio_chatbot_slo']:.2f};",
         f"A100-40GB {out['goodput_ratio_a100_40gb']:.2f};",
         f"references: true lengths {out['goodput_ratio_ecoserve_true_lengths']:.2f},",
-        f"clairvoyant shedding {out['goodput_ratio_clairvoyant_shed']:.2f}",
+        f"clairvoyant shedding {out['goodput_ratio_clairvoyant_shed']:.2f};",
+        f"bound from GPU work alone {out['goodput_ratio_gpu_work_bound']:.2f}",
     )
     print(
         f"predictor: MAE {report.mae:.1f} tokens vs {report.mean_baseline_mae:.1f} predicting the mean; "
