@@ -58,6 +58,11 @@ class LaunchSpec:
     # The Aqua connector's worker counters (JSON with "bytes_offloaded"), if the engine writes one.
     offload_stats: str | None = None
 
+    def base_url(self, port: int) -> str:
+        """The engine's URL on `port`, as the agent reaches it (an IPv6 address in brackets)."""
+        host = f"[{self.probe_host}]" if ":" in self.probe_host else self.probe_host
+        return f"http://{host}:{port}"
+
     def __str__(self) -> str:
         return shlex.join(self.argv)
 

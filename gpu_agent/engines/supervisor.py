@@ -359,7 +359,7 @@ class EngineSupervisor:
             # answered its first /health was otherwise supervised after stop() until it exited.
             await self._terminate()
         self._set_state("starting", error=None)
-        base_url = f"http://{_url_host(launch.probe_host)}:{port}"
+        base_url = launch.base_url(port)
         hung: str | None = None
         # trust_env=False: the engine is on this host; an HTTP(S)_PROXY of the environment (for
         # weights downloads) would take /health and /metrics to a proxy that cannot reach it.
@@ -490,7 +490,3 @@ class EngineSupervisor:
             await end_group(proc, self._grace_s, self.spec.id)
             if self._proc is proc:
                 self._ended.set()
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
