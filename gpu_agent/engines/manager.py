@@ -41,7 +41,10 @@ class EngineManager:
     engine starts on that device: such a deployment is reported failed, naming the group, and
     starts once the group is gone. So too a group of this agent's own engine runs that SIGKILL did
     not end (`_survived`): a deployment does not start again beside the group its last run left,
-    and no other engine is given the port that group may still listen on until it is gone.
+    and no other engine is given the port that group may still listen on until it is gone. The
+    rule holds for every launch, not only the manager's starts: a deployment whose supervisor would
+    launch its engine again (a crash restart, a restart command) while such a group, another
+    deployment's, holds one of its devices is postponed the same way (`_refused`).
     """
 
     def __init__(
@@ -79,7 +82,8 @@ class EngineManager:
         self._retried_at = time.monotonic()  # when the last try ended
         self._desired: list[DeploymentSpec] = []
         self._postponed: set[str] = set()  # deployments waiting for a leftover to leave their devices
-        self._crashed: dict[str, EngineSupervisor] = {}  # postponed: its supervisor (crashed, replaced)
+        # postponed: its supervisor (crashed, replaced, refused a launch), and its next start's `restarts`
+        self._crashed: dict[str, tuple[EngineSupervisor, int]] = {}
 
     def log_path(self, deployment_id: str) -> str:
         return os.path.join(self.log_dir, f"{safe_name(deployment_id)}.log")
@@ -170,16 +174,14 @@ class EngineManager:
             if held:  # it would fail for lack of the memory the group holds
                 self._postponed.add(dep_id)
                 if dep_id in replaced:  # (its latencies not reported yet go out once it starts)
-                    self._crashed[dep_id] = replaced[dep_id]
+                    self._crashed[dep_id] = (replaced[dep_id], replaced[dep_id].restarts + 1)
                 why = "; ".join(map(_describe, held))
                 self._reject(spec, f"not started on the memory held by {why}; it starts once that is gone")
                 continue
             self._postponed.discard(dep_id)
             self._rejected.pop(dep_id, None)
-            crashed = self._crashed.pop(dep_id, None)  # (its restart, counted as one)
-            sup = self._start(
-                spec, crashed.restarts + 1 if crashed is not None and crashed.spec == spec else 0
-            )
+            crashed, restarts = self._crashed.pop(dep_id, (None, 0))  # (its restart, counted as one)
+            sup = self._start(spec, restarts if crashed is not None and crashed.spec == spec else 0)
             previous = replaced.get(dep_id, crashed)
             if previous is not None:  # its latencies not reported yet go out with the new engine's
                 sup.adopt_unreported(previous)
@@ -201,10 +203,30 @@ class EngineManager:
         if self._engines.get(sup.spec.id) is not sup:  # stopping (removed, replaced, agent closing)
             return False
         del self._engines[sup.spec.id]
-        self._crashed[sup.spec.id] = sup
+        self._crashed[sup.spec.id] = (sup, sup.restarts + 1)
         self._postponed.add(sup.spec.id)
         why = f"not started again on the memory held by {_describe(group)}; it starts once that is gone"
         self._reject(sup.spec, f"{why}. Its last run: {error}")
+        return True
+
+    def _refused(self, sup: EngineSupervisor) -> bool:
+        """Asked before each launch of `sup` (`before_launch`): True if it must not launch, so for
+        a supervisor being stopped, and for one whose devices a group that survived SIGKILL holds
+        (another deployment's run, `_survived`, or a killed agent's): that deployment is postponed
+        as a start is, until the group is gone. Only a start was checked: a crash restart or a
+        restart command launched the engine beside the group, which failed on the memory it holds,
+        again and again. (A group of its own last run is `_survived`'s, before this is asked.)"""
+        if self._engines.get(sup.spec.id) is not sup:  # stopping (removed, replaced, agent closing)
+            return True
+        held = self._held_by(sup.spec)
+        if not held:
+            return False
+        del self._engines[sup.spec.id]
+        self._crashed[sup.spec.id] = (sup, sup.restarts)  # (it counts the launch refused already)
+        self._postponed.add(sup.spec.id)
+        why = "; ".join(map(_describe, held))
+        why = f"not started on the memory held by {why}; it starts once that is gone"
+        self._reject(sup.spec, why if sup.error is None else f"{why}. Its last run: {sup.error}")
         return True
 
     def _start(self, spec: DeploymentSpec, restarts: int = 0) -> EngineSupervisor:
@@ -222,6 +244,7 @@ class EngineManager:
             ports=self.ports,
             group_record=os.path.join(self.log_dir, safe_name(spec.id)),  # + .<pgid>.group
             on_survivor=lambda group, error: self._survived(sup, group, error),
+            before_launch=lambda: self._refused(sup),
         )
         sup.restarts = restarts
         self._engines[spec.id] = sup
@@ -231,12 +254,15 @@ class EngineManager:
 
     async def restart(self, deployment_id: str) -> bool:
         """Restart one deployment's engine; False if it is not on this host. One postponed for a
-        leftover group (`_postponed`) is on this host: it starts once that group is gone."""
+        leftover group (`_postponed`) is on this host: it starts once that group is gone; so does
+        one whose devices such a group holds now (its engine ends, and it is postponed)."""
         sup = self._engines.get(deployment_id)
         if sup is None:
             if deployment_id in self._postponed:
                 log.info("Deployment %s starts once the engine group on its devices is gone.", deployment_id)
             return deployment_id in self._postponed
+        if self._held_by(sup.spec):  # its supervisor ends before it launches (`_refused`)
+            log.info("Deployment %s starts once the engine group on its devices is gone.", deployment_id)
         await sup.restart()
         return True
 

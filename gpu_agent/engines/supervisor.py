@@ -11,7 +11,8 @@ no orphan keeps the devices' memory. The run's port (engines/ports.py) is held u
 group that SIGKILL did not end takes it to `on_survivor`, which releases it once the group is
 gone); a status carries it only while the engine is starting or running. The group is ended once a
 run: one a stop() or restart() left is `on_survivor`'s too, the run ending there (never watched on:
-a stop() waited for as long as it answered /health).
+a stop() waited for as long as it answered /health). No launch, the first or a restart, that
+`before_launch` refuses (another group holds the devices' memory): supervision ends there instead.
 A `restart()` (operator command) terminates the process and starts it again at once, counted in
 `restarts` like a crash restart but without the backoff (one that comes while the process is being
 created ends that process as soon as it exists). Every state change is reported through
@@ -106,6 +107,7 @@ class EngineSupervisor:
         ports: PortAllocator | None = None,
         group_record: str | None = None,
         on_survivor: Callable[[Leftover, str], bool] | None = None,
+        before_launch: Callable[[], bool] | None = None,
     ) -> None:
         """
         Args:
@@ -133,6 +135,8 @@ class EngineSupervisor:
             on_survivor: Told of a run's recorded group that SIGKILL did not end (its record kept),
                 with the run's error; True: supervision ends there (no engine starts beside it).
                 The group's port stays held in `ports`: it releases it once the group is gone.
+            before_launch: Asked before each engine launch, the first and every restart; True: it
+                must not launch (another group holds its devices' memory): supervision ends there.
         """
         self.spec = spec
         self._launcher = launcher
@@ -150,6 +154,7 @@ class EngineSupervisor:
         self._ports = ports or PortAllocator()
         self._group_record = group_record
         self._on_survivor = on_survivor
+        self._before_launch = before_launch
         self._survivor: Leftover | None = None  # the last run's group, if SIGKILL did not end it
         self.state: DeploymentState = "starting"
         self.restarts = 0
@@ -244,6 +249,8 @@ class EngineSupervisor:
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
+            if self._before_launch is not None and self._before_launch():
+                return  # (`restarts` counts the launch it did not make)
             retry = True
             try:
                 error = await self._run_once()
