@@ -246,11 +246,18 @@ def execute_job(job_id: int, *, claim: str = "") -> JobStatus | None:
 
 
 def fail_retried_out(job_id: int, claim: str, retries: int, exc: Exception) -> bool:
-    """Fail job ``job_id``, running under delivery ``claim``, whose run hit the transient database
-    error ``exc`` after ``retries`` Celery retries (jobs.tasks.run_job: none are left); False when
-    the job no longer runs under that claim (finished, cancelled, or another delivery runs it)."""
+    """Fail job ``job_id`` whose delivery ``claim`` hit the transient database error ``exc`` after
+    ``retries`` Celery retries (jobs.tasks.run_job: none are left): in its run (running under that
+    claim), or in its claim (still queued: no delivery has claimed it). False when it is neither
+    (finished, cancelled, or another delivery runs it).
+
+    A queued one is failed too: with its delivery gone nothing would take it up (only a worker
+    start re-sends queued jobs), as a running one's does. Another message of the job, still on its
+    way, then finds it failed and skips it; one that claimed it first keeps it (the update matches
+    neither)."""
     error = f"Failed after {retries} retries on a database error: {type(exc).__name__}: {exc}"
-    updated = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING, claim=claim).update(
+    ours = Q(status=JobStatus.RUNNING, claim=claim) | Q(status=JobStatus.QUEUED)
+    updated = Job.objects.filter(ours, pk=job_id).update(
         status=JobStatus.FAILED, error=error[:ERROR_TEXT_LIMIT], finished_at=timezone.now()
     )
     if updated:

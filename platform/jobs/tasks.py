@@ -38,7 +38,8 @@ def run_job(self: Any, job_id: int, claim: str = "") -> str | None:
                 liveness.await_retry(job_id, claim, countdown)
         elif not self.request.called_directly:
             # The retries are used up: the job would stay running until the lost-job sweep failed it
-            # as "Worker lost". If this write fails too, the sweep still fails it later.
+            # as "Worker lost", or, its claim failing, queued with no message left. If this write
+            # fails too, the sweep still fails a running one later.
             with suppress(Error):
                 services.fail_retried_out(job_id, claim, self.request.retries, exc)
         raise self.retry(exc=exc, kwargs={"claim": claim}, countdown=countdown) from exc

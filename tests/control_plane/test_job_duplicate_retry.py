@@ -157,3 +157,37 @@ def test_a_duplicate_message_whose_retries_are_used_up_leaves_the_job_another_de
     job.refresh_from_db()
     assert runs == [0]
     assert (job.status, job.result, job.error) == (JobStatus.SUCCEEDED, {"runs": 1}, "")
+
+
+def test_a_queued_job_whose_claim_fails_through_every_retry_is_failed_at_once_naming_the_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its delivery's claim (queued -> running) hit the error on the try and on its 5 retries: the
+    # job stayed queued, with no message left, until a worker start re-sent it.
+    runs: list[int] = []
+    failures = failing_claims(monkeypatch)
+    failures["left"] = 6
+    job = job_of_a_test_kind(monkeypatch, "never", _always_failing(runs), celery_id="c-6")
+    run_job.apply(args=(job.pk,), task_id=job.celery_id)
+    job.refresh_from_db()
+    assert (runs, failures["left"], job.started_at) == ([], 0, None)
+    assert job.status == JobStatus.FAILED and job.finished_at is not None
+    assert job.error == (
+        "Failed after 5 retries on a database error: "
+        "OperationalError: server closed the connection unexpectedly"
+    )
+
+
+def test_a_queued_job_whose_last_claim_retry_succeeds_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs: list[int] = []
+    failures = failing_claims(monkeypatch)
+    failures["left"] = 5  # the try and 4 retries: the fifth retry claims it
+
+    def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        runs.append(len(runs))
+        return {"runs": len(runs)}
+
+    job = job_of_a_test_kind(monkeypatch, "late", run, celery_id="c-7")
+    run_job.apply(args=(job.pk,), task_id=job.celery_id)
+    job.refresh_from_db()
+    assert (runs, job.status, job.result, job.error) == ([0], JobStatus.SUCCEEDED, {"runs": 1}, "")
