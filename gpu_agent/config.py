@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from gpu_agent.address import host_address, quoted
-from gpu_agent.link import agent_ws_url, redacted_url
+from gpu_agent.link import agent_ws_url, redacted_url, refuse_user_info
 from gpu_agent.protocol import MAX_HEARTBEAT_INTERVAL_S, MAX_HOST_NAME_LENGTH
 
 SIM_MAX_DEVICES = 16
@@ -143,8 +143,8 @@ def _is_ip(text: str) -> bool:
 
 
 def _check_url(url: str) -> None:
-    """Refuse a control plane URL the link could never connect to (ValueError naming it, its
-    user information redacted)."""
+    """Refuse a control plane URL the link could never connect to, or one with user information
+    (ValueError naming it, its user information redacted)."""
     shown = redacted_url(url)
     try:
         parts = urlsplit(agent_ws_url(url))  # agent_ws_url raises on a bad scheme
@@ -159,6 +159,7 @@ def _check_url(url: str) -> None:
         raise ValueError(f"control plane URL {shown!r}: port 0 is no port to connect to")
     if any(c.isspace() for c in url):
         raise ValueError(f"control plane URL {shown!r} contains whitespace")
+    refuse_user_info(url)
 
 
 def parse_simulate_spec(spec: str) -> tuple[int, str]:

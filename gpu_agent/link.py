@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
@@ -62,8 +63,7 @@ log = logging.getLogger(__name__)
 
 class _HiddenCredentials(logging.Filter):
     """Hides the value of an Authorization header in websockets' DEBUG log of the handshake (it
-    logs every request header): "> Authorization: Bearer <the host token>", and the Basic
-    credentials websockets makes of a control plane URL's user information."""
+    logs every request header): "> Authorization: Bearer <the host token>"."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
@@ -106,6 +106,22 @@ def redacted_url(url: str) -> str:
     if not at:
         return url
     return f"{scheme}{sep}***@{after}"
+
+
+def refuse_user_info(control_plane: str) -> None:
+    """ValueError (the URL redacted) when ``control_plane`` carries user information
+    (``wss://user:password@cp``). websockets turns it into an ``Authorization: Basic`` header sent
+    beside the host token's ``Authorization: Bearer``: two credentials in one header no server can
+    tell apart (the control plane reads only the Bearer), and the password goes to the control
+    plane and to every proxy on the way. The host token is the agent's only credential."""
+    if "@" in urlsplit(control_plane).netloc:  # what websockets reads as user information
+        raise ValueError(
+            f"control plane URL {redacted_url(control_plane)!r} carries user information"
+            " (user:password@): remove it from --control-plane (or the config file's control_plane)."
+            " The host token (--token) is the agent's only credential; the URL's would be sent as a"
+            " second Authorization header (Basic), which the control plane does not read, showing the"
+            " password to it and to every proxy on the way"
+        )
 
 
 def agent_ws_url(control_plane: str) -> str:
@@ -162,7 +178,8 @@ class AgentLink:
     ) -> None:
         """
         Args:
-            control_plane: Base URL of the control plane (http(s):// or ws(s)://).
+            control_plane: Base URL of the control plane (http(s):// or ws(s)://), without user
+                information (`refuse_user_info`).
             token: The host token, sent as `Authorization: Bearer <token>`.
             hello: Called on every connect; its frames (register first) are sent before anything.
             on_frame: Awaited for every valid frame from the control plane, in arrival order.
@@ -179,6 +196,7 @@ class AgentLink:
         if heartbeat_interval_s <= 0:
             raise ValueError(f"{heartbeat_interval_s=} must be positive")
         self.url = agent_ws_url(control_plane)  # connected to; logs show `shown_url`
+        refuse_user_info(self.url)
         self.shown_url = redacted_url(self.url)
         self._token = token
         self._hello = hello

@@ -1,21 +1,22 @@
-"""A --control-plane URL may carry user information (``https://user:password@proxy:8443``, for a
-proxy in front of the control plane). The agent connects with it as given, but no log line or error
-message shows the credential: the URL is shown as ``https://***@proxy:8443``. Every line showed it
-in full: "connecting to", each "link ... down" warning, the plain-http and fallback-address
-warnings at start, and the CLI's errors about a bad URL."""
+"""A --control-plane URL with user information (``https://user:password@proxy:8443``) is refused at
+start, naming the flag: websockets sent it as an ``Authorization: Basic`` header beside the host
+token's Bearer, two credentials in one header that the control plane (which reads the Bearer) and
+every proxy on the way received, password included. The host token is the only credential.
+
+No error message shows the credential either (the URL is shown as ``https://***@proxy:8443``), nor
+does the handshake's DEBUG log show the token."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import logging
-import socket
+from pathlib import Path
 
 import pytest
+from websockets.asyncio.client import connect
 
 import gpu_agent.cli as cli
-import gpu_agent.config as config
-from gpu_agent.agent import Agent
 from gpu_agent.link import AgentLink, redacted_url
 from gpu_agent.protocol import Frame
 from serving.backoff import Backoff
@@ -24,57 +25,64 @@ from tests.agent.ws_server import ControlPlaneStub, wait_for
 SECRET = "s3cret-pw"
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def logged(caplog: pytest.LogCaptureFixture) -> str:
     """What the agent logged (not the stand-in control plane: websockets.server)."""
     mine = [r for r in caplog.records if not r.name.startswith("websockets.server")]
     return "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in mine)
 
 
-@pytest.mark.parametrize("userinfo", [f"admin:{SECRET}", SECRET])  # (a user alone: websockets' InvalidURI)
-def test_the_running_agent_never_logs_the_urls_credentials(
-    caplog: pytest.LogCaptureFixture,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    userinfo: str,
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://admin:{SECRET}@cp.example:8443/cp",
+        f"wss://{SECRET}@cp.example",
+        f"http://admin:{SECRET}@127.0.0.1:8000",
+    ],
+)
+def test_a_url_with_user_information_is_refused_at_start(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str
 ) -> None:
-    url = f"http://{userinfo}@127.0.0.1:{closed_port()}/cp"
-    links: list[str] = []
-
-    async def serve_one_retry(agent: Agent) -> None:  # the real link, until it logged a retry
-        links.append(agent.link.url)
-        task = asyncio.create_task(agent.link.run())
-        while agent.link.stats.failed_attempts == 0:
-            await asyncio.sleep(0.01)
-        agent.link.stop()
-        await task
-
-    monkeypatch.setattr(cli, "_serve", serve_one_retry)
-    argv = ["--token", "t", "--control-plane", url, "--simulate", "1xH100", "--address", "10.0.0.5"]
-    with caplog.at_level(logging.DEBUG):
-        assert cli.main([*argv, "--log-level", "DEBUG"]) == 0
-    text = logged(caplog) + capsys.readouterr().err
-    assert links == [f"ws://{userinfo}@127.0.0.1:{url.rsplit(':', 1)[1]}/ws/agent/"]  # connects as given
-    assert "connecting to ws://***@127.0.0.1:" in text and "down (" in text
-    assert SECRET not in text
-
-
-def test_the_start_warnings_do_not_show_the_urls_credentials(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(config, "outward_ip", lambda: None)  # the loopback --address fallback
-    monkeypatch.setattr(cli, "make_host", lambda cfg: object())  # nothing runs: only the start
+    # websockets made it an "Authorization: Basic" header sent beside the token's Bearer.
+    monkeypatch.setattr(cli, "make_host", lambda cfg: object())  # past the config, nothing runs
     monkeypatch.setattr(cli, "_run_agent", lambda cfg, host: None)
-    with caplog.at_level(logging.WARNING, logger="gpu_agent"):
-        assert cli.main(["--token", "t", "--control-plane", f"http://admin:{SECRET}@cp.example:8000"]) == 0
-    plaintext, fallback = (r.getMessage() for r in caplog.records)
-    assert "http://***@cp.example:8000 is plain http://" in plaintext and "--address 127.0.0.1" in fallback
-    assert SECRET not in logged(caplog)
+    assert cli.main(["--token", "t", "--control-plane", url]) == 2
+    err = capsys.readouterr().err
+    assert f"control plane URL '{redacted_url(url)}' carries user information" in err
+    assert "remove it from --control-plane" in err and SECRET not in err
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"control_plane: '{url}'\ntoken: t\n")
+    assert cli.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"config file {str(path)!r}: control plane URL" in err and SECRET not in err
+
+
+@pytest.mark.asyncio
+async def test_the_handshake_carries_the_host_token_as_its_only_authorization() -> None:
+    server = ControlPlaneStub(token="tok")
+    await server.start()
+
+    async def ignore(frame: Frame) -> None:
+        pass
+
+    try:
+        # What the link refuses: websockets sends a URL's user information as a second header.
+        userinfo = server.url.replace("http://", f"ws://admin:{SECRET}@") + "/ws/agent/"
+        async with connect(userinfo, additional_headers={"Authorization": "Bearer tok"}):
+            pass
+        basic = "Basic " + base64.b64encode(f"admin:{SECRET}".encode()).decode()
+        assert server.authorizations == [[basic, "Bearer tok"]]
+        with pytest.raises(
+            ValueError, match=r"'ws://\*\*\*@127\.0\.0\.1:\d+/ws/agent/' carries user information"
+        ):
+            AgentLink(userinfo, "tok", hello=list, on_frame=ignore)
+        link = AgentLink(server.url, "tok", hello=list, on_frame=ignore, backoff=Backoff(0.05, 0.2, seed=1))
+        task = asyncio.create_task(link.run())
+        await wait_for(lambda: link.stats.connects or link.stats.failed_attempts)
+        link.stop()
+        await task
+    finally:
+        await server.stop()
+    assert link.stats.connects == 1 and server.authorizations[1:] == [["Bearer tok"]]
 
 
 @pytest.mark.parametrize(
@@ -113,12 +121,8 @@ def test_redacted_url(url: str, shown: str) -> None:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("userinfo", ["", f"admin:{SECRET}@"])
-async def test_the_handshakes_debug_log_hides_the_token_and_the_urls_credentials(
-    caplog: pytest.LogCaptureFixture, userinfo: str
-) -> None:
-    # websockets logs every handshake header at DEBUG: the host token ("Authorization: Bearer ..."),
-    # and the URL's user information as Basic credentials (base64).
+async def test_the_handshakes_debug_log_hides_the_token(caplog: pytest.LogCaptureFixture) -> None:
+    # websockets logs every handshake header at DEBUG: the host token ("Authorization: Bearer ...").
     token = f"host-token-{SECRET}"
     server = ControlPlaneStub(token=token)
     await server.start()
@@ -126,8 +130,7 @@ async def test_the_handshakes_debug_log_hides_the_token_and_the_urls_credentials
     async def ignore(frame: Frame) -> None:
         pass
 
-    url = server.url.replace("http://", f"http://{userinfo}")
-    link = AgentLink(url, token, hello=list, on_frame=ignore, backoff=Backoff(0.05, 0.2, seed=1))
+    link = AgentLink(server.url, token, hello=list, on_frame=ignore, backoff=Backoff(0.05, 0.2, seed=1))
     try:
         with caplog.at_level(logging.DEBUG):
             task = asyncio.create_task(link.run())
@@ -138,4 +141,4 @@ async def test_the_handshakes_debug_log_hides_the_token_and_the_urls_credentials
         await server.stop()
     text = logged(caplog)
     assert "> Authorization: [hidden]" in text  # the handshake was logged
-    assert SECRET not in text and base64.b64encode(f"admin:{SECRET}".encode()).decode() not in text
+    assert SECRET not in text

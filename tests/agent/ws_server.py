@@ -24,6 +24,7 @@ class ControlPlaneStub:
         self.close_code = close_code
         self.frames: list[tuple[float, dict[str, Any]]] = []
         self.handshakes = 0
+        self.authorizations: list[list[str]] = []  # each handshake's Authorization header values
         self.connections: list[ServerConnection] = []
         self.port = 0
         self._server: Server | None = None
@@ -40,9 +41,10 @@ class ControlPlaneStub:
 
     def _check(self, connection: ServerConnection, request: Request) -> Response | None:
         self.handshakes += 1
+        self.authorizations.append(request.headers.get_all("Authorization"))
         if request.path != "/ws/agent/":
             return connection.respond(http.HTTPStatus.NOT_FOUND, "no such path\n")
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        if f"Bearer {self.token}" not in self.authorizations[-1]:  # as the control plane reads it
             return connection.respond(http.HTTPStatus.FORBIDDEN, "bad token\n")
         return None
 
