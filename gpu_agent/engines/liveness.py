@@ -9,6 +9,13 @@ answers), a connection error or a status other than 200. After `failures` consec
 single slow answer (a busy event loop) does not fail an engine. A hung engine is noticed about
 `failures * interval_s + timeout_s` seconds after it hung (probes are back to back when
 `timeout_s` is the longer).
+
+A /metrics scrape of the running engine (supervisor.py) is bounded by the same `timeout_s`, as a
+whole and per read: vLLM serves it from the event loop that answers /health, so the time the
+operator lets a busy engine take for a probe is the time it may take for a scrape. A separate,
+shorter bound (one derived from the 1 s scrape interval, say) would only fail the scrapes of busy
+engines; scrapes follow one another, so a longer one cannot pile them up, and one that fails only
+leaves the last figures standing: the next scrape's latency window covers what it missed.
 """
 
 from __future__ import annotations

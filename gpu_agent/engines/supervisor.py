@@ -446,9 +446,9 @@ class EngineSupervisor:
         """Take the engine's /metrics. One that does not answer, or answers what no telemetry can
         carry (NaN or +Inf, a count beyond the protocol's range), is a scrape that failed: the last
         figures stand, and the engine, which may well be serving, is left alone."""
-        try:  # bounded as a whole, as a probe is: a trickled answer held the exit watch and stop()
-            async with asyncio.timeout(self._liveness.timeout_s):
-                resp = await http.get("/metrics")
+        try:  # bounded as a whole, as a probe is (a trickled answer held the exit watch and stop()),
+            async with asyncio.timeout(self._liveness.timeout_s):  # not cut at the client's 5 s a read
+                resp = await http.get("/metrics", timeout=self._liveness.timeout_s)
             resp.raise_for_status()
         except (httpx.HTTPError, TimeoutError) as exc:
             log.debug("Scraping %s failed: %s", self.spec.id, exc or type(exc).__name__)
