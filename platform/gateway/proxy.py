@@ -155,9 +155,9 @@ class GatewayApp:
                 request = validate(ROUTES[path], parse_body(await read_body(receive)))
                 await self._complete(replace(request, request_id=request_id), key, receive, send)
             elif path in ROUTES or path == "/v1/models" or path.startswith(MODEL_PREFIX):
-                raise GatewayError(
-                    405, f"Method {method} is not allowed on {path}.", code="method_not_allowed"
-                )
+                allow = b"POST" if path in ROUTES else b"GET"  # a 405 must name them (RFC 9110)
+                message = f"Method {method} is not allowed on {path}; use {allow.decode()}."
+                raise GatewayError(405, message, code="method_not_allowed", extra_headers=[(b"allow", allow)])
             else:
                 raise GatewayError(404, f"Unknown endpoint {path}.", code="unknown_url")
         except GatewayError as error:

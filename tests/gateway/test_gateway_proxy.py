@@ -53,6 +53,24 @@ def test_bad_bodies_unknown_models_and_paths_are_openai_errors(gateway_data: dic
     assert not Usage.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("path", "method", "allowed"),
+    [
+        ("/v1/chat/completions", "PUT", b"POST"),
+        ("/v1/completions", "GET", b"POST"),
+        ("/v1/models", "POST", b"GET"),
+        ("/v1/models/tiny", "DELETE", b"GET"),
+    ],
+)
+def test_a_405_names_the_allowed_method(
+    gateway_data: dict[str, Any], path: str, method: str, allowed: bytes
+) -> None:
+    """RFC 9110: a 405 must carry Allow; it had none, so a client could not tell what to send."""
+    result = asyncio.run(call(app_with(never), path, None, gateway_data["secret"], method=method))
+    assert result.status == 405 and result.headers[b"allow"] == allowed
+    assert result.json()["error"]["code"] == "method_not_allowed"
+
+
 def test_no_healthy_replica_is_503_with_retry_after(gateway_data: dict[str, Any]) -> None:
     gateway_data["host"].status = HostStatus.OFFLINE
     gateway_data["host"].save()
