@@ -271,7 +271,9 @@ def _restart_message(old: dict[str, Any], new: dict[str, Any]) -> str:
     """What changed between the engine the agent runs (``old``) and the one it must run (``new``)."""
     parts = []
     if old["devices"] != new["devices"]:
-        parts.append(f"devices changed from {old['devices']} to {new['devices']}")
+        # Indices, as the agent and the dashboard's deploy form name GPUs: the API's `devices` are
+        # device ids, and "devices changed from [1, 2] to [3, 4]" read as ids beside them.
+        parts.append(f"GPU indices changed from {old['devices']} to {new['devices']}")
     settings = [name for name in ENGINE_SETTINGS if old["model"].get(name) != new["model"].get(name)]
     if settings:
         parts.append(f"model settings changed ({', '.join(settings)})")

@@ -126,6 +126,19 @@ def test_a_device_edit_and_a_model_edit_await_one_restart_and_are_undone_togethe
     assert observed(deployment) == ObservedState.RUNNING
 
 
+def test_a_device_edit_names_the_gpu_indices_it_waits_for_not_device_ids(
+    agent_host: AgentHost, served_model: ServedModel
+) -> None:
+    """The message named indices as "devices", beside the API's `devices`, which are ids."""
+    _, (deployment,) = running(served_model, agent_host, 0)
+    d0, d1 = Device.objects.filter(host=agent_host.host).order_by("index")
+    update_deployment(deployment, devices=[d1])
+    assert observed(deployment) == ObservedState.PENDING
+    assert deployment.observed_message == (
+        f"GPU indices changed from [{d0.index}] to [{d1.index}]; waiting for the agent to restart"
+    )
+
+
 def test_engine_settings_are_the_model_fields_the_agent_is_sent(
     agent_host: AgentHost, served_model: ServedModel
 ) -> None:
