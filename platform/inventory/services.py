@@ -19,9 +19,19 @@ from inventory.models import AgentToken, Host, HostStatus
 agent_tokens_revoked = Signal()
 
 
-def register_host(name: str, address: str = "", *, simulated: bool = False) -> Host:
-    """Create the host ``name`` or update its address; returns the row."""
-    host, _ = Host.objects.update_or_create(name=name, defaults={"address": address, "simulated": simulated})
+def register_host(name: str, address: str | None = None, *, simulated: bool | None = None) -> Host:
+    """Create the host ``name`` or update it; returns the row. What is not given (None) is kept,
+    and a new host has no address and is not simulated: `register_host NAME` run again for a fresh
+    token wiped the address its replicas are reached at and made a simulated host a real one, whose
+    models /v1 then listed (and answered 503 for) until its agent registered again."""
+    given = {k: v for k, v in (("address", address), ("simulated", simulated)) if v is not None}
+    host, created = Host.objects.get_or_create(
+        name=name, defaults={"address": "", "simulated": False, **given}
+    )
+    if not created and given:
+        for key, value in given.items():
+            setattr(host, key, value)
+        host.save(update_fields=list(given))
     return host
 
 

@@ -102,6 +102,18 @@ def test_register_host_without_an_address_leaves_it_to_the_agent() -> None:
     assert Host.objects.get(name="gpu-1").address == ""
 
 
+def test_register_host_again_for_a_new_token_keeps_the_hosts_address_and_simulated_flag() -> None:
+    """Run again without --address or --simulated (a lost token), it wiped the address replicas are
+    reached at and made a simulated host a real one, whose models /v1 then listed and answered 503."""
+    first = run("register_host", "sim-1", "--address", "10.0.0.5", "--simulated")
+    second = run("register_host", "sim-1")
+    host = Host.objects.get(name="sim-1")
+    assert (host.address, host.simulated) == ("10.0.0.5", True) and second != first
+    assert second.startswith(AgentToken.objects.get(host=host, revoked=False).prefix)  # the first revoked
+    run("register_host", "sim-1", "--address", "10.0.0.6")  # what is given still replaces it
+    assert Host.objects.get(name="sim-1").address == "10.0.0.6"
+
+
 def test_the_host_model_validates_its_address() -> None:
     host = Host(name="gpu-1", address="10.0.0.5:9000")
     with pytest.raises(ValidationError) as err:

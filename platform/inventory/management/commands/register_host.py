@@ -13,7 +13,10 @@ from inventory.validators import host_address_error, host_name_error
 
 
 class Command(BaseCommand):
-    help = "Create or update HOST and print a new agent token for it; earlier tokens are revoked."
+    help = (
+        "Create or update HOST and print a new agent token for it; earlier tokens are revoked. An"
+        " existing host keeps its address and simulated flag unless --address or --simulated is given."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("name")
@@ -22,7 +25,8 @@ class Command(BaseCommand):
             help="host name or IP address (no port) the gateway reaches its engines on; the agent's"
             " --address replaces it when the agent registers",
         )
-        parser.add_argument("--simulated", action="store_true")
+        # None when left out: an existing host keeps its flag (its agent reports it at every register).
+        parser.add_argument("--simulated", action="store_true", default=None)
 
     def handle(self, *args: Any, **options: Any) -> None:
         name, address = options["name"], options["address"]
@@ -30,7 +34,8 @@ class Command(BaseCommand):
             raise CommandError(error)
         if address is not None and (error := host_address_error(address)):
             raise CommandError(f"--address {error}")
-        address = "" if address is None else host_address(address)  # "[::1]" -> "::1", as agents send
+        if address is not None:
+            address = host_address(address)  # "[::1]" -> "::1", as agents send
         with transaction.atomic():  # no host without its token
             host = register_host(name, address, simulated=options["simulated"])
             token = issue_agent_token(host).plaintext
