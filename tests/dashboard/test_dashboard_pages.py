@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 from datetime import timedelta
 from typing import Any
@@ -262,6 +263,19 @@ def test_a_refusal_says_why_on_a_page_with_the_navigation(
         page = response.content.decode()
         assert 'id="forbidden-reason">This action needs the admin role.</p>' in page, url
         assert 'href="/models/"' in page and "Sign out" in page  # not a dead end
+
+
+def test_a_viewers_refused_write_is_logged_in_one_line_without_a_traceback(
+    viewer_client: Client, served_model: ServedModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A raised PermissionDenied was logged with its traceback, some 40 lines per refused click."""
+    with caplog.at_level(logging.WARNING, logger="django.request"):
+        response = viewer_client.post(f"/models/{served_model.pk}/delete/")
+    assert response.status_code == 403
+    assert 'id="forbidden-reason">This action needs the admin role.</p>' in response.content.decode()
+    refusals = [r for r in caplog.records if r.name == "django.request"]
+    assert [r.getMessage() for r in refusals] == [f"Forbidden: /models/{served_model.pk}/delete/"]
+    assert refusals[0].exc_info is None
 
 
 def test_users_change_their_password_on_a_page_of_the_platform(
