@@ -71,6 +71,16 @@ def test_it_records_a_failing_job_with_its_error() -> None:
     assert job.result is None
 
 
+def test_a_noop_asked_to_fail_past_its_last_step_is_refused(admin_client: APIClient) -> None:
+    """fail_at_step 5 of 3 steps was stored, and the job "asked to fail" succeeded."""
+    for params in ({"steps": 3, "fail_at_step": 5}, {"fail_at_step": 6}):  # the default: 5 steps
+        response = admin_client.post(URL, {"kind": "noop", "params": params}, format="json")
+        assert response.status_code == 400 and "fail_at_step" in response.data["params"], response.data
+    assert not Job.objects.exists()
+    ok = admin_client.post(URL, {"kind": "noop", "params": {"steps": 3, "fail_at_step": 3}}, format="json")
+    assert ok.status_code == 201
+
+
 def test_it_does_not_run_a_job_cancelled_while_queued(admin_client: APIClient) -> None:
     job = services.create_job("noop", {"steps": 2, "delay_s": 0.0}, None)
     response = admin_client.post(f"{URL}{job.pk}/cancel/")

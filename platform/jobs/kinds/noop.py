@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rest_framework import serializers
+
 from core.serializers import FloatField, IntegerField
 from jobs.kinds.params import StrictParams
 from jobs.registry import JobContext, JobKind, register
@@ -19,6 +21,15 @@ class NoopParams(StrictParams):
         required=False,
         help_text="raise an error at this step (exercises failure handling)",
     )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A step past the last one never came: the job asked to fail succeeded instead.
+        fail_at, steps = attrs.get("fail_at_step"), attrs["steps"]
+        if fail_at is not None and fail_at > steps:
+            raise serializers.ValidationError(
+                {"fail_at_step": [f"Step {fail_at} is past the last step ({steps}); the job would not fail."]}
+            )
+        return attrs
 
 
 def run_noop(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
