@@ -205,7 +205,10 @@ def record_usage(
     deleted meanwhile (one without usage yet: keys with usage are protected) is dropped."""
     period = day_start(now or timezone.now())
     rows = Usage.objects.filter(key_id=key_id, model_id=model_id, period_start=period)
-    if rows.update(**_usage_increments(prompt_tokens, completion_tokens)):
+    # The name it was used under: a model renamed today had its later requests shown under the
+    # old name all day (usage of "tiny-v2" listed as "tiny").
+    named = {"model_name": model_name} if model_name else {}
+    if rows.update(**_usage_increments(prompt_tokens, completion_tokens), **named):
         return
     if model_name is None:
         model_name = ServedModel.objects.filter(pk=model_id).values_list("name", flat=True).first()
@@ -223,7 +226,7 @@ def record_usage(
         return
     except IntegrityError:  # created concurrently (add to it), or the model or key is gone
         pass
-    if not rows.update(**_usage_increments(prompt_tokens, completion_tokens)):
+    if not rows.update(**_usage_increments(prompt_tokens, completion_tokens), **named):
         _record_unlinked_usage(
             key_id, model_name or f"model {model_id}", period, prompt_tokens, completion_tokens
         )

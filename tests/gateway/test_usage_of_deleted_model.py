@@ -56,6 +56,20 @@ def test_a_request_that_outlives_its_model_is_still_billed(gateway_data: dict[st
     assert not RequestSample.objects.exists()  # latency samples go with their model
 
 
+def test_usage_of_a_model_renamed_today_is_shown_under_the_name_last_used(
+    gateway_data: dict[str, Any],
+) -> None:
+    """The day's row kept the first name: requests sent as "tiny-v2" were listed as "tiny"."""
+    key, model = gateway_data["key"], gateway_data["model"]
+    finish(admit(key, "tiny"), outcome(5, 1))
+    ServedModel.objects.filter(pk=model.pk).update(name="tiny-v2")
+    finish(admit(key, "tiny-v2"), outcome(2, 3))
+    rows = list(
+        Usage.objects.filter(key=key).values_list("model_id", "model_name", "requests", "prompt_tokens")
+    )
+    assert rows == [(model.pk, "tiny-v2", 2, 7)]
+
+
 def test_late_usage_of_a_deleted_model_is_booked_under_its_name_at_admission(
     gateway_data: dict[str, Any],
 ) -> None:
