@@ -13,26 +13,20 @@ from pathlib import Path
 
 import pytest
 
-import gpu_agent.engines.leftovers as leftovers
-import gpu_agent.engines.process_group as process_group
 import gpu_agent.engines.supervisor as supervisor_module
 from gpu_agent.engines import EngineManager
 from gpu_agent.engines.liveness import Liveness
 from gpu_agent.engines.supervisor import EngineSupervisor
 from gpu_agent.protocol import DeploymentStatus
 from serving.backoff import Backoff
-from tests.agent.test_engine_survivor_port import SigkillFails, retry_until_started
+from tests.agent.test_engine_survivor_port import SigkillFails, failing_sigkill, retry_until_started
 from tests.agent.test_engines import alive, fake_launcher, spec
 from tests.agent.ws_server import wait_for
 
 
 @pytest.fixture
 def sigkill(monkeypatch: pytest.MonkeyPatch) -> SigkillFails:
-    fails = SigkillFails()
-    for module in (process_group, leftovers):
-        monkeypatch.setattr(module, "signal_group", fails)
-        monkeypatch.setattr(module, "KILL_WAIT_S", 0.3)
-    return fails
+    return failing_sigkill(monkeypatch)
 
 
 async def running(tmp_path: Path, statuses: list[DeploymentStatus]) -> tuple[EngineManager, EngineSupervisor]:

@@ -31,6 +31,16 @@ class SigkillFails:
             self.real(pgid, sig)
 
 
+def failing_sigkill(monkeypatch: pytest.MonkeyPatch) -> SigkillFails:
+    """Make SIGKILL of an engine group fail (a group that survives it) for the test's duration,
+    both where the supervisor ends a run and where the leftover retry does."""
+    fails = SigkillFails()
+    for module in (process_group, leftovers):
+        monkeypatch.setattr(module, "signal_group", fails)
+        monkeypatch.setattr(module, "KILL_WAIT_S", 0.3)
+    return fails
+
+
 async def retry_until_started(manager: EngineManager, dep_id: str, *, running: bool, timeout: float) -> None:
     """Do what the agent does every telemetry tick (try the leftover groups again) until deployment
     `dep_id` has an engine again (with `running`: one that reached running)."""
@@ -57,10 +67,7 @@ class Picks:
 async def test_a_surviving_groups_port_is_held_until_the_retry_finds_it_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sigkill = SigkillFails()
-    for module in (process_group, leftovers):
-        monkeypatch.setattr(module, "signal_group", sigkill)
-        monkeypatch.setattr(module, "KILL_WAIT_S", 0.3)
+    sigkill = failing_sigkill(monkeypatch)
     p1 = free_port()
     p2 = free_port()
     while p2 == p1:
