@@ -7,6 +7,7 @@ import pytest
 from deployments.models import Deployment, DesiredState
 from inventory.models import Device, DeviceKind, Host
 from jobs.models import Job, JobStatus
+from jobs.tasks import run_job
 from planning.models import PlacementPlan
 from rest_framework.test import APIClient
 
@@ -165,7 +166,7 @@ def test_every_model_means_every_profiled_one_the_others_are_left_alone_and_list
 @pytest.mark.parametrize(
     ("setup", "needle"),
     [
-        ("named_without_profile", "models without a profile: c6"),
+        ("named_profile_deleted_after_post", "models without a profile: c6"),
         ("none_profiled", "no model has a profile yet (run a profile job for each: c10, c6, p10, p6)"),
         ("infeasible", "need more GPUs than any server has"),
         ("slo_changed", "profile it again"),
@@ -179,8 +180,8 @@ def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
     from registry.models import ServedModel
 
     params: dict = {}
-    if setup == "named_without_profile":
-        ServedModel.objects.get(name="c6").profile.delete()
+    if setup == "named_profile_deleted_after_post":
+        # refused at POST (below); a profile deleted between the POST and the run fails the run
         params = {"models": ["c6", "p6"]}
     elif setup == "none_profiled":
         for model in ServedModel.objects.all():
@@ -198,7 +199,12 @@ def test_it_fails_bad_input_with_a_clear_error_and_applies_nothing(
         profile.data = {**profile.data, "swap_needed_bytes": {"8x": 12 * GIB}}
         profile.save()
     before = deployment_rows()
-    job = run_job_via_api(admin_client, "place", params)
+    posted = admin_client.post("/api/v1/jobs/", {"kind": "place", "params": params}, format="json")
+    assert posted.status_code == 201, posted.data
+    if setup == "named_profile_deleted_after_post":
+        ServedModel.objects.get(name="c6").profile.delete()
+    run_job(posted.data["id"])
+    job = Job.objects.get(pk=posted.data["id"])
     assert job.status == JobStatus.FAILED
     assert needle in job.error
     assert job.result is None and not PlacementPlan.objects.filter(job=job).exists()
@@ -209,7 +215,6 @@ def test_an_empty_model_selection_is_refused_not_taken_as_every_model(
     admin_client: APIClient, viewer_client: APIClient, cluster: dict
 ) -> None:
     from jobs.models import Job
-    from jobs.tasks import run_job
 
     refused = admin_client.post("/api/v1/jobs/", {"kind": "place", "params": {"models": []}}, format="json")
     assert refused.status_code == 400
@@ -271,3 +276,24 @@ def test_a_refusal_of_unknown_models_names_ten_of_them(admin_client: APIClient, 
     assert refused.status_code == 400
     named = ", ".join(f"'gone-{i:02d}'" for i in range(10))
     assert refused.data["params"]["models"] == [f"No served model named {named} and 15 more."]
+
+
+def test_a_named_model_without_a_profile_is_a_400_at_post_naming_it(
+    admin_client: APIClient, cluster: dict
+) -> None:
+    # It was stored (201) and failed when it ran with "models without a profile: n6".
+    make_model("n6")
+    make_model("n7")
+    body = {"kind": "place", "params": {"models": ["c6", "n7", "n6"]}}
+    refused = admin_client.post("/api/v1/jobs/", body, format="json")
+    assert refused.status_code == 400, refused.data
+    assert refused.data["params"]["models"] == [
+        "No profile for 'n6', 'n7'; run a profile job for each, then place."
+    ]
+    assert not Job.objects.exists()
+    assert (
+        admin_client.post(
+            "/api/v1/jobs/", {"kind": "place", "params": {"models": ["c6"]}}, format="json"
+        ).status_code
+        == 201
+    )

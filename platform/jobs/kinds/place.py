@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from planning.models import ModelProfile
 from planning.placing import run_place
 from registry.models import ServedModel
 from rest_framework import serializers
@@ -44,13 +45,28 @@ class PlaceParams(StrictParams):
     )
 
     def validate_models(self, value: list[str]) -> list[str]:
+        # Checked here so that the client hears of it at once; run_place checks again, as a profile
+        # can be deleted (or its model replaced) between the POST and the run.
         known = set(ServedModel.objects.filter(name__in=value).values_list("name", flat=True))
         unknown = sorted(set(value) - known)
         if unknown:
-            named = ", ".join(map(repr, unknown[:UNKNOWN_NAMED]))
-            more = f" and {len(unknown) - UNKNOWN_NAMED} more" if len(unknown) > UNKNOWN_NAMED else ""
-            raise serializers.ValidationError(f"No served model named {named}{more}.")
+            raise serializers.ValidationError(f"No served model named {_named(unknown)}.")
+        profiled = set(
+            ModelProfile.objects.filter(model__name__in=value).values_list("model__name", flat=True)
+        )
+        unprofiled = sorted(set(value) - profiled)
+        if unprofiled:
+            raise serializers.ValidationError(
+                f"No profile for {_named(unprofiled)}; run a profile job for each, then place."
+            )
         return value
+
+
+def _named(names: list[str]) -> str:
+    """The first UNKNOWN_NAMED of `names`, quoted, and how many more there are."""
+    named = ", ".join(map(repr, names[:UNKNOWN_NAMED]))
+    more = f" and {len(names) - UNKNOWN_NAMED} more" if len(names) > UNKNOWN_NAMED else ""
+    return f"{named}{more}"
 
 
 def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
