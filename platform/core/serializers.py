@@ -71,20 +71,13 @@ _ASCII_NUMBERS: dict[type[serializers.Field], type[serializers.Field]] = {
 }
 
 
-class StrictModelSerializer(serializers.ModelSerializer):
-    """A ModelSerializer that rejects keys it would otherwise ignore.
+class StrictSerializer(serializers.Serializer):
+    """Unknown and read-only keys are field errors (a 400, nothing written), not silently dropped.
 
-    DRF silently drops unknown and read-only keys, so a typo (``tensor_paralel_size``) or an
-    attempt to set ``status`` would succeed while doing something else than asked. Here each such
-    key is a field error, so the request fails with 400 and nothing is written.
+    DRF ignores them, so a typo (``tensor_paralel_size``) or an attempt to set ``status`` would
+    succeed while doing something else than asked. One with no fields takes only an empty body (an
+    action's, such as a plan's apply) or ``{}``.
     """
-
-    # Generated number fields and foreign keys take ASCII digits only (the module's docstring).
-    serializer_field_mapping = {
-        model_field: _ASCII_NUMBERS.get(field, field)
-        for model_field, field in serializers.ModelSerializer.serializer_field_mapping.items()
-    }
-    serializer_related_field = PrimaryKeyRelatedField
 
     def to_internal_value(self, data: Any) -> Any:
         errors: dict[str, list[str]] = {}
@@ -104,6 +97,17 @@ class StrictModelSerializer(serializers.ModelSerializer):
         if errors:
             raise serializers.ValidationError(errors)
         return value
+
+
+class StrictModelSerializer(StrictSerializer, serializers.ModelSerializer):
+    """A ModelSerializer that rejects keys it would otherwise ignore (`StrictSerializer`)."""
+
+    # Generated number fields and foreign keys take ASCII digits only (the module's docstring).
+    serializer_field_mapping = {
+        model_field: _ASCII_NUMBERS.get(field, field)
+        for model_field, field in serializers.ModelSerializer.serializer_field_mapping.items()
+    }
+    serializer_related_field = PrimaryKeyRelatedField
 
 
 class NameRelatedField(serializers.SlugRelatedField):

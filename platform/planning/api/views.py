@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core import ids
+from core.serializers import StrictSerializer
 from planning import services
 from planning.api.serializers import ApplyResultSerializer, ModelProfileSerializer, PlacementPlanSerializer
 from planning.models import ModelProfile, PlacementPlan
@@ -50,13 +51,16 @@ class PlacementPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
     @extend_schema(
         parameters=[JOB_ID],
         request=None,
-        responses={200: ApplyResultSerializer, 404: None, 409: None},
+        responses={200: ApplyResultSerializer, 400: None, 404: None, 409: None},
         description="Apply the plan with the fewest deployment changes (admins only). A plan is applied "
         "once: applying it again, or one already in effect, changes nothing (`applied` false); a plan "
-        "computed against deployments that have changed since is refused with 409.",
+        "computed against deployments that have changed since is refused with 409. It takes no body "
+        "fields: any (a typo of something it does not take) is a 400 naming it, nothing applied.",
     )
     @action(detail=True, methods=["post"])
     def apply(self, request: Request, job: str | None = None) -> Response:
+        # An empty body (or {}); a field is no option it has, so it is refused, not ignored.
+        StrictSerializer(data=request.data).is_valid(raise_exception=True)
         pk = ids.parse_pk(job or "")
         job_row = Job.objects.filter(pk=pk).first() if pk is not None else None
         if job_row is None:
