@@ -11,9 +11,13 @@ Stops come first, so that devices freed by one model can be taken by another in 
 Agents converge because deployment saves notify the host's link (agents/signals.py) and every link
 re-reads its desired list periodically.
 
-Applying is idempotent: when the deployments already match the plan nothing changes. A plan is
-applied once: applying it again changes nothing, even when the deployments were changed back by hand
-to what it was computed on (its fingerprint matches again); a new place job plans against them. A
+Applying is idempotent: when the deployments already match the plan nothing changes, and the plan
+is not marked applied (applied_at/applied_by say who changed the deployments with it: an apply that
+found them matching, its moves made by hand or by a twin plan, changed nothing, and its answer says
+"already match" each time, not "already applied by" someone who applied nothing). A plan is
+applied once: once it changed the deployments, applying it again changes nothing, even when they
+were changed back by hand to what it was computed on (its fingerprint matches again); a new place
+job plans against them. A
 plan computed against deployments that have changed since (another apply, an operator's edit) is
 refused as stale, and so is one whose hosts, GPUs or models are gone, one that starts or moves a
 model to a host whose GPUs changed since (their number, the smallest one's memory or NVLink: the
@@ -117,9 +121,7 @@ def apply_plan(job: Job, user: Any) -> ApplyOutcome:
         )
     _lock_hosts()
     checked = _check(row, plan)
-    if checked is None:
-        row.applied_at, row.applied_by = timezone.now(), user
-        row.save(update_fields=["applied_at", "applied_by"])
+    if checked is None:  # not marked applied: nothing was (the module docstring)
         return ApplyOutcome(False, [], "The deployments already match this plan; nothing changed.")
     moves, extras, targets = checked
     done = [m.to_dict() for m in moves + stop_moves(extras)]  # as the place job listed them

@@ -53,7 +53,8 @@ class PlacementPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
         request=None,
         responses={200: ApplyResultSerializer, 400: None, 404: None, 409: None},
         description="Apply the plan with the fewest deployment changes (admins only). A plan is applied "
-        "once: applying it again, or one already in effect, changes nothing (`applied` false); a plan "
+        "once: applying it again, or one already in effect, changes nothing (`applied` false; one "
+        "already in effect is not marked applied, as it changed nothing); a plan "
         "computed against deployments that have changed since is refused with 409. It takes no body "
         "fields: any (a typo of something it does not take) is a 400 naming it, nothing applied.",
     )
