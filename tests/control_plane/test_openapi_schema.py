@@ -21,3 +21,14 @@ def test_the_schema_covers_every_view_and_validates(tmp_path: Path) -> None:
     assert refused["headers"]["Retry-After"]["schema"] == {"type": "integer"}
     body = refused["content"]["application/json"]["schema"]["$ref"].removeprefix("#/components/schemas/")
     assert schema["components"]["schemas"][body]["properties"] == {"detail": {"type": "string"}}
+    # A DELETE refused with 409 declares it, with its detail: a model deployments still refer to
+    # (ProtectedError, mapped by core.api.errors; the document listed only 204), a running deployment.
+    for path in ("/api/v1/models/{id}/", "/api/v1/deployments/{id}/"):
+        responses = paths[path]["delete"]["responses"]
+        assert set(responses) == {"204", "409"}, (path, sorted(responses))
+        ref = responses["409"]["content"]["application/json"]["schema"]["$ref"]
+        assert schema["components"]["schemas"][ref.split("/")[-1]]["properties"] == {
+            "detail": {"type": "string"}
+        }
+    # Hosts are read-only in the API: no DELETE, so no 409 to declare.
+    assert "delete" not in paths["/api/v1/hosts/{id}/"]

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
 from core.api.errors import Conflict
+from core.api.schema import conflict
 from deployments import services
 from deployments.api.serializers import DeploymentSerializer
 from deployments.models import Deployment
@@ -27,7 +28,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         except Deployment.DoesNotExist:  # deleted by another request since get_object() read it
             raise NotFound("No Deployment matches the given query.") from None
 
-    @extend_schema(responses={204: None, 409: None})
+    @extend_schema(responses={204: None, 409: conflict("The deployment is meant to run: stop it first.")})
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Delete a deployment whose desired state is ``stopped``; one meant to run is refused
         (409) until it is stopped, as on the dashboard."""
