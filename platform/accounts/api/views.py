@@ -29,6 +29,7 @@ from accounts.login_limits import SignInLocked
 from accounts.models import ApiKey
 from accounts.roles import role_of
 from core.permissions import HasRole
+from core.serializers import StrictSerializer
 
 
 class LoginThrottle(AnonRateThrottle):
@@ -115,9 +116,16 @@ class ApiKeyViewSet(
         issued.record.secret = issued.plaintext
         return Response(IssuedApiKeySerializer(issued.record).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses=ApiKeySerializer)
+    @extend_schema(
+        request=None,
+        responses={200: ApiKeySerializer, 400: None},
+        description="Revoke the key for good. It takes no body fields: any (a typo of something it "
+        "does not take) is a 400 naming it, nothing revoked.",
+    )
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str | None = None) -> Response:
+        # An empty body (or {}); a field is no option it has, so it is refused, not ignored.
+        StrictSerializer(data=request.data).is_valid(raise_exception=True)
         try:
             key = services.revoke_api_key(self.get_object())
         except ApiKey.DoesNotExist:  # deleted (with its owner) since get_object() read it

@@ -10,6 +10,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.schema import conflict
+from core.serializers import StrictSerializer
 from jobs import services
 from jobs.api.serializers import JobKindSerializer, JobSerializer, describe_kinds
 from jobs.models import Job, JobStatus
@@ -81,9 +83,20 @@ class JobViewSet(
         """The registered job kinds with their parameters (name, type, default, bounds)."""
         return Response(JobKindSerializer(describe_kinds(), many=True).data)
 
-    @extend_schema(request=None, responses={200: JobSerializer, 409: None})
+    @extend_schema(
+        request=None,
+        responses={
+            200: JobSerializer,
+            400: None,
+            409: conflict("The job has already finished (succeeded, failed or cancelled)."),
+        },
+        description="Cancel a queued or running job (admins only). It takes no body fields: any (a "
+        "typo of something it does not take) is a 400 naming it, nothing cancelled.",
+    )
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
+        # An empty body (or {}); a field is no option it has, so it is refused, not ignored.
+        StrictSerializer(data=request.data).is_valid(raise_exception=True)
         try:
             job = services.cancel_job(self.get_object())
         except services.JobNotActive as exc:
