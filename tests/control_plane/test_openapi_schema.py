@@ -30,10 +30,17 @@ def test_the_schema_covers_every_view_and_validates(tmp_path: Path) -> None:
         assert schema["components"]["schemas"][ref.split("/")[-1]]["properties"] == {
             "detail": {"type": "string"}
         }
-    # A job that has finished cannot be cancelled: its 409 has a detail too (it was listed bare).
-    cancel = paths["/api/v1/jobs/{id}/cancel/"]["post"]["responses"]
-    assert set(cancel) == {"200", "400", "409"}, sorted(cancel)
-    ref = cancel["409"]["content"]["application/json"]["schema"]["$ref"]
-    assert schema["components"]["schemas"][ref.split("/")[-1]]["properties"] == {"detail": {"type": "string"}}
+    # A job that has finished cannot be cancelled, a stale plan not applied: their 409s have a
+    # detail too (they were listed bare).
+    for path, codes in (
+        ("/api/v1/jobs/{id}/cancel/", {"200", "400", "409"}),
+        ("/api/v1/plans/{job}/apply/", {"200", "400", "404", "409"}),
+    ):
+        responses = paths[path]["post"]["responses"]
+        assert set(responses) == codes, (path, sorted(responses))
+        ref = responses["409"]["content"]["application/json"]["schema"]["$ref"]
+        assert schema["components"]["schemas"][ref.split("/")[-1]]["properties"] == {
+            "detail": {"type": "string"}
+        }
     # Hosts are read-only in the API: no DELETE, so no 409 to declare.
     assert "delete" not in paths["/api/v1/hosts/{id}/"]

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core import ids
+from core.api.schema import conflict
 from core.serializers import StrictSerializer
 from planning import services
 from planning.api.serializers import ApplyResultSerializer, ModelProfileSerializer, PlacementPlanSerializer
@@ -51,7 +52,12 @@ class PlacementPlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
     @extend_schema(
         parameters=[JOB_ID],
         request=None,
-        responses={200: ApplyResultSerializer, 400: None, 404: None, 409: None},
+        responses={
+            200: ApplyResultSerializer,
+            400: None,
+            404: None,
+            409: conflict("The plan was computed against deployments that have changed since."),
+        },
         description="Apply the plan with the fewest deployment changes (admins only). A plan is applied "
         "once: applying it again, or one already in effect, changes nothing (`applied` false; one "
         "already in effect is not marked applied, as it changed nothing); a plan "
