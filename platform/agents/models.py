@@ -10,6 +10,7 @@ from __future__ import annotations
 from deployments.models import Deployment
 from django.db import models
 from inventory.models import Device, Host
+from registry.models import ServedModel
 
 
 class AquaRole(models.TextChoices):
@@ -40,6 +41,20 @@ class AgentLink(models.Model):
 
     def __str__(self) -> str:
         return f"link of {self.host_id}"
+
+
+class DemoModelSeed(models.Model):
+    """The demo model `manage.py local_agent --tiny-model` (`make run`) seeded for a local host.
+
+    Remembered by row, not by name: a restart then finds the model the operator renamed (and keeps
+    its source current) instead of seeding a second ``tiny-llama``, and a null ``model`` (the
+    operator deleted it) means it is not seeded again."""
+
+    host = models.OneToOneField(Host, on_delete=models.CASCADE, related_name="+")
+    model = models.ForeignKey(ServedModel, null=True, on_delete=models.SET_NULL, related_name="+")
+
+    def __str__(self) -> str:
+        return f"demo model of host {self.host_id}: {self.model_id}"
 
 
 class Replica(models.Model):

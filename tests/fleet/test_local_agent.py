@@ -10,6 +10,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from agents.models import DemoModelSeed
 from agents.services import LinkedHost, desired_deployments
 from deployments.models import Deployment, DesiredState, ObservedState
 from deployments.services import create_deployment, report_observed_state, update_deployment
@@ -172,3 +173,44 @@ def test_the_tiny_model_runs_with_the_aqua_scheduler_and_kv_connector(tmp_path: 
     assert argv[argv.index("--scheduler-cls") + 1] == AQUA_SCHEDULER
     connector = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert connector["kv_connector_extra_config"]["consumer_id"] == str(deployment.pk)
+
+
+def test_a_renamed_tiny_model_is_not_seeded_again(tmp_path: Path) -> None:
+    """The audited restart: tiny-llama renamed tiny2 (PATCH /api/v1/models/1/), and the next
+    `make run` registered a second tiny-llama of the same source, undeployed, with a notice."""
+    run("local", "--tiny-model", str(tmp_path))
+    tiny = Deployment.objects.get()
+    update_served_model(tiny.model, {"name": "tiny2"})
+
+    _, notice = run_with_notice("local", "--tiny-model", str(tmp_path))
+
+    assert list(ServedModel.objects.values_list("pk", "name")) == [(tiny.model.pk, "tiny2")]
+    assert list(Deployment.objects.values_list("pk", "desired_state")) == [(tiny.pk, DesiredState.RUNNING)]
+    assert notice == ""
+
+
+def test_a_deleted_tiny_model_is_not_seeded_again(tmp_path: Path) -> None:
+    run("local", "--tiny-model", str(tmp_path))
+    tiny = Deployment.objects.get()
+    tiny.delete()
+    tiny.model.delete()
+
+    token, notice = run_with_notice("local", "--tiny-model", str(tmp_path))
+
+    assert authenticate_agent(token) == tiny.host
+    assert not ServedModel.objects.exists() and not Deployment.objects.exists()
+    assert notice == ""
+
+
+def test_a_tiny_model_seeded_and_renamed_before_the_seed_was_remembered_is_adopted(tmp_path: Path) -> None:
+    """A database from before `DemoModelSeed`: the model of the bundled source is the seeded one."""
+    run("local", "--tiny-model", str(tmp_path))
+    DemoModelSeed.objects.all().delete()
+    tiny = Deployment.objects.get()
+    update_served_model(tiny.model, {"name": "tiny2"})
+
+    run("local", "--tiny-model", str(tmp_path))
+
+    assert list(ServedModel.objects.values_list("pk", "name")) == [(tiny.model.pk, "tiny2")]
+    assert DemoModelSeed.objects.get().model == tiny.model
+    assert list(Deployment.objects.all()) == [tiny]

@@ -9,10 +9,11 @@ its deployment on the host's device 0 (`prepare_tiny_model`). The device row is 
 the agent's first `register` (which then updates it with what the agent reports), so the deployment
 exists when the agent first asks for its desired list.
 
-Safe to run again: an operator's changes stand. The model's settings are the defaults below only
-when it is created; a deployment of it on the host, running or stopped, is left as it is; and when
-the device is taken by another deployment the model stays undeployed. What was not started, and
-why, is one line on stderr.
+Safe to run again: an operator's changes stand. The model is seeded once per host and then known
+by its row (`DemoModelSeed`), not its name: renamed, it is still the one kept current; deleted, it
+is not seeded again. Its settings are the defaults below only when it is created; a deployment of
+it on the host, running or stopped, is left as it is; and when the device is taken by another
+deployment the model stays undeployed. What was not started, and why, is one line on stderr.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from inventory.services import issue_agent_token, register_host
 from inventory.validators import host_name_error
 from registry.models import ServedModel
 from registry.services import update_served_model
+
+from agents.models import DemoModelSeed
 
 TINY_MODEL = "tiny-llama"
 # vLLM CPU engine options for the tiny model: 1 GiB KV cache, a fixed seed, no torch.compile warm-up
@@ -85,9 +88,10 @@ class Command(BaseCommand):
 def prepare_tiny_model(host: Host, source: str) -> tuple[Deployment | None, str]:
     """The tiny model registered (from ``source``) and its deployment on ``host``'s device 0.
 
-    The model is created with `TINY_DEFAULTS` if missing; an existing one keeps its settings, but
-    for its source, kept at ``source`` (the bundled model's current path) through
-    `registry.services.update_served_model`, which has the agent restart a running engine.
+    The model is the one seeded for ``host`` before (`demo_model`): it keeps its settings, name
+    included, but for its source, kept at ``source`` (the bundled model's current path) through
+    `registry.services.update_served_model`, which has the agent restart a running engine. One the
+    operator deleted is not seeded again: then nothing is prepared, and nothing said.
 
     Its deployment on ``host`` is created, meant to run, only if the host has none (running or
     stopped: an operator who stopped it keeps it stopped) and the device is free.
@@ -96,10 +100,10 @@ def prepare_tiny_model(host: Host, source: str) -> tuple[Deployment | None, str]
         The host's deployment of the model (``None`` if it could not be placed) and, when it is not
         meant to run, a line for the operator saying why and how to start it; else "".
     """
-    model, created = ServedModel.objects.get_or_create(
-        name=TINY_MODEL, defaults={"source": source, **TINY_DEFAULTS}
-    )
-    if not created and model.source != source:
+    model = demo_model(host, source)
+    if model is None:
+        return None, ""
+    if model.source != source:
         model = update_served_model(model, {"source": source})
     device, _ = Device.objects.get_or_create(
         host=host,
@@ -129,3 +133,22 @@ def prepare_tiny_model(host: Host, source: str) -> tuple[Deployment | None, str]
             f"{model.name} is registered but not deployed on {host.name}: {error} "
             f"To deploy it once the device is free: POST /api/v1/deployments/ {body}"
         )
+
+
+def demo_model(host: Host, source: str) -> ServedModel | None:
+    """The demo model seeded for ``host`` (a `DemoModelSeed`), seeded now on its first run with
+    ``--tiny-model``; ``None`` once the operator deleted it.
+
+    A first run adopts a model named `TINY_MODEL`, else one of ``source`` (seeded before the
+    seed was remembered, maybe renamed since), and creates one with `TINY_DEFAULTS` only when
+    there is neither."""
+    seed = DemoModelSeed.objects.select_related("model").filter(host=host).first()
+    if seed is not None:
+        return seed.model
+    model = (
+        ServedModel.objects.filter(name=TINY_MODEL).first()
+        or ServedModel.objects.filter(source=source).order_by("pk").first()
+        or ServedModel.objects.create(name=TINY_MODEL, source=source, **TINY_DEFAULTS)
+    )
+    DemoModelSeed.objects.create(host=host, model=model)
+    return model
