@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from accounts.services import revoke_api_key
-from gateway import proxy
+from gateway import relay
 from gateway.models import RequestSample, Usage
 from inventory.models import HostStatus
 from registry.models import ServedModel
@@ -340,7 +340,7 @@ def test_an_engine_that_keeps_its_stream_open_after_done_does_not_hold_the_clien
 ) -> None:
     # Once the client's stream ended only when the engine closed its end: up to the read timeout
     # (600 s) for one that did not, while the async OpenAI SDK (and curl) wait for that end.
-    monkeypatch.setattr(proxy, "AFTER_DONE_S", 0.05)
+    monkeypatch.setattr(relay, "AFTER_DONE_S", 0.05)
     upstream, state = lingering_engine(sse(chunk("a", 5, 1), chunk("b", 5, 2), final_usage(5, 2)))
     body = {**CHAT, "stream": True}
     started = time.monotonic()
@@ -358,7 +358,7 @@ def test_an_engine_that_keeps_its_stream_open_after_its_error_does_not_hold_the_
 ) -> None:
     # The engine's error event ends the client's stream as [DONE] does; one that kept its end open
     # after it held the client for the read timeout (600 s).
-    monkeypatch.setattr(proxy, "AFTER_DONE_S", 0.05)
+    monkeypatch.setattr(relay, "AFTER_DONE_S", 0.05)
     upstream, state = lingering_engine(CHUNK_THEN_ERROR)
     body = {**CHAT, "stream": True}
     started = time.monotonic()
