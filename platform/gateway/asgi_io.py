@@ -104,3 +104,15 @@ def with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
         await send(message)
 
     return sending
+
+
+def without_body(send: Send) -> Send:
+    """``send`` for a HEAD request: the answer's status and headers as a GET would have them, its
+    body bytes dropped (RFC 9110 9.3.2: a HEAD answer has no content)."""
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            message = {**message, "body": b""}
+        await send(message)
+
+    return sending

@@ -37,8 +37,8 @@ and its log lines of the request with ``--enable-log-requests``): the id a user 
 request there, as it does the gateway's log lines about the request (``request_ids``). A client's
 own X-Request-Id is not passed on (no header of the client's is).
 
-Routes: ``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/chat/completions``,
-``POST /v1/completions``.
+Routes: ``GET /v1/models``, ``GET /v1/models/{model}`` (and HEAD of both: the same status and
+headers, no body), ``POST /v1/chat/completions``, ``POST /v1/completions``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from gateway.asgi_io import (
     respond,
     wait_for_disconnect,
     with_headers,
+    without_body,
 )
 from gateway.booking import book, settle, to_the_end
 from gateway.cache_salt import with_user_salt
@@ -89,6 +90,8 @@ ClientFactory = Callable[[], httpx.AsyncClient]
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 MODEL_PREFIX = "/v1/models/"  # + a model's name: models.retrieve
+# The methods of the model routes: a GET resource answers HEAD too (RFC 9110 9.1).
+READ_METHODS = ("GET", "HEAD")
 IDENTITY = {"accept-encoding": "identity"}
 # An engine's refusal of the gateway's own engine key: a failed replica, not the client's error.
 ENGINE_REFUSED_GATEWAY = (401, 403)
@@ -131,11 +134,13 @@ class GatewayApp:
         send = with_headers(send, [(b"x-request-id", request_id.encode())])
         started: list[bool] = []  # whether the answer's headers went out
         send = noting_start(send, started)
+        if method == "HEAD":  # answered as GET, without the body (errors too)
+            send = without_body(send)
         try:
-            if path == "/v1/models" and method == "GET":
+            if path == "/v1/models" and method in READ_METHODS:
                 data = await database_sync_to_async(services.served_models)(authorization)
                 await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
-            elif path.startswith(MODEL_PREFIX) and method == "GET":
+            elif path.startswith(MODEL_PREFIX) and method in READ_METHODS:
                 name = path.removeprefix(MODEL_PREFIX)
                 model = await database_sync_to_async(services.served_model)(authorization, name)
                 await respond(send, 200, json.dumps(model).encode())
@@ -145,8 +150,9 @@ class GatewayApp:
                 request = validate(ROUTES[path], parse_body(await read_body(receive)))
                 await self._complete(replace(request, request_id=request_id), key, receive, send)
             elif path in ROUTES or path == "/v1/models" or path.startswith(MODEL_PREFIX):
-                allow = b"POST" if path in ROUTES else b"GET"  # a 405 must name them (RFC 9110)
-                message = f"Method {method} is not allowed on {path}; use {allow.decode()}."
+                allowed = ("POST",) if path in ROUTES else READ_METHODS  # a 405 names them (RFC 9110)
+                message = f"Method {method} is not allowed on {path}; use {' or '.join(allowed)}."
+                allow = ", ".join(allowed).encode()
                 raise GatewayError(405, message, code="method_not_allowed", extra_headers=[(b"allow", allow)])
             else:
                 raise GatewayError(404, f"Unknown endpoint {path}.", code="unknown_url")

@@ -58,8 +58,8 @@ def test_bad_bodies_unknown_models_and_paths_are_openai_errors(gateway_data: dic
     [
         ("/v1/chat/completions", "PUT", b"POST"),
         ("/v1/completions", "GET", b"POST"),
-        ("/v1/models", "POST", b"GET"),
-        ("/v1/models/tiny", "DELETE", b"GET"),
+        ("/v1/models", "POST", b"GET, HEAD"),
+        ("/v1/models/tiny", "DELETE", b"GET, HEAD"),
     ],
 )
 def test_a_405_names_the_allowed_method(
@@ -105,6 +105,20 @@ def test_it_retrieves_a_served_model_as_the_list_shows_it(gateway_data: dict[str
         refused = asyncio.run(call(app, "/v1/models/tiny", None, wrong, method="GET"))
         assert refused.status == 401 and refused.json()["error"]["code"] == "invalid_api_key"
     assert asyncio.run(call(app, "/v1/models/tiny", {}, secret)).status == 405
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/tiny"])
+def test_the_model_routes_answer_head_as_get_without_a_body(gateway_data: dict[str, Any], path: str) -> None:
+    """RFC 9110: a GET resource answers HEAD; `HEAD /v1/models` with a valid key was a 405."""
+    app, secret = app_with(never), gateway_data["secret"]
+    got = asyncio.run(call(app, path, None, secret, method="GET"))
+    head = asyncio.run(call(app, path, None, secret, method="HEAD"))
+    assert (head.status, head.body) == (200, b"") and got.body
+    assert {**head.headers, b"x-request-id": b""} == {**got.headers, b"x-request-id": b""}
+    refused = asyncio.run(call(app, path, None, None, method="HEAD"))
+    assert (refused.status, refused.body) == (401, b"")
+    wrong = asyncio.run(call(app, "/v1/chat/completions", None, secret, method="HEAD"))
+    assert (wrong.status, wrong.headers[b"allow"], wrong.body) == (405, b"POST", b"")
 
 
 @pytest.mark.parametrize("include_usage", [True, False])
