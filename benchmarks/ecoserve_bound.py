@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from serving.costmodel import CostModel
+from serving.metrics import goodput
 from serving.workload.request import Request
 
 
@@ -43,13 +44,9 @@ def gpu_load(
 
 
 def bound_rate(load_at: Callable[[float], float], lo: float, hi: float, rel_tol: float = 0.01) -> float:
-    """Highest rate in [lo, hi] whose `load_at(rate)` is at most 1 GPU-second per second (bisection;
-    `hi` if even that fits, `lo` if not even `lo` does)."""
-    if load_at(hi) <= 1.0:
-        return hi
-    if load_at(lo) > 1.0:
-        return lo
-    while hi - lo > rel_tol * lo:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if load_at(mid) <= 1.0 else (lo, mid)
-    return lo
+    """Highest rate in [lo, hi] whose `load_at(rate)` is at most 1 GPU-second per second, by the
+    goodput search (serving.metrics.goodput, without widening the bracket): `hi` if even that fits,
+    0.0 if not even `lo` does."""
+    return goodput(
+        lambda rate: float(load_at(rate) <= 1.0), 1.0, lo=lo, hi=hi, rel_tol=rel_tol, max_expansions=0
+    )

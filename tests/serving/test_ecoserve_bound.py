@@ -33,7 +33,7 @@ def test_the_load_leaves_out_the_costliest_requests_but_no_more_than_the_share_a
 def test_the_bound_rate_is_where_the_load_reaches_one_gpu_second_per_second() -> None:
     assert bound_rate(lambda rate: rate / 7.0, 1.0, 35.0, rel_tol=1e-4) == pytest.approx(7.0, rel=1e-3)
     assert bound_rate(lambda rate: rate / 70.0, 1.0, 35.0) == 35.0
-    assert bound_rate(lambda rate: rate, 2.0, 35.0) == 2.0
+    assert bound_rate(lambda rate: rate, 2.0, 35.0) == 0.0  # not even lo fits
 
 
 def test_the_simulator_never_serves_a_burst_faster_than_its_work_allows() -> None:
